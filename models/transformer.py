@@ -1,0 +1,228 @@
+"""The encoder-decoder Transformer of the study notes (post-LN, sinusoidal positions).
+
+Classes, attribute names and behaviour follow the notes module by module:
+SelfAttentionn -> MultiHeadAttention -> FeedForward -> EncoderLayer / DecoderLayer
+-> PositionalEncoding -> Encoder / Decoder -> Transformer, plus generate_mask.
+
+Dimension letters (reused as ONNX dim names and runtime names):
+    b   batch
+    s   source length            (src_len)
+    t   target length            (tgt_len)
+    d   d_model
+    h   attention heads          (n_heads)
+    k   head dim = d / h         (d_k)
+    f   feed-forward width       (d_ff)
+    v   vocabulary size
+
+Masks: 1 / True = visible, 0 / False = hidden, broadcast to (b, h, t_q, t_k).
+Masked scores are set to the most negative finite value of their dtype rather
+than -inf, so a fully masked row gives a uniform softmax instead of NaN; rows with
+at least one visible position give exactly the notes' result.
+"""
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import nn
+
+
+@dataclass
+class TransformerConfig:
+    src_vocab_size: int = 10000  # source vocabulary (the notes' test uses 10000)
+    tgt_vocab_size: int = 10000  # target vocabulary
+    d_model: int = 512  # model width
+    n_heads: int = 8  # attention heads; d_model must divide by it
+    d_ff: int = 2048  # feed-forward hidden width
+    num_layers: int = 6  # encoder layers and decoder layers (each)
+    dropout: float = 0.1  # dropout in the feed-forward block (training only)
+    max_len: int = 5000  # rows of the positional table = longest sequence
+    pad_id: int = 0  # padding token id of both vocabularies
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TransformerConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known - {"family"})
+        if unknown:
+            raise ValueError(f"unknown transformer config keys {unknown}; expected some of {sorted(known)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class SelfAttentionn(nn.Module):
+    """Scaled dot-product attention: softmax(Q K^T / sqrt(k)) V. Returns (out, attn)."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, Q, K, V, mask=None):
+        # Q (b, h, t_q, k), K and V (b, h, t_k, k), mask broadcastable to (b, h, t_q, t_k)
+        d_k = Q.size(-1)
+        scores = torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(d_k)  # (b, h, t_q, t_k)
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)
+        attn = self.softmax(scores)
+        out = torch.matmul(attn, V)  # (b, h, t_q, k)
+        return out, attn
+
+
+class MultiHeadAttention(nn.Module):
+    """Project q, k, v, split heads, attend, merge heads, fc, residual + LayerNorm."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.W_q = nn.Linear(d_model, d_model)
+        self.W_k = nn.Linear(d_model, d_model)
+        self.W_v = nn.Linear(d_model, d_model)
+        self.fc = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.attention = SelfAttentionn()
+
+    def split_heads(self, x):
+        batch_size = x.size(0)
+        return x.view(batch_size, -1, self.n_heads, self.d_k).transpose(1, 2)  # (b, h, t, k)
+
+    def merge_heads(self, out):
+        batch_size = out.size(0)
+        out = out.transpose(1, 2).contiguous()  # (b, t, h, k)
+        return out.view(batch_size, -1, self.n_heads * self.d_k)  # (b, t, d)
+
+    def forward(self, q, k, v, mask=None):
+        Q = self.split_heads(self.W_q(q))  # (b, h, t_q, k)
+        K = self.split_heads(self.W_k(k))  # (b, h, t_k, k)
+        V = self.split_heads(self.W_v(v))  # (b, h, t_k, k)
+        out, attn = self.attention(Q, K, V, mask)
+        out = self.fc(self.merge_heads(out))  # (b, t_q, d)
+        return self.norm(out + q), attn
+
+
+class FeedForward(nn.Module):
+    """Position-wise fc1 -> relu -> dropout -> fc2, residual + LayerNorm."""
+
+    def __init__(self, d_model, d_ff, dropout=0.1):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x):
+        out = self.fc2(self.dropout(torch.relu(self.fc1(x))))  # (b, t, d)
+        return self.norm(out + x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.ffn = FeedForward(d_model, d_ff, dropout)
+
+    def forward(self, src, src_mask=None):
+        out, _ = self.self_attn(src, src, src, src_mask)
+        return self.ffn(out)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention (memory as both K and V), feed-forward."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.ffn = FeedForward(d_model, d_ff, dropout)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None):
+        out, _ = self.self_attn(tgt, tgt, tgt, tgt_mask)
+        out, _ = self.cross_attn(out, memory, memory, memory_mask)
+        return self.ffn(out)
+
+
+class PositionalEncoding(nn.Module):
+    """Sinusoidal table pe (max_len, d) added to the (unscaled) embeddings."""
+
+    def __init__(self, d_model, max_len=5000):
+        super().__init__()
+        pe = torch.zeros(max_len, d_model)
+        position = torch.arange(0, max_len, dtype=torch.float).unsqueeze(1)  # (max_len, 1)
+        div_term = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        self.register_buffer("pe", pe)
+
+    def forward(self, x, start=0):
+        # x (b, t, d); positions start..start+t-1 (start > 0 when decoding with a cache)
+        return x + self.pe[start : start + x.size(1)]
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab_size, d_model, n_heads, d_ff, num_layers, dropout=0.1, max_len=5000):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.pe = PositionalEncoding(d_model, max_len)
+        self.layers = nn.ModuleList(
+            [EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(num_layers)]
+        )
+
+    def forward(self, src, src_mask=None):
+        x = self.pe(self.embedding(src))  # (b, s, d)
+        for layer in self.layers:
+            x = layer(x, src_mask)
+        return x  # memory (b, s, d)
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab_size, d_model, n_heads, d_ff, num_layers, dropout=0.1, max_len=5000):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.pe = PositionalEncoding(d_model, max_len)
+        self.layers = nn.ModuleList(
+            [DecoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(num_layers)]
+        )
+        self.fc_out = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None):
+        x = self.pe(self.embedding(tgt))  # (b, t, d)
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask, memory_mask)
+        return self.fc_out(x)  # (b, t, v)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.encoder = Encoder(
+            c.src_vocab_size, c.d_model, c.n_heads, c.d_ff, c.num_layers, c.dropout, c.max_len
+        )
+        self.decoder = Decoder(
+            c.tgt_vocab_size, c.d_model, c.n_heads, c.d_ff, c.num_layers, c.dropout, c.max_len
+        )
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None):
+        memory = self.encoder(src, src_mask)  # (b, s, d)
+        return self.decoder(tgt, memory, tgt_mask, memory_mask)  # (b, t, v)
+
+
+def generate_mask(size):
+    """Causal mask (size, size): True on and below the diagonal (visible), False above."""
+    mask = torch.triu(torch.ones(size, size), diagonal=1).bool()
+    return mask == 0
+
+
+def padding_mask(ids, pad_id=0):
+    """(b, s) token ids -> (b, 1, 1, s) mask, True where the token is not padding."""
+    return (ids != pad_id)[:, None, None, :]

@@ -1,0 +1,181 @@
+"""Checkpoint folders: `config.json` (naming the family) + `model.safetensors`.
+
+`pytorch_model.bin` is also read, always with `torch.load(weights_only=True)`, so
+a pickle that carries code is refused. Mamba checkpoints are also read in the
+original state-spaces and the Hugging Face layouts (see `mamba_layouts`).
+"""
+
+import hashlib
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from seqexport.errors import CheckpointError
+
+FAMILIES = ("transformer", "mamba")
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    family: str
+    config: Any  # TransformerConfig | MambaConfig
+    model: nn.Module  # in eval mode, float32
+    path: Path
+    sha256: str
+
+
+def family_of(config: dict) -> str:
+    """Which model family a config.json describes."""
+    family = config.get("family")
+    if family is not None:
+        if family not in FAMILIES:
+            raise CheckpointError(f"config.json names family {family!r}; expected one of {FAMILIES}")
+        return family
+    if config.get("model_type") == "mamba" or "ssm_cfg" in config or {"d_model", "n_layer"} <= set(config):
+        return "mamba"
+    raise CheckpointError(
+        "config.json names no model family: expected a 'family' key "
+        f"({' or '.join(FAMILIES)}), a Hugging Face 'model_type': 'mamba', or a state-spaces Mamba config"
+    )
+
+
+def config_from_dict(family: str, d: dict):
+    try:
+        if family == "transformer":
+            from models.transformer import TransformerConfig
+
+            return TransformerConfig.from_dict(d)
+        from seqexport.mamba_layouts import mamba_config_from_json
+
+        return mamba_config_from_json(d)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"invalid {family} config: {e}") from None
+
+
+def build_model(family: str, config) -> nn.Module:
+    if family == "transformer":
+        from models.transformer import Transformer
+
+        return Transformer(config)
+    from models.mamba import MambaLM
+
+    return MambaLM(config)
+
+
+def checkpoint_sha256(path: str | Path) -> str:
+    """One digest over config.json and the weights file, to notice a changed checkpoint."""
+    path = Path(path)
+    h = hashlib.sha256()
+    for name in (CONFIG_FILE, _weights_file(path).name):
+        with open(path / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def save_checkpoint(model: nn.Module, config, family: str, path: str | Path) -> Path:
+    """Write config.json + model.safetensors; tied weights are stored once."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors, seen = {}, set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen:  # tied (e.g. lm_head = embedding): the loader restores it
+            continue
+        seen.add(t.data_ptr())
+        tensors[name] = t.detach().contiguous().cpu()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"family": family})
+    (path / CONFIG_FILE).write_text(json.dumps({"family": family, **config.to_dict()}, indent=2) + "\n")
+    return path
+
+
+def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
+    """Read a checkpoint folder into an eval-mode float32 model.
+
+    Raises CheckpointError for a missing or corrupt folder, a family other than
+    `family` (when given), or weights that do not fit the config (listing the
+    missing, unexpected and mis-shaped keys).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a folder (expected config.json + model.safetensors)")
+    cfg_path = path / CONFIG_FILE
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(path)!r} has no {CONFIG_FILE}") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_path} must hold a JSON object, found {type(raw).__name__}")
+    found = family_of(raw)
+    if family is not None and found != family:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds a {found} model; expected a {family} model")
+    config = config_from_dict(found, raw)
+    state = read_weights(path)
+    if found == "mamba":
+        from seqexport.mamba_layouts import convert_mamba_state_dict
+
+        state = convert_mamba_state_dict(state, config)
+    model = build_model(found, config)
+    check_state_dict(model, state, where=str(path))
+    model.load_state_dict(state, strict=True)
+    model.float().eval()
+    return Checkpoint(found, config, model, path, checkpoint_sha256(path))
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    weights = _weights_file(path)
+    try:
+        if weights.suffix == ".safetensors":
+            return load_file(str(weights))
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, EOFError) as e:
+        raise CheckpointError(f"cannot read weights {weights}: {e}") from None
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "unpickling failed"
+        raise CheckpointError(
+            f"refused {weights}: it is not a plain tensor pickle (weights_only=True load failed: {first}). "
+            "A pickle that carries code is never executed; convert the checkpoint to safetensors."
+        ) from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{weights} does not hold a flat mapping of names to tensors")
+    return state
+
+
+def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Raise one CheckpointError listing every missing, unexpected and mis-shaped key."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshaped = [
+        f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {', '.join(unexpected)}")
+    if misshaped:
+        problems.append(f"mis-shaped keys: {', '.join(misshaped)}")
+    if problems:
+        raise CheckpointError(f"weights in {where} do not fit their config.json; " + "; ".join(problems))
+
+
+def _weights_file(path: Path) -> Path:
+    for name in WEIGHT_FILES:
+        if (path / name).is_file():
+            return path / name
+    raise CheckpointError(f"checkpoint {str(path)!r} has no weights file (expected one of {WEIGHT_FILES})")

@@ -1,0 +1,54 @@
+"""`seqexport export transformer|mamba` click commands (thin: the work is in the export modules)."""
+
+import click
+
+from seqexport.export.common import DEFAULT_OPSET
+
+_common = [
+    click.option("--checkpoint", type=click.Path(), help="Checkpoint folder (config.json + weights)."),
+    click.option("--out", type=click.Path(file_okay=False), help="Output folder [exported/<name>]."),
+    click.option("--opset", type=click.IntRange(17, 23), default=DEFAULT_OPSET, show_default=True,
+                 help="ONNX opset."),
+    click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+                 help="Weights and activations dtype of the graphs."),
+    click.option("--overwrite", is_flag=True, help="Replace an existing output folder."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Seed of a preset's random weights."),
+]
+
+
+def _with_common(f):
+    for opt in reversed(_common):
+        f = opt(f)
+    return f
+
+
+def _default_out(family, ckpt, preset):
+    if preset:
+        return f"exported/{family}-{preset}"
+    return f"exported/{family}-{ckpt.path.name}"
+
+
+def register(group: click.Group) -> None:
+    @group.command()
+    @_with_common
+    @click.option("--preset", type=click.Choice(["tiny", "base"]), help="Random weights of a named shape.")
+    def transformer(checkpoint, out, opset, dtype, overwrite, seed, preset):
+        """Export an encoder-decoder Transformer: encoder.onnx + decoder.onnx (explicit KV cache).
+
+        Without --checkpoint or --preset, the bundled trained model (else the tiny preset).
+        """
+        from seqexport.export.transformer import export_transformer
+        from seqexport.presets import resolve_model
+
+        ckpt, preset = resolve_model("transformer", checkpoint, preset, seed)
+        export_transformer(ckpt, preset, out or _default_out("transformer", ckpt, preset), opset=opset,
+                           dtype=dtype, overwrite=overwrite, tokenizer=_tokenizer_of(ckpt))
+
+
+def _tokenizer_of(ckpt):
+    """The tokenizer record a checkpoint's config.json carries, if any."""
+    if ckpt.path is None:
+        return None
+    import json
+
+    return json.loads((ckpt.path / "config.json").read_text()).get("tokenizer")

@@ -1,0 +1,136 @@
+"""Shared export steps: one graph through torch.onnx, checks, the artifact folder + manifest."""
+
+import contextlib
+import copy
+import io
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import onnx
+import torch
+
+import seqexport
+from seqexport.checkpoint import Checkpoint, checkpoint_sha256, save_checkpoint
+from seqexport.errors import ExportError
+from seqexport.export.atomic import atomic_folder
+from seqexport.manifest import graph_entry, write_manifest
+from seqexport.specs import GraphSpec
+
+DEFAULT_OPSET = 18
+TWO_GB = 2**31
+# torch.onnx logs a warning per missing torchvision op on every export: noise for our users.
+logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in TORCH_DTYPES:
+        raise ExportError(f"unsupported dtype {name!r}; expected one of {list(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
+
+
+def progress(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+@contextlib.contextmanager
+def step(msg: str):
+    """Announce a step that may take a while, then say how long it took."""
+    progress(f"  {msg} …")
+    t = time.perf_counter()
+    yield
+    progress(f"  {msg} done in {time.perf_counter() - t:.1f} s")
+
+
+def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Path, opset: int,
+                 dynamic_shapes, custom_translation_table: dict | None = None) -> onnx.ModelProto:
+    """Export one graph with the spec's names and dims, save it, and check it.
+
+    The ONNX inputs are checked to be as dynamic as the spec says: a second export
+    of one module in a process has been seen to come out silently static.
+    """
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module, args, dynamo=True, opset_version=opset,
+            input_names=spec.input_names, output_names=spec.output_names,
+            dynamic_shapes=dynamic_shapes, custom_translation_table=custom_translation_table,
+        )
+    model = program.model_proto
+    _name_dims_as_spec(model, spec)
+    large = model.ByteSize() > TWO_GB - (64 << 20)
+    onnx.save_model(model, str(path), save_as_external_data=large,
+                    location=path.name + ".data" if large else None)
+    onnx.checker.check_model(str(path), full_check=True)
+    return model
+
+
+def _name_dims_as_spec(model: onnx.ModelProto, spec: GraphSpec) -> None:
+    """Check every graph I/O against the spec and write the spec's dim names into the graph."""
+    for values, tensors in ((model.graph.input, spec.inputs), (model.graph.output, spec.outputs)):
+        got = [v.name for v in values]
+        want = [t.name for t in tensors]
+        if got != want:
+            raise ExportError(f"graph {spec.name!r}: exported I/O {got} differ from the spec {want}")
+        for v, t in zip(values, tensors):
+            dims = v.type.tensor_type.shape.dim
+            if len(dims) != len(t.dims):
+                raise ExportError(f"{spec.name}:{t.name} has rank {len(dims)}, the spec says {len(t.dims)}")
+            for d, want_dim in zip(dims, t.dims):
+                if isinstance(want_dim, str):
+                    if d.HasField("dim_value") and values is model.graph.input:
+                        raise ExportError(
+                            f"{spec.name}:{t.name} came out static ({d.dim_value}) where the spec "
+                            f"says {want_dim!r}; export in a fresh process"
+                        )
+                    d.dim_param = want_dim
+                elif d.HasField("dim_value") and d.dim_value != want_dim:
+                    raise ExportError(f"{spec.name}:{t.name} has dim {d.dim_value}, the spec says {want_dim}")
+
+
+def source_record(ckpt: Checkpoint, preset: str | None, folder: Path) -> dict:
+    """Where validate and bench find the eager model again; a preset's weights go in the folder."""
+    if preset is None:
+        return {"checkpoint": str(Path(ckpt.path).resolve()), "sha256": ckpt.sha256, "preset": None}
+    save_checkpoint(ckpt.model, ckpt.config, ckpt.family, folder / "checkpoint")
+    return {"checkpoint": "checkpoint", "sha256": checkpoint_sha256(folder / "checkpoint"), "preset": preset}
+
+
+def model_in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """The model to trace: itself for float32, a converted copy otherwise (the original stays)."""
+    return model.eval() if dtype == "float32" else copy.deepcopy(model).to(torch_dtype(dtype)).eval()
+
+
+def write_artifact(out: str | Path, overwrite: bool, ckpt: Checkpoint, preset: str | None,
+                   specs: dict[str, GraphSpec], build: Callable[[Path], None], *, opset: int,
+                   dtype: str, options: dict, tokenizer: dict | None = None) -> Path:
+    """Run `build(tmp)` (which writes the .onnx files) and the manifest, atomically."""
+    out = Path(out)
+    family, config = ckpt.family, ckpt.config
+    started = time.perf_counter()
+    with atomic_folder(out, overwrite) as tmp:
+        source = source_record(ckpt, preset, tmp)
+        build(tmp)
+        graphs = {name: graph_entry(tmp, spec, f"{name}.onnx") for name, spec in specs.items()}
+        write_manifest(tmp, {
+            "family": family,
+            "config": config.to_dict(),
+            "opset": opset,
+            "dtype": dtype,
+            "tokenizer": tokenizer,
+            "graphs": graphs,
+            "source": source,
+            "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
+                         "seqexport": seqexport.__version__},
+            "export_options": options,
+            "export_seconds": round(time.perf_counter() - started, 2),
+        })
+    total = sum(g["bytes"] + g.get("data_bytes", 0) for g in graphs.values())
+    sizes = ", ".join(f"{g['file']} {(g['bytes'] + g.get('data_bytes', 0)) / 1e6:.1f} MB" for g in graphs.values())
+    progress(f"exported {family} to {out}: {sizes} (total {total / 1e6:.1f} MB), opset {opset}, "
+             f"{dtype}, {time.perf_counter() - started:.1f} s")
+    return out

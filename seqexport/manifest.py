@@ -1,0 +1,86 @@
+"""manifest.json of an exported folder: what the graphs are and how to check them.
+
+Torch-free: the runtime reads it. `read_manifest` refuses a missing, corrupt or
+unknown-version manifest and (by default) any graph file whose size or sha256
+differs from what export recorded.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+from seqexport.errors import ArtifactError
+from seqexport.specs import GraphSpec
+
+MANIFEST = "manifest.json"
+FORMAT = "seqexport"
+FORMAT_VERSION = 1
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def graph_entry(folder: Path, spec: GraphSpec, file: str) -> dict:
+    """The manifest record of one graph file already written into `folder`."""
+    entry = {"file": file, "sha256": sha256_file(folder / file), "bytes": (folder / file).stat().st_size}
+    data = folder / (file + ".data")
+    if data.exists():  # external weights (graphs over the 2 GB protobuf limit)
+        entry["data_file"] = data.name
+        entry["data_sha256"] = sha256_file(data)
+        entry["data_bytes"] = data.stat().st_size
+    return entry | spec.to_dict()
+
+
+def write_manifest(folder: str | Path, manifest: dict) -> None:
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION} | manifest
+    (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def read_manifest(folder: str | Path, verify: bool = True) -> dict:
+    """Load and check manifest.json; with `verify`, hash every graph file against it."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactError(f"{str(folder)!r} is not an exported folder (no such directory)")
+    path = folder / MANIFEST
+    try:
+        m = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{str(folder)!r} has no {MANIFEST}; is it the output of `seqexport export`?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path} is corrupt (not valid JSON: {e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ArtifactError(f"{path} is not a seqexport manifest (expected \"format\": \"{FORMAT}\")")
+    if m.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{path} has format_version {m.get('format_version')!r}; this seqexport reads version {FORMAT_VERSION}"
+        )
+    for key in ("family", "graphs", "config", "dtype"):
+        if key not in m:
+            raise ArtifactError(f"{path} lacks the field {key!r}")
+    if verify:
+        for name, g in m["graphs"].items():
+            verify_file(folder, name, g["file"], g["sha256"], g["bytes"])
+            if "data_file" in g:
+                verify_file(folder, name, g["data_file"], g["data_sha256"], g["data_bytes"])
+    return m
+
+
+def verify_file(folder: Path, graph: str, file: str, sha: str, size: int) -> None:
+    path = folder / file
+    if not path.is_file():
+        raise ArtifactError(f"graph {graph!r}: file {path} is missing")
+    actual = path.stat().st_size
+    if actual != size:
+        raise ArtifactError(f"graph {graph!r}: {path} has {actual} bytes, the manifest says {size} (truncated or replaced)")
+    digest = sha256_file(path)
+    if digest != sha:
+        raise ArtifactError(f"graph {graph!r}: sha256 of {path} is {digest[:12]}…, the manifest says {sha[:12]}… (file altered)")
+
+
+def graph_specs(manifest: dict) -> dict[str, GraphSpec]:
+    return {name: GraphSpec.from_dict(name, g) for name, g in manifest["graphs"].items()}

@@ -1,0 +1,167 @@
+"""The study-notes Transformer: shapes of the notes' example, masks, checkpoint round trip."""
+
+import json
+
+import pytest
+import torch
+
+from models.transformer import (
+    SelfAttentionn,
+    Transformer,
+    TransformerConfig,
+    generate_mask,
+    padding_mask,
+)
+from seqexport.checkpoint import load_checkpoint, save_checkpoint
+from seqexport.errors import CheckpointError
+
+TINY = TransformerConfig(
+    src_vocab_size=50, tgt_vocab_size=60, d_model=32, n_heads=4, d_ff=64, num_layers=2, max_len=64
+)
+
+
+def tiny_model(seed=0, config=TINY):
+    torch.manual_seed(seed)
+    return Transformer(config).eval()
+
+
+def test_notes_example_shapes():
+    """The notes' test: vocab 10000, default sizes, src [32, 10], tgt [32, 20]."""
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig()).eval()
+    src = torch.randint(1, 10000, (32, 10))
+    tgt = torch.randint(1, 10000, (32, 20))
+    weights = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, SelfAttentionn):
+            mod.register_forward_hook(lambda m, i, o, name=name: weights.__setitem__(name, o[1]))
+    with torch.no_grad():
+        memory = model.encoder(src)
+        out = model(src, tgt, tgt_mask=generate_mask(20))
+    assert memory.shape == (32, 10, 512)
+    assert out.shape == (32, 20, 10000)
+    assert weights["decoder.layers.5.self_attn.attention"].shape == (32, 8, 20, 20)
+    assert weights["decoder.layers.5.cross_attn.attention"].shape == (32, 8, 20, 10)
+    assert weights["encoder.layers.0.self_attn.attention"].shape == (32, 8, 10, 10)
+
+
+def test_generate_mask_is_lower_triangular():
+    m = generate_mask(5)
+    assert m.dtype == torch.bool
+    for i in range(5):
+        for j in range(5):
+            assert bool(m[i, j]) == (j <= i)
+
+
+def test_causal_mask_hides_the_future():
+    model = tiny_model()
+    src = torch.randint(1, 50, (2, 7))
+    tgt = torch.randint(1, 60, (2, 9))
+    changed = tgt.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 60
+    with torch.no_grad():
+        a = model(src, tgt, tgt_mask=generate_mask(9))
+        b = model(src, changed, tgt_mask=generate_mask(9))
+    assert torch.equal(a[:, :6], b[:, :6])  # positions before the change: bit-identical
+    assert not torch.allclose(a[:, 6:], b[:, 6:])  # the change is seen from position 6 on
+
+
+def test_src_padding_mask_ignores_pad_positions():
+    model = tiny_model()
+    src = torch.randint(1, 50, (3, 8))
+    src[:, 5:] = 0  # pad
+    garbage = src.clone()
+    garbage[:, 5:] = torch.randint(1, 50, (3, 3))  # other content where the mask says pad
+    tgt = torch.randint(1, 60, (3, 4))
+    mask = padding_mask(src)
+    with torch.no_grad():
+        a = model(src, tgt, src_mask=mask, tgt_mask=generate_mask(4), memory_mask=mask)
+        b = model(garbage, tgt, src_mask=mask, tgt_mask=generate_mask(4), memory_mask=mask)
+        short = model(src[:, :5], tgt, tgt_mask=generate_mask(4))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a, short, atol=1e-5, rtol=1e-5)
+
+
+def test_fully_masked_row_gives_no_nan():
+    attn = SelfAttentionn()
+    q = torch.randn(1, 1, 2, 4)
+    out, w = attn(q, q, q, torch.zeros(1, 1, 2, 2, dtype=torch.bool))
+    assert torch.isfinite(out).all() and torch.isfinite(w).all()
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = tiny_model(seed=3)
+    save_checkpoint(model, TINY, "transformer", tmp_path / "ckpt")
+    loaded = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.family == "transformer" and loaded.config == TINY
+    src, tgt = torch.randint(1, 50, (2, 5)), torch.randint(1, 60, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(model(src, tgt), loaded.model(src, tgt))
+
+
+def test_pytorch_model_bin_loads(tmp_path):
+    model = tiny_model(seed=4)
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({"family": "transformer", **TINY.to_dict()}))
+    loaded = load_checkpoint(folder)
+    src, tgt = torch.randint(1, 50, (1, 5)), torch.randint(1, 60, (1, 3))
+    with torch.no_grad():
+        assert torch.equal(model(src, tgt), loaded.model(src, tgt))
+
+
+def test_mismatched_checkpoint_lists_keys(tmp_path):
+    model = tiny_model()
+    save_checkpoint(model, TINY, "transformer", tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt/config.json").read_text())
+    cfg["d_ff"] = 96  # the weights were made with 64
+    cfg["num_layers"] = 3  # and two layers
+    (tmp_path / "ckpt/config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path / "ckpt")
+    msg = str(e.value)
+    assert "missing keys" in msg and "encoder.layers.2.self_attn.W_q.weight" in msg
+    assert "mis-shaped keys" in msg and "encoder.layers.0.ffn.fc1.weight (64, 32) (expected (96, 32))" in msg
+
+
+def test_unexpected_keys_are_listed(tmp_path):
+    model = tiny_model()
+    save_checkpoint(model, TINY, "transformer", tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt/config.json").read_text())
+    cfg["num_layers"] = 1
+    (tmp_path / "ckpt/config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"unexpected keys: .*decoder\.layers\.1\."):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_checkpoint_faults_name_the_problem(tmp_path):
+    with pytest.raises(CheckpointError, match="is not a folder"):
+        load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="has no config.json"):
+        load_checkpoint(tmp_path / "empty")
+    model = tiny_model()
+    save_checkpoint(model, TINY, "transformer", tmp_path / "c")
+    with pytest.raises(CheckpointError, match="holds a transformer model; expected a mamba"):
+        load_checkpoint(tmp_path / "c", family="mamba")
+    (tmp_path / "c/model.safetensors").write_bytes(b"\x00" * 40)
+    with pytest.raises(CheckpointError, match="cannot read weights"):
+        load_checkpoint(tmp_path / "c")
+    (tmp_path / "c/config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_checkpoint(tmp_path / "c")
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("this would run code",))
+
+
+def test_pickle_with_code_is_refused(tmp_path):
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    torch.save({"w": _Payload()}, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({"family": "transformer", **TINY.to_dict()}))
+    with pytest.raises(CheckpointError, match="refused .*pytorch_model.bin"):
+        load_checkpoint(folder)
