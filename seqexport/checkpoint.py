@@ -49,6 +49,8 @@ def family_of(config: dict) -> str:
 
 
 def config_from_dict(family: str, d: dict):
+    # Keys our own config.json adds beside the model's fields.
+    d = {k: v for k, v in d.items() if k not in ("family", "tokenizer", "eval")}
     try:
         if family == "transformer":
             from models.transformer import TransformerConfig
@@ -82,8 +84,11 @@ def checkpoint_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(model: nn.Module, config, family: str, path: str | Path) -> Path:
-    """Write config.json + model.safetensors; tied weights are stored once."""
+def save_checkpoint(model: nn.Module, config, family: str, path: str | Path, extra: dict | None = None) -> Path:
+    """Write config.json + model.safetensors; tied weights are stored once.
+
+    `extra` adds records beside the config (e.g. "tokenizer", "eval" accuracy).
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors, seen = {}, set()
@@ -93,7 +98,7 @@ def save_checkpoint(model: nn.Module, config, family: str, path: str | Path) -> 
         seen.add(t.data_ptr())
         tensors[name] = t.detach().contiguous().cpu()
     save_file(tensors, str(path / "model.safetensors"), metadata={"family": family})
-    (path / CONFIG_FILE).write_text(json.dumps({"family": family, **config.to_dict()}, indent=2) + "\n")
+    (path / CONFIG_FILE).write_text(json.dumps({"family": family, **config.to_dict(), **(extra or {})}, indent=2) + "\n")
     return path
 
 
