@@ -167,8 +167,9 @@ def transformer_specs(num_layers: int, n_heads: int, head_dim: int, d_model: int
 
 
 def mamba_specs(n_layer: int, d_inner: int, d_conv: int, d_state: int, vocab_size: int,
-                dtype: str = "float32") -> dict[str, GraphSpec]:
-    """The SSM state stays float32 in every export; the conv state follows the model dtype."""
+                dtype: str = "float32", prefill_len: int | None = None) -> dict[str, GraphSpec]:
+    """The SSM state and the logits stay float32 in every export; the conv state follows
+    the model dtype. `prefill_len` fixes the prefill length (the `unrolled` scan)."""
 
     def graph(name, length):
         states_in = tuple(
@@ -190,7 +191,7 @@ def mamba_specs(n_layer: int, d_inner: int, d_conv: int, d_state: int, vocab_siz
         return GraphSpec(
             name,
             inputs=(TensorSpec(INPUT_IDS, "int64", ("batch", length)),) + states_in,
-            outputs=(TensorSpec(LOGITS, dtype, ("batch", length, vocab_size)),) + states_out,
+            outputs=(TensorSpec(LOGITS, "float32", ("batch", length, vocab_size)),) + states_out,
         )
 
-    return {"prefill": graph("prefill", "seq_len"), "step": graph("step", 1)}
+    return {"prefill": graph("prefill", prefill_len or "seq_len"), "step": graph("step", 1)}

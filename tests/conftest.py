@@ -16,3 +16,25 @@ def transformer_tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "transformer-tiny"
     export_transformer(ckpt, "tiny", out)
     return ckpt, out
+
+
+UNROLLED_LEN = 7
+
+
+@pytest.fixture(scope="session")
+def mamba_exports(tmp_path_factory):
+    """lowering -> (checkpoint, exported folder) of the tiny Mamba preset, exported on first use."""
+    from seqexport.export.mamba import export_mamba
+
+    ckpt = build_preset("mamba", "tiny", seed=0)
+    made = {}
+
+    def get(lowering):
+        if lowering not in made:
+            out = tmp_path_factory.mktemp("export") / f"mamba-tiny-{lowering}"
+            seq_len = UNROLLED_LEN if lowering == "unrolled" else None
+            export_mamba(ckpt, "tiny", out, scan=lowering, seq_len=seq_len)
+            made[lowering] = (ckpt, out)
+        return made[lowering]
+
+    return get

@@ -44,6 +44,25 @@ def register(group: click.Group) -> None:
         export_transformer(ckpt, preset, out or _default_out("transformer", ckpt, preset), opset=opset,
                            dtype=dtype, overwrite=overwrite, tokenizer=_tokenizer_of(ckpt))
 
+    @group.command()
+    @_with_common
+    @click.option("--preset", type=click.Choice(["tiny", "130m"]), help="Random weights of a named shape.")
+    @click.option("--scan", type=click.Choice(["loop", "unrolled", "parallel"]), default="loop",
+                  show_default=True, help="Lowering of the selective scan in the prefill graph.")
+    @click.option("--seq-len", type=click.IntRange(min=1), help="Fixed prefill length (--scan unrolled only).")
+    def mamba(checkpoint, out, opset, dtype, overwrite, seed, preset, scan, seq_len):
+        """Export a Mamba LM: prefill.onnx + step.onnx with explicit conv/SSM state.
+
+        Without --checkpoint or --preset, the bundled trained model (else the tiny preset).
+        """
+        from seqexport.export.mamba import export_mamba
+        from seqexport.presets import resolve_model
+
+        ckpt, preset = resolve_model("mamba", checkpoint, preset, seed)
+        export_mamba(ckpt, preset, out or _default_out("mamba", ckpt, preset) + f"-{scan}", scan=scan,
+                     seq_len=seq_len, opset=opset, dtype=dtype, overwrite=overwrite,
+                     tokenizer=_tokenizer_of(ckpt))
+
 
 def _tokenizer_of(ckpt):
     """The tokenizer record a checkpoint's config.json carries, if any."""

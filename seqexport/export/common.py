@@ -46,6 +46,17 @@ def step(msg: str):
     progress(f"  {msg} done in {time.perf_counter() - t:.1f} s")
 
 
+def dynamic_shapes_for(spec: GraphSpec, varargs_from: int | None = None):
+    """torch.export dynamic_shapes from a spec; inputs from `varargs_from` on nest as one tuple."""
+    dims = {}
+    shapes = []
+    for t in spec.inputs:
+        shapes.append({axis: dims.setdefault(name, torch.export.Dim(name)) for axis, name in t.dynamic_axes.items()})
+    if varargs_from is None:
+        return tuple(shapes)
+    return (*shapes[:varargs_from], tuple(shapes[varargs_from:]))
+
+
 def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Path, opset: int,
                  dynamic_shapes, custom_translation_table: dict | None = None) -> onnx.ModelProto:
     """Export one graph with the spec's names and dims, save it, and check it.

@@ -10,7 +10,14 @@ import torch
 from torch import nn
 
 from models.transformer import MultiHeadAttention, Transformer
-from seqexport.export.common import export_graph, model_in_dtype, step, torch_dtype, write_artifact
+from seqexport.export.common import (
+    dynamic_shapes_for,
+    export_graph,
+    model_in_dtype,
+    step,
+    torch_dtype,
+    write_artifact,
+)
 from seqexport.specs import GraphSpec, transformer_specs
 
 
@@ -90,17 +97,6 @@ def example_inputs(config, specs: dict[str, GraphSpec], dtype: torch.dtype, batc
     dec = (torch.randint(1, config.tgt_vocab_size, (batch, tgt_len)),
            torch.ones(batch, src_len, dtype=torch.int64), *past)
     return enc, dec
-
-
-def dynamic_shapes_for(spec: GraphSpec, varargs_from: int | None = None):
-    """torch.export dynamic_shapes from a spec; inputs from `varargs_from` on nest as one tuple."""
-    dims = {}
-    shapes = []
-    for t in spec.inputs:
-        shapes.append({axis: dims.setdefault(name, torch.export.Dim(name)) for axis, name in t.dynamic_axes.items()})
-    if varargs_from is None:
-        return tuple(shapes)
-    return (*shapes[:varargs_from], tuple(shapes[varargs_from:]))
 
 
 def export_transformer(ckpt, preset: str | None, out, *, opset: int = 18, dtype: str = "float32",

@@ -1,0 +1,174 @@
+"""ONNX translations of the scan custom ops (see scan.py), traced by torch.onnx.export.
+
+Each function is called by the exporter with onnx_ir values and records its
+nodes through onnxscript ops. `Scan` and `Loop` have several outputs, which an
+onnxscript op call cannot ask for, so those nodes (and their bodies, built with
+onnx_ir) are appended to the recording evaluator directly, as torch's own
+translations of higher-order ops do.
+
+Dimension letters: b batch, l length, lp length padded to a multiple of CHUNK,
+c = lp / CHUNK chunks, k = CHUNK steps of a chunk, d_in mixer width, n d_state.
+"""
+
+import itertools
+
+import onnx_ir as ir
+import onnxscript
+from onnxscript import FLOAT
+from onnxscript import opset18 as op
+
+from seqexport.export.scan import CHUNK
+
+MAX_DOUBLINGS = 62  # doubling steps the parallel Loop may take: l < 2**62
+
+_names = itertools.count()
+
+
+def _emit(op_type: str, inputs: list, attributes: dict, num_outputs: int) -> list:
+    """Record a node with several outputs in the exporter's graph."""
+    recorder = onnxscript.evaluator.default()
+    if not hasattr(recorder, "nodes"):
+        raise RuntimeError(
+            f"{op_type} can only be built while torch.onnx.export traces this translation"
+        )
+    node = ir.Node(
+        "",
+        op_type,
+        inputs,
+        attributes=ir.convenience.convert_attributes(attributes),
+        num_outputs=num_outputs,
+        version=recorder.opset.version,
+    )
+    recorder.nodes.append(node)
+    return list(node.outputs)
+
+
+def _subgraph(name: str, inputs: list, outputs: list, tape: ir.tape.Tape) -> ir.Graph:
+    """A body graph; its values get model-unique names (ORT wants SSA across subgraphs)."""
+    prefix = f"seqexport_{name}{next(_names)}_"
+    for i, value in enumerate([*inputs, *(v for n in tape.nodes for v in n.outputs)]):
+        value.name = f"{prefix}{i}"
+    return ir.Graph(inputs, outputs, nodes=tape.nodes, name=f"{prefix}body")
+
+
+def _input(dtype: ir.DataType, dims: list) -> ir.Value:
+    """A typed body input (ORT refuses untyped Loop body inputs); None dims are unknown."""
+    return ir.Value(type=ir.TensorType(dtype), shape=ir.Shape(dims))
+
+
+def _check_float32(*values: ir.Value) -> None:
+    for value in values:
+        if value.dtype != ir.DataType.FLOAT:
+            raise TypeError(f"the scan lowerings take float32 inputs, got {value.dtype} for {value.name}")
+
+
+def _const(tape: ir.tape.Tape, values: list[int]) -> ir.Value:
+    return tape.op("Constant", [], {"value": ir.tensor(values, dtype=ir.DataType.INT64)})
+
+
+def _chunk_body(A: ir.Value) -> ir.Graph:
+    """Scan body: state h (b, 1, d_in, n); one chunk of u, Δ (b, k, d_in) and B, C (b, k, n).
+
+    Returns the state after the chunk and the chunk's y (b, k, d_in) without the D skip.
+    A (d_in, n) is read from the outer graph.
+    """
+    h_in = _input(ir.DataType.FLOAT, [None, 1, None, None])
+    u, delta, B, C = (_input(ir.DataType.FLOAT, [None, CHUNK, None]) for _ in range(4))
+    t = ir.tape.Tape()
+    axis2, axis3 = _const(t, [2]), _const(t, [3])
+    dA = t.op("Exp", [t.op("Mul", [t.op("Unsqueeze", [delta, axis3]), A])])  # (b, k, d_in, n)
+    dtu = t.op("Unsqueeze", [t.op("Mul", [delta, u]), axis3])  # (b, k, d_in, 1)
+    dBu = t.op("Mul", [dtu, t.op("Unsqueeze", [B, axis2])])  # (b, k, d_in, n)
+    dAs = t.op_multi_out("Split", [dA], {"axis": 1, "num_outputs": CHUNK}, num_outputs=CHUNK)
+    dBus = t.op_multi_out("Split", [dBu], {"axis": 1, "num_outputs": CHUNK}, num_outputs=CHUNK)
+    h, hs = h_in, []
+    for dA_i, dBu_i in zip(dAs, dBus, strict=True):
+        h = t.op("Add", [t.op("Mul", [dA_i, h]), dBu_i])  # (b, 1, d_in, n)
+        hs.append(h)
+    H = t.op("Concat", hs, {"axis": 1})  # (b, k, d_in, n)
+    y = t.op("MatMul", [H, t.op("Unsqueeze", [C, axis3])])  # (b, k, d_in, 1)
+    y = t.op("Squeeze", [y, axis3])  # (b, k, d_in)
+    return _subgraph("scan", [h_in, u, delta, B, C], [h, y], t)
+
+
+def scan_chunked(
+    u: FLOAT, delta: FLOAT, A: FLOAT, B: FLOAT, C: FLOAT, D: FLOAT, h0: FLOAT
+) -> tuple[FLOAT, FLOAT]:
+    """seqexport::selective_scan_chunked -> one Scan over chunks of CHUNK steps.
+
+    Pads l up to a multiple of CHUNK with Δ = u = 0 (exp(0 A) = 1 and 0 B = 0 keep h),
+    scans the chunks, then cuts y back to l.
+    """
+    _check_float32(u, delta, A, B, C, D, h0)
+    length = op.Shape(u, start=1, end=2)  # [l]
+    pad = op.Mod(op.Sub(CHUNK, op.Mod(length, CHUNK)), CHUNK)  # [lp - l]
+    pads = op.Concat(op.Constant(value_ints=[0, 0, 0, 0]), pad, op.Constant(value_ints=[0]), axis=0)
+    head = op.Constant(value_ints=[0, -1, CHUNK])
+
+    def chunks(x):  # (b, l, m) -> (b, c, k, m)
+        return op.Reshape(op.Pad(x, pads), op.Concat(head, op.Shape(x, start=2), axis=0))
+
+    h_last, ys = _emit(
+        "Scan",
+        [op.Unsqueeze(h0, [1]), chunks(u), chunks(delta), chunks(B), chunks(C)],
+        {
+            "body": _chunk_body(A),
+            "num_scan_inputs": 4,
+            "scan_input_axes": [1, 1, 1, 1],
+            "scan_output_axes": [1],
+        },
+        num_outputs=2,
+    )  # (b, 1, d_in, n), (b, c, k, d_in)
+    y = op.Reshape(ys, op.Concat(op.Constant(value_ints=[0, -1]), op.Shape(u, start=2), axis=0))
+    y = op.Slice(y, [0], length, [1])  # (b, l, d_in)
+    return op.Add(y, op.Mul(u, D)), op.Squeeze(h_last, [1])
+
+
+def _doubling_body() -> ir.Graph:
+    """Loop body: one Hillis–Steele step at distance `shift` over (a, bx) (b, l, d_in, n).
+
+    Element t takes the pair at t - shift (the identity (1, 0) before the start)
+    as its earlier half: (a, bx)_t <- (a_{t-s} a_t, a_t bx_{t-s} + bx_t).
+    """
+    i, cond = _input(ir.DataType.INT64, []), _input(ir.DataType.BOOL, [])
+    shift = _input(ir.DataType.INT64, [1])
+    a, bx = _input(ir.DataType.FLOAT, [None] * 4), _input(ir.DataType.FLOAT, [None] * 4)
+    t = ir.tape.Tape()
+    start, axis1 = _const(t, [0]), _const(t, [1])
+    keep = t.op("Sub", [t.op("Shape", [a], {"start": 1, "end": 2}), shift])  # [l - shift]
+    pads = t.op("Concat", [start, shift, _const(t, [0] * 6)], {"axis": 0})
+    one = t.op("Constant", [], {"value": ir.tensor(1.0, dtype=ir.DataType.FLOAT)})
+    a_prev = t.op("Pad", [t.op("Slice", [a, start, keep, axis1]), pads, one])
+    b_prev = t.op("Pad", [t.op("Slice", [bx, start, keep, axis1]), pads])
+    bx_out = t.op("Add", [t.op("Mul", [a, b_prev]), bx])
+    a_out = t.op("Mul", [a, a_prev])
+    shift_out = t.op("Mul", [shift, _const(t, [2])])
+    cond_out = t.op("Identity", [cond])
+    return _subgraph("loop", [i, cond, shift, a, bx], [cond_out, shift_out, a_out, bx_out], t)
+
+
+def scan_doubling(
+    u: FLOAT, delta: FLOAT, A: FLOAT, B: FLOAT, C: FLOAT, D: FLOAT, h0: FLOAT
+) -> tuple[FLOAT, FLOAT]:
+    """seqexport::selective_scan_doubling -> a Loop of ceil(log2 l) doubling steps.
+
+    (a_t, bx_t) = (exp(Δ_t A), Δ_t u_t B_t), h0 folded into bx_0; afterwards bx_t = h_t.
+    """
+    _check_float32(u, delta, A, B, C, D, h0)
+    length = op.Shape(u, start=1, end=2)  # [l]
+    a = op.Exp(op.Mul(op.Unsqueeze(delta, [3]), A))  # (b, l, d_in, n)
+    bx = op.Mul(op.Unsqueeze(op.Mul(delta, u), [3]), op.Unsqueeze(B, [2]))  # (b, l, d_in, n)
+    first = op.Add(op.Mul(op.Slice(a, [0], [1], [1]), op.Unsqueeze(h0, [1])),
+                   op.Slice(bx, [0], [1], [1]))  # (b, 1, d_in, n)
+    bx = op.Concat(first, op.Slice(bx, [1], [2**62], [1]), axis=1)
+    powers = op.Constant(value_ints=[2**k for k in range(MAX_DOUBLINGS)])
+    trips = op.ReduceSum(op.Cast(op.Less(powers, length), to=ir.DataType.INT64), keepdims=0)
+    _, _, h = _emit(
+        "Loop",
+        [trips, None, op.Constant(value_ints=[1]), a, bx],
+        {"body": _doubling_body()},
+        num_outputs=3,
+    )  # shift, a, h: (b, l, d_in, n)
+    y = op.Squeeze(op.MatMul(h, op.Unsqueeze(C, [3])), [3])  # (b, l, d_in)
+    h_last = op.Squeeze(op.Slice(h, [-1], [2**62], [1]), [1])  # (b, d_in, n)
+    return op.Add(y, op.Mul(u, D)), h_last

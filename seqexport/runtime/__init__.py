@@ -1,0 +1,15 @@
+"""Torch-free runtime: numpy + onnxruntime only.
+
+    import seqexport.runtime as rt
+    model = rt.load("exported/transformer-default")
+    ids = rt.generate(model, [[5, 6, 7]], rt.SearchOptions(max_new_tokens=20))
+"""
+
+from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
+from seqexport.runtime.generate import Generator, SearchOptions, beam_search, generate, stream
+from seqexport.runtime.models import MambaModel, State, TransformerModel, load
+
+__all__ = [
+    "ArtifactError", "Generator", "InputError", "MambaModel", "SearchOptions", "SeqexportError", "State",
+    "TransformerModel", "UsageError", "beam_search", "generate", "load", "stream",
+]

@@ -1,0 +1,59 @@
+"""What `seqexport generate` does: parse prompts, generate, print as text or ids, streaming."""
+
+import sys
+
+import numpy as np
+
+from seqexport.errors import UsageError
+from seqexport.runtime.generate import SearchOptions, generate
+from seqexport.runtime.models import load
+
+
+def parse_ids(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(f"--ids {s!r}: expected integers separated by spaces") from None
+
+
+def run_generate(folder, texts, ids, *, provider="auto", out=None, **search) -> list[list[int]]:
+    out = out or sys.stdout
+    if bool(texts) == bool(ids):
+        raise UsageError("give the prompt as --text or as --ids (one of them)")
+    model = load(folder, provider=provider)
+    tok = model.tokenizer
+    if texts:
+        if tok is None:
+            raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
+        prompts = [tok.encode_prompt(t, model.family) for t in texts]
+    else:
+        prompts = [parse_ids(s) for s in ids]
+    options = SearchOptions(**search)
+    show = tok.decode if tok else (lambda seq: " ".join(map(str, seq)))
+    if len(prompts) == 1 and options.num_beams == 1:
+        seq: list[int] = []
+        printed = ""
+
+        def on_token(tokens: np.ndarray):  # stream what each new token adds
+            nonlocal printed
+            t = int(tokens[0])
+            if t < 0 or (tok is not None and t == tok.eos_id):
+                return
+            seq.append(t)
+            if tok is None:
+                out.write(f"{t} ")
+            else:
+                now = tok.decode(seq)
+                if now.endswith("\ufffd"):  # wait until a multi-byte character is complete
+                    return
+                out.write(now[len(printed):])
+                printed = now
+            out.flush()
+
+        result = generate(model, prompts, options, on_token=on_token)
+        out.write("\n")
+        return result
+    result = generate(model, prompts, options)
+    for seq in result:
+        out.write(show(seq) + "\n")
+    return result

@@ -1,0 +1,274 @@
+"""Generation over the step API: greedy, sampling, beam search (transformer), streaming.
+
+The loop a user writes, in the spirit of onnxruntime-genai:
+
+    gen = Generator(model, SearchOptions(max_new_tokens=20))
+    gen.append_tokens(prompts)          # transformer: source sequences; mamba: prompts
+    while not gen.is_done():
+        new = gen.generate_next_token() # (b,) the token each row just produced
+    gen.sequences                       # per row, the generated ids (eos excluded)
+
+`generate(model, prompts, options)` does all of it in one call. A batch of
+prompts of unequal length gives each prompt the tokens it gets alone: the
+transformer masks source padding; Mamba prefills rows of equal length together
+and then steps the whole batch. Each call keeps its own state, so one loaded
+model serves concurrent calls from several threads.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqexport.errors import InputError, UsageError
+from seqexport.runtime.models import MambaModel, State, TransformerModel
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    max_new_tokens: int = 32  # stop after this many new tokens per row
+    do_sample: bool = False  # False: greedy (argmax)
+    temperature: float = 1.0  # sampling: logits / temperature
+    top_k: int = 0  # sampling: keep the k most likely tokens (0: all)
+    top_p: float = 1.0  # sampling: keep the smallest set with this much probability
+    seed: int | None = None  # sampling: seed of the random generator (reproducible)
+    num_beams: int = 1  # beam search width (transformer only); 1 = greedy
+    length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
+    eos_id: int | None = None  # stop a row at this token (default: the tokenizer's eos)
+    start_id: int | None = None  # transformer decoder start (default: tokenizer bos, else 1)
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise UsageError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UsageError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.num_beams < 1:
+            raise UsageError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.num_beams > 1 and self.do_sample:
+            raise UsageError("beam search and sampling cannot be combined")
+
+
+def _eos(model, options: SearchOptions) -> int | None:
+    if options.eos_id is not None:
+        return options.eos_id
+    return model.tokenizer.eos_id if model.tokenizer else None
+
+
+def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> np.ndarray:
+    """(b, v) logits -> (b,) token ids: argmax, or a sample after temperature / top-k / top-p."""
+    if not options.do_sample:
+        return logits.argmax(-1)
+    z = logits.astype(np.float64) / options.temperature
+    if options.top_k:
+        kth = np.sort(z, axis=-1)[:, -min(options.top_k, z.shape[-1])][:, None]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if options.top_p < 1:
+        order = np.argsort(-p, axis=-1)
+        sorted_p = np.take_along_axis(p, order, -1)
+        keep_sorted = np.cumsum(sorted_p, -1) - sorted_p < options.top_p  # always keeps the top one
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        p = np.where(keep, p, 0)
+        p /= p.sum(-1, keepdims=True)
+    return np.array([rng.choice(p.shape[-1], p=row) for row in p])
+
+
+def _as_rows(prompts) -> list[list[int]]:
+    if isinstance(prompts, np.ndarray):
+        if prompts.ndim != 2:
+            raise InputError(f"prompts: expected a 2-D array (batch, length), got shape {prompts.shape}")
+        return [list(map(int, row)) for row in prompts]
+    rows = [list(map(int, p)) for p in prompts]
+    if not rows:
+        raise InputError("prompts: empty batch; expected at least one prompt")
+    for i, r in enumerate(rows):
+        if not r:
+            raise InputError(f"prompts[{i}]: empty prompt; expected at least one token")
+    return rows
+
+
+class Generator:
+    """Step-by-step generation of a batch; the state stays visible as `self.state`."""
+
+    def __init__(self, model: TransformerModel | MambaModel, options: SearchOptions | None = None):
+        self.model = model
+        self.options = options or SearchOptions()
+        if self.options.num_beams > 1:
+            raise UsageError("Generator does greedy or sampling; use generate(..., num_beams=N) for beam search")
+        self.rng = np.random.default_rng(self.options.seed)
+        self.eos = _eos(model, self.options)
+        self.state: State | None = None
+        self.sequences: list[list[int]] = []
+        self._logits = None
+        self._done: np.ndarray | None = None
+
+    def append_tokens(self, prompts) -> None:
+        """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
+        rows = _as_rows(prompts)
+        if isinstance(self.model, TransformerModel):
+            self._start_transformer(rows)
+        else:
+            self._start_mamba(rows)
+        self.sequences = [[] for _ in rows]
+        self._done = np.zeros(len(rows), bool)
+
+    def _start_transformer(self, rows):
+        m = self.model
+        src = np.full((len(rows), max(map(len, rows))), m.pad_id, np.int64)
+        mask = np.zeros_like(src)
+        for i, r in enumerate(rows):
+            src[i, : len(r)] = r
+            mask[i, : len(r)] = 1
+        start = self.options.start_id
+        if start is None:
+            start = m.tokenizer.bos_id if m.tokenizer else 1
+        self.state = m.start(src, mask)
+        self._logits, self.state = m.step(np.full(len(rows), start, np.int64), self.state)
+
+    def _start_mamba(self, rows):
+        # Rows of equal length are prefilled together, then the states are joined in order.
+        m = self.model
+        by_len: dict[int, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_len.setdefault(len(r), []).append(i)
+        states, logits, order = [], [], []
+        for _, idx in sorted(by_len.items()):
+            lg, st = m.step(np.array([rows[i] for i in idx], np.int64), m.start(len(idx)))
+            states.append(st)
+            logits.append(lg[:, -1])
+            order += idx
+        inverse = np.argsort(order)
+        joined = State({k: np.concatenate([s.arrays[k] for s in states]) for k in states[0].arrays})
+        self.state = joined.select(inverse)
+        self._logits = np.concatenate(logits)[inverse]
+
+    def is_done(self) -> bool:
+        if self._done is None:
+            return False
+        lengths = max(len(s) for s in self.sequences)
+        return bool(self._done.all()) or lengths >= self.options.max_new_tokens
+
+    def generate_next_token(self) -> np.ndarray:
+        """Pick each row's next token from the last logits and feed it; returns (b,) tokens.
+
+        Finished rows get -1 and keep stepping harmlessly (they are not read again).
+        """
+        if self._done is None:
+            raise UsageError("append_tokens() first")
+        if self.is_done():
+            raise UsageError("generation is done")
+        tokens = pick_tokens(self._logits, self.options, self.rng).astype(np.int64)
+        tokens = np.where(self._done, -1, tokens)
+        for i, t in enumerate(tokens):
+            if self._done[i]:
+                continue
+            if t == self.eos:
+                self._done[i] = True
+            else:
+                self.sequences[i].append(int(t))
+        if not self.is_done():
+            feed = np.where(tokens < 0, 0, tokens)  # any valid id for finished rows
+            self._logits, self.state = self.model.step(feed, self.state)
+        return tokens
+
+
+def stream(model, prompts, options: SearchOptions | None = None) -> Iterator[np.ndarray]:
+    """Yield each step's (b,) new tokens: eos where a row ends, -1 for rows already finished."""
+    gen = Generator(model, options)
+    gen.append_tokens(prompts)
+    while not gen.is_done():
+        yield gen.generate_next_token()
+
+
+def generate(model, prompts, options: SearchOptions | None = None,
+             on_token: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
+    """Generated ids per prompt (eos excluded). `on_token` sees each step's tokens as they come."""
+    options = options or SearchOptions()
+    if options.num_beams > 1:
+        return beam_search(model, prompts, options)
+    gen = Generator(model, options)
+    gen.append_tokens(prompts)
+    while not gen.is_done():
+        tokens = gen.generate_next_token()
+        if on_token:
+            on_token(tokens)
+    return gen.sequences
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def beam_search(model: TransformerModel, prompts, options: SearchOptions) -> list[list[int]]:
+    """Beam search for the transformer; each source row keeps num_beams hypotheses.
+
+    Finished hypotheses are scored sum(log p) / length ** length_penalty; a row stops
+    when it has num_beams finished ones (early stopping), so num_beams=1 is greedy.
+    """
+    if not isinstance(model, TransformerModel):
+        raise UsageError("beam search is implemented for the transformer family")
+    k = options.num_beams
+    eos = _eos(model, options)
+    rows = _as_rows(prompts)
+    n = len(rows)
+    gen = Generator(model, SearchOptions(max_new_tokens=options.max_new_tokens, eos_id=eos,
+                                         start_id=options.start_id))
+    gen.append_tokens([r for r in rows for _ in range(k)])  # each source repeated k times
+    state, logits = gen.state, gen._logits
+    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], n)  # only beam 0 is live at first
+    seqs: list[list[int]] = [[] for _ in range(n * k)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+    done = np.zeros(n, bool)
+    lp = options.length_penalty
+    for step in range(options.max_new_tokens):
+        logp = _log_softmax(logits)  # (n*k, v)
+        v = logp.shape[-1]
+        total = (scores[:, None] + logp).reshape(n, k * v)
+        best = np.argsort(-total, axis=-1, kind="stable")[:, : 2 * k]
+        new_rows, new_tokens, new_scores = [], [], []
+        last = step == options.max_new_tokens - 1
+        for r in range(n):
+            chosen = []
+            for rank, flat in enumerate(best[r]):
+                beam, tok = divmod(int(flat), v)
+                score = total[r, flat]
+                if not np.isfinite(score):
+                    continue
+                src = r * k + beam
+                if tok == eos or last:
+                    # like HF: an ending counts only when it ranks among the top k candidates
+                    if rank < k and not done[r]:
+                        hyp = seqs[src] + ([] if tok == eos else [tok])
+                        finished[r].append((score / (len(hyp) + (tok == eos)) ** lp, hyp))
+                    continue
+                chosen.append((src, tok, score))
+                if len(chosen) == k:
+                    break
+            while len(chosen) < k:  # pad with dead beams
+                chosen.append((r * k, 0, -np.inf))
+            done[r] = done[r] or len(finished[r]) >= k  # early stopping: k finished hypotheses
+            for src, tok, score in chosen:
+                new_rows.append(src)
+                new_tokens.append(tok)
+                new_scores.append(score if not done[r] else -np.inf)
+        if done.all() or last:
+            break
+        seqs = [seqs[s] + [t] for s, t in zip(new_rows, new_tokens)]
+        scores = np.array(new_scores)
+        state = state.select(new_rows)
+        logits, state = model.step(np.array(new_tokens, np.int64), state)
+    out = []
+    for r in range(n):
+        if not finished[r]:
+            out.append(seqs[r * k])
+        else:
+            out.append(max(finished[r], key=lambda f: f[0])[1])
+    return out

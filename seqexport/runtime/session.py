@@ -1,0 +1,114 @@
+"""ONNX Runtime sessions for exported graphs, with every input checked against its spec.
+
+numpy + onnxruntime only. `Graph.run` refuses, before ORT sees them, inputs of the
+wrong rank, shape or dtype, and symbolic dims that disagree between inputs
+(e.g. a batch of 2 tokens with a state of batch 3).
+"""
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from seqexport.errors import InputError, UsageError
+from seqexport.specs import GraphSpec
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+NP_DTYPES = {"int64": np.int64, "float32": np.float32, "float16": np.float16}
+
+log = logging.getLogger(__name__)
+
+
+def cuda_usable() -> bool:
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def providers_for(provider: str) -> list[str]:
+    """ORT provider list for auto|cpu|cuda; auto takes CUDA only when ORT offers it."""
+    if provider not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"unknown provider {provider!r}; expected auto, cpu or cuda")
+    if provider == "cuda" and not cuda_usable():
+        raise UsageError(
+            "provider 'cuda' asked for, but this onnxruntime offers only "
+            f"{ort.get_available_providers()} (install the gpu extra: onnxruntime-gpu)"
+        )
+    if provider == "cuda" or (provider == "auto" and cuda_usable()):
+        return [PROVIDERS["cuda"], PROVIDERS["cpu"]]
+    return [PROVIDERS["cpu"]]
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    threads = threads or int(os.environ.get("SEQEXPORT_THREADS", "0"))
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # ORT's own warnings go to stderr otherwise
+    return opts
+
+
+class Graph:
+    """One exported graph: its spec and an InferenceSession. `run(feeds) -> dict of outputs`."""
+
+    def __init__(self, path: Path, spec: GraphSpec, provider: str = "auto", threads: int | None = None):
+        self.spec = spec
+        self.path = Path(path)
+        self.session = ort.InferenceSession(str(path), session_options(threads), providers=providers_for(provider))
+        # ORT may fall back silently (e.g. missing CUDA libraries): say what really runs.
+        self.provider = self.session.get_providers()[0]
+        if provider == "cuda" and self.provider != PROVIDERS["cuda"]:
+            raise UsageError(f"provider 'cuda' asked for, but ORT fell back to {self.provider} for {self.path.name}")
+
+    def check(self, feeds: dict) -> dict[str, int]:
+        """Check feeds against the spec; return the size of every symbolic dim."""
+        sizes: dict[str, tuple[int, str]] = {}
+        missing = [n for n in self.spec.input_names if n not in feeds]
+        if missing:
+            raise InputError(f"{self.spec.name}: missing inputs {missing}")
+        extra = sorted(set(feeds) - set(self.spec.input_names))
+        if extra:
+            raise InputError(f"{self.spec.name}: unknown inputs {extra}; expected {self.spec.input_names}")
+        for t in self.spec.inputs:
+            a = feeds[t.name]
+            if not isinstance(a, np.ndarray):
+                raise InputError(f"{t.name}: expected a numpy array, got {type(a).__name__}")
+            if a.dtype != NP_DTYPES[t.dtype]:
+                raise InputError(f"{t.name}: dtype {a.dtype} given, {t.dtype} expected")
+            if a.ndim != len(t.dims):
+                raise InputError(f"{t.name}: shape {a.shape} has rank {a.ndim}, expected rank {len(t.dims)} {list(t.dims)}")
+            for axis, (size, dim) in enumerate(zip(a.shape, t.dims)):
+                if isinstance(dim, int):
+                    if size != dim:
+                        raise InputError(f"{t.name}: shape {a.shape}, expected {dim} on axis {axis} ({list(t.dims)})")
+                elif dim in sizes and sizes[dim][0] != size:
+                    other_size, other = sizes[dim]
+                    raise InputError(
+                        f"{t.name}: {dim} = {size} on axis {axis}, but {other} has {dim} = {other_size}"
+                    )
+                else:
+                    sizes.setdefault(dim, (size, t.name))
+        return {d: s for d, (s, _) in sizes.items()}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.check(feeds)
+        outs = self.session.run(None, feeds)
+        return dict(zip(self.spec.output_names, outs))
+
+
+def check_token_ids(name: str, ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """2-D int64 token ids, non-empty, each in [0, vocab_size)."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise InputError(f"{name}: token ids must be integers, got dtype {ids.dtype}")
+    if ids.ndim != 2:
+        raise InputError(f"{name}: expected shape (batch, length), got {ids.shape}")
+    if ids.size == 0:
+        raise InputError(f"{name}: empty input of shape {ids.shape}; expected at least one token per row")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        r, c = map(int, np.argwhere(bad)[0])
+        raise InputError(f"{name}: token id {int(ids[r, c])} at [{r}, {c}] is outside [0, {vocab_size})")
+    return ids.astype(np.int64, copy=False)

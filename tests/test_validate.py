@@ -1,0 +1,136 @@
+"""`seqexport validate`: passes on correct exports, fails loudly and precisely on a damaged one."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+from seqexport.cli import cli
+from seqexport.manifest import sha256_file
+from seqexport.validate import _free_case, validate
+
+
+def damaged_copy(folder, tmp_path, graph, initializer, delta=1e-2, edit=None):
+    """Copy an export, add `delta` to one initializer of one graph, and re-hash it in the manifest
+    (as an exporter bug would: the file is consistent with its manifest, the numbers are wrong)."""
+    out = tmp_path / f"damaged-{graph}"
+    shutil.copytree(folder, out)
+    model = onnx.load(str(out / f"{graph}.onnx"))
+    init = next(i for i in model.graph.initializer if i.name == initializer)
+    w = numpy_helper.to_array(init)
+    w = edit(w.copy()) if edit else w + np.float32(delta)
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    onnx.save(model, str(out / f"{graph}.onnx"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["graphs"][graph]
+    entry["sha256"] = sha256_file(out / entry["file"])
+    entry["bytes"] = (out / entry["file"]).stat().st_size
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_transformer_export_passes(transformer_tiny, tmp_path):
+    _, folder = transformer_tiny
+    report_path = tmp_path / "report.json"
+    result = CliRunner().invoke(cli, ["validate", str(folder), "--steps", "8", "--report", str(report_path)])
+    assert result.exit_code == 0, result.output
+    assert "result: PASS" in result.output
+    report = json.loads(report_path.read_text())
+    assert report["passed"] and report["provider"] == "CPUExecutionProvider"
+    assert set(report["checks"]) == {"graphs", "teacher_forced", "free_running"}
+    labels = [c["label"] for c in report["checks"]["graphs"]["cases"]]
+    assert any("batch=1 past_len=0 tgt_len=1" in label for label in labels)
+    out = report["checks"]["graphs"]["cases"][0]["outputs"][0]
+    assert {"max_abs", "max_rel", "mean_abs", "needed_atol", "passed"} <= set(out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["parity"]["summary"]["passed"] is True
+
+
+@pytest.mark.parametrize("lowering", ["loop", "unrolled", "parallel"])
+def test_mamba_exports_pass(mamba_exports, lowering):
+    _, folder = mamba_exports(lowering)
+    report = validate(folder, steps=6, write_summary=False)
+    assert report.passed, report.table()
+    assert report.check_passed("teacher_forced") and report.check_passed("free_running")
+
+
+def test_damaged_transformer_decoder_fails_and_names_the_layer(transformer_tiny, tmp_path):
+    _, folder = transformer_tiny
+    bad = damaged_copy(folder, tmp_path, "decoder", "model.decoder.layers.1.ffn.fc1.bias")
+    report_path = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["validate", str(bad), "--steps", "6", "--report", str(report_path)])
+    assert result.exit_code == 1, result.output
+    assert "result: FAIL" in result.output and "logits" in result.output
+    assert "decoder.layers.1.ffn" in result.output
+    report = json.loads(report_path.read_text())
+    failing = [c for c in report["checks"]["graphs"]["cases"] if not c["passed"]]
+    assert failing and all(c["label"].startswith("decoder") for c in failing)  # the encoder is untouched
+    div = failing[0]["divergence"]
+    assert div["layer"] == "decoder.layers.1" and div["module"].startswith("decoder.layers.1.ffn")
+    assert not report["checks"]["teacher_forced"]["passed"]
+
+
+def test_damaged_mamba_prefill_fails_and_names_the_layer(mamba_exports, tmp_path):
+    _, folder = mamba_exports("loop")
+    bad = damaged_copy(folder, tmp_path, "prefill", "model.backbone.layers.1.mixer.conv1d.bias")
+    report = validate(bad, steps=4, write_summary=False)
+    assert not report.passed
+    failing = [c for c in report.cases if c.check == "graphs" and not c.passed]
+    assert failing and all(c.label.startswith("prefill") for c in failing)
+    assert any(o.name == "logits" and not o.passed for o in failing[0].outputs)
+    assert failing[0].divergence.layer == "backbone.layers.1"
+    assert failing[0].divergence.module.startswith("backbone.layers.1")
+
+
+def test_altered_file_is_refused_before_comparing(transformer_tiny, tmp_path):
+    _, folder = transformer_tiny
+    bad = tmp_path / "altered"
+    shutil.copytree(folder, bad)
+    with open(bad / "decoder.onnx", "r+b") as f:
+        f.seek(-10, 2)
+        f.write(b"\x00" * 10)
+    result = CliRunner().invoke(cli, ["validate", str(bad)])
+    assert result.exit_code == 2
+    assert "sha256" in result.output and "decoder.onnx" in result.output
+
+
+def test_changed_checkpoint_is_an_error_unless_named(transformer_tiny, tmp_path):
+    _, folder = transformer_tiny
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    cfg = copy / "checkpoint" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"dropout"', '"dropout": 0.2, "x_dropout"').replace('"x_dropout": 0.1,', ""))
+    result = CliRunner().invoke(cli, ["validate", str(copy), "--steps", "3"])
+    assert result.exit_code == 2 and "changed since export" in result.output
+    result = CliRunner().invoke(cli, ["validate", str(copy), "--steps", "3", "--checkpoint", str(copy / "checkpoint")])
+    assert result.exit_code == 0, result.output
+
+
+def test_free_running_rule_tie_vs_real_divergence():
+    tie = np.zeros(10, np.float32)
+    tie[3] = tie[7] = 5.0  # an exact tie: eager argmax takes 3, ONNX took 7
+    case = _free_case(0, [7, 1, 1], 3, lambda prefix: tie, atol=1e-4, rtol=1e-3)
+    assert case.passed and "near-tie" in case.note and "step 0" in case.note
+    clear = np.zeros(10, np.float32)
+    clear[3] = 5.0  # eager is sure of 3; ONNX's 7 is a real divergence
+    case = _free_case(0, [3, 7], 2, lambda prefix: clear, atol=1e-4, rtol=1e-3)
+    assert not case.passed and "real divergence" in case.note and "step 1" in case.note
+
+
+def test_damaged_step_graph_fails_free_running(mamba_exports, tmp_path):
+    """A real bug in the step graph: free-running tokens diverge, reported as a failure, not a tie."""
+    _, folder = mamba_exports("loop")
+
+    def favour_token_50(w):  # the random tiny model echoes its last token; make the step graph prefer 50
+        w[50] = 3 * w.sum(0)
+        return w
+
+    bad = damaged_copy(folder, tmp_path, "step", "model.lm_head.weight", edit=favour_token_50)
+    report = validate(bad, steps=12, write_summary=False)
+    assert not report.check_passed("teacher_forced")
+    free = [c for c in report.cases if c.check == "free_running"]
+    assert any(not c.passed and "real divergence" in c.note for c in free)
