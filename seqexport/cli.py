@@ -6,6 +6,7 @@ the traceback instead.
 """
 
 import json
+import signal
 import sys
 
 import click
@@ -19,8 +20,8 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except SeqexportError as e:
-            if ctx.params.get("debug"):
+        except (SeqexportError, OSError) as e:  # OSError: a path the user named
+            if ctx.params.get("debug") or (ctx.parent and ctx.parent.params.get("debug")):
                 raise
             click.echo(f"error: {e}", err=True)
             ctx.exit(2)
@@ -120,6 +121,8 @@ def demo(out):
 
 
 def main():
+    # SIGTERM unwinds like Ctrl-C, so an interrupted export removes its temporary folder.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     cli(prog_name="seqexport")
 
 

@@ -25,7 +25,10 @@ def scan_reference(u, delta, A, B, C, D, h0):
     """h = exp(Δ_t A) h + (Δ_t u_t) B_t; y_t = <h, C_t> + D u_t, one step at a time."""
     h, ys = h0, []
     for t in range(u.shape[1]):
-        h = torch.exp(delta[:, t, :, None] * A) * h + (delta[:, t] * u[:, t])[..., None] * B[:, t, None, :]
+        h = (
+            torch.exp(delta[:, t, :, None] * A) * h
+            + (delta[:, t] * u[:, t])[..., None] * B[:, t, None, :]
+        )
         ys.append((h * C[:, t, None, :]).sum(-1) + D * u[:, t])
     return torch.stack(ys, dim=1), h
 
@@ -176,5 +179,8 @@ def test_unrolled_refuses_a_symbolic_length():
     dims = {1: length}
     with pytest.raises(ValueError, match="static sequence length"):
         torch.export.export(
-            module, make_inputs(2, 20, seed=0), dynamic_shapes=(dims, dims, dims, dims, None), strict=False
+            module,
+            make_inputs(2, 20, seed=0),
+            dynamic_shapes=(dims, dims, dims, dims, None),
+            strict=False,
         )

@@ -59,7 +59,9 @@ def _input(dtype: ir.DataType, dims: list) -> ir.Value:
 def _check_float32(*values: ir.Value) -> None:
     for value in values:
         if value.dtype != ir.DataType.FLOAT:
-            raise TypeError(f"the scan lowerings take float32 inputs, got {value.dtype} for {value.name}")
+            raise TypeError(
+                f"the scan lowerings take float32 inputs, got {value.dtype} for {value.name}"
+            )
 
 
 def _const(tape: ir.tape.Tape, values: list[int]) -> ir.Value:
@@ -158,8 +160,9 @@ def scan_doubling(
     length = op.Shape(u, start=1, end=2)  # [l]
     a = op.Exp(op.Mul(op.Unsqueeze(delta, [3]), A))  # (b, l, d_in, n)
     bx = op.Mul(op.Unsqueeze(op.Mul(delta, u), [3]), op.Unsqueeze(B, [2]))  # (b, l, d_in, n)
-    first = op.Add(op.Mul(op.Slice(a, [0], [1], [1]), op.Unsqueeze(h0, [1])),
-                   op.Slice(bx, [0], [1], [1]))  # (b, 1, d_in, n)
+    first = op.Add(
+        op.Mul(op.Slice(a, [0], [1], [1]), op.Unsqueeze(h0, [1])), op.Slice(bx, [0], [1], [1])
+    )  # (b, 1, d_in, n)
     bx = op.Concat(first, op.Slice(bx, [1], [2**62], [1]), axis=1)
     powers = op.Constant(value_ints=[2**k for k in range(MAX_DOUBLINGS)])
     trips = op.ReduceSum(op.Cast(op.Less(powers, length), to=ir.DataType.INT64), keepdims=0)

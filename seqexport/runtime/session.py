@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from seqexport.errors import InputError, UsageError
+from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.specs import GraphSpec
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -56,7 +56,12 @@ class Graph:
     def __init__(self, path: Path, spec: GraphSpec, provider: str = "auto", threads: int | None = None):
         self.spec = spec
         self.path = Path(path)
-        self.session = ort.InferenceSession(str(path), session_options(threads), providers=providers_for(provider))
+        providers = providers_for(provider)
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
+        except Exception as e:  # ORT raises its own types for unreadable or invalid models
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ArtifactError(f"graph {spec.name!r}: ONNX Runtime cannot load {path}: {first}") from None
         # ORT may fall back silently (e.g. missing CUDA libraries): say what really runs.
         self.provider = self.session.get_providers()[0]
         if provider == "cuda" and self.provider != PROVIDERS["cuda"]:
@@ -94,7 +99,11 @@ class Graph:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.check(feeds)
-        outs = self.session.run(None, feeds)
+        try:
+            outs = self.session.run(None, feeds)
+        except Exception as e:  # what the spec cannot express (e.g. a length past a fixed table)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"{self.spec.name}: ONNX Runtime rejected the inputs: {first}") from None
         return dict(zip(self.spec.output_names, outs))
 
 

@@ -1,0 +1,247 @@
+"""Bad inputs, corrupt artifacts, interrupted exports: a clear typed error, nothing lost."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import seqexport.runtime as rt
+from seqexport.cli import cli
+from seqexport.errors import ArtifactError, InputError, SeqexportError
+
+DTYPES = [np.int64, np.int32, np.uint8, np.float32, np.bool_]
+
+
+@pytest.fixture(scope="module")
+def tf(transformer_tiny):
+    return rt.load(transformer_tiny[1], provider="cpu", threads=1)
+
+
+@pytest.fixture(scope="module")
+def mb(mamba_exports):
+    return rt.load(mamba_exports("loop")[1], provider="cpu", threads=1)
+
+
+def arrays(max_batch=3, max_len=5, low=-3, high=110):
+    return st.tuples(
+        st.sampled_from(DTYPES),
+        st.lists(st.integers(0, max_len), min_size=1, max_size=3),  # shape, rank 1..3, zeros allowed
+        st.integers(low, high),
+        st.integers(0, 2**16),
+    ).map(lambda t: np.random.default_rng(t[3]).integers(t[2], t[2] + 8, size=[min(d, max_batch) for d in t[1]])
+          .astype(t[0]))
+
+
+def assert_result_or_typed_error(fn):
+    try:
+        out = fn()
+    except SeqexportError:  # InputError or UsageError: a clear message, fine
+        return None
+    logits = out[0]
+    assert np.isfinite(logits).all(), "valid input gave NaN/Inf"
+    return out
+
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@SETTINGS
+@given(src=arrays(), tokens=arrays())
+def test_transformer_runtime_property(tf, src, tokens):
+    try:
+        state = tf.start(src)
+    except InputError as e:
+        assert str(e)
+        return
+    assert src.ndim == 2 and src.size and src.min() >= 0 and src.max() < 100
+    out = assert_result_or_typed_error(lambda: tf.step(tokens, state))
+    if out is not None:  # valid: the right shape, and the same as feeding the batch row by row
+        logits, new = out
+        assert logits.shape[0] == src.shape[0] and logits.shape[-1] == 100
+        assert new.length == (1 if tokens.ndim == 1 else tokens.shape[1])
+
+
+@SETTINGS
+@given(batch=st.one_of(st.integers(-2, 3), st.floats(0, 3), st.none()), tokens=arrays())
+def test_mamba_runtime_property(mb, batch, tokens):
+    try:
+        state = mb.start(batch)
+    except InputError:
+        assert not (isinstance(batch, int) and batch >= 1)
+        return
+    out = assert_result_or_typed_error(lambda: mb.step(tokens, state))
+    if out is not None:
+        assert out[0].shape[0] == batch and tokens.shape[0] == batch
+
+
+def test_messages_name_input_given_and_expected(tf, mb):
+    state = tf.start(np.array([[5, 6, 7]]))
+    with pytest.raises(InputError, match=r"token id 150 at \[0, 0\] is outside \[0, 100\)"):
+        tf.step(np.array([150]), state)
+    with pytest.raises(InputError, match=r"encoder_attention_mask: batch = 1 on axis 0, but input_ids has batch = 2"):
+        tf.step(np.array([3, 4]), state)
+    with pytest.raises(InputError, match="token ids must be integers, got dtype float32"):
+        tf.step(np.array([3.0], np.float32), state)
+    with pytest.raises(InputError, match=r"empty input of shape \(1, 0\)"):
+        tf.step(np.zeros((1, 0), np.int64), state)
+    with pytest.raises(InputError, match="exceeds the positional table"):
+        tf.step(np.ones((1, 600), np.int64), state)
+    bad = rt.State(dict(state.arrays), state.length)
+    bad.arrays["past_key_values.1.decoder.value"] = bad.arrays["past_key_values.1.decoder.value"].astype(np.float64)
+    with pytest.raises(InputError, match="past_key_values.1.decoder.value: dtype float64 given, float32 expected"):
+        tf.step(np.array([3]), bad)
+    s = mb.start(2)
+    s.arrays["past_ssm_state.0"] = s.arrays["past_ssm_state.0"][:, :, :3]
+    with pytest.raises(InputError, match=r"past_ssm_state.0: shape \(2, 128, 3\), expected 16 on axis 2"):
+        mb.step(np.array([1, 2]), s)
+    with pytest.raises(InputError, match="batch_size: expected a positive integer, got 0"):
+        mb.start(0)
+
+
+# --- artifacts ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def artifact(transformer_tiny, tmp_path):
+    out = tmp_path / "a"
+    shutil.copytree(transformer_tiny[1], out)
+    return out
+
+
+def test_manifest_faults(artifact):
+    m = artifact / "manifest.json"
+    data = json.loads(m.read_text())
+    m.write_text(json.dumps({**data, "format_version": 99}))
+    with pytest.raises(ArtifactError, match="format_version 99; this seqexport reads version 1"):
+        rt.load(artifact)
+    m.write_text("{ corrupt")
+    with pytest.raises(ArtifactError, match="manifest.json is corrupt"):
+        rt.load(artifact)
+    m.unlink()
+    with pytest.raises(ArtifactError, match="has no manifest.json"):
+        rt.load(artifact)
+    with pytest.raises(ArtifactError, match="not an exported folder"):
+        rt.load(artifact / "nope")
+
+
+def test_graph_file_faults(artifact):
+    dec = artifact / "decoder.onnx"
+    original = dec.read_bytes()
+    dec.write_bytes(original[: len(original) // 2])
+    with pytest.raises(ArtifactError, match=r"decoder.onnx has \d+ bytes, the manifest says \d+ \(truncated"):
+        rt.load(artifact)
+    with pytest.raises(ArtifactError, match="ONNX Runtime cannot load .*decoder.onnx"):
+        rt.load(artifact, verify=False)  # hash check skipped: ORT still refuses it, clearly
+    flipped = bytearray(original)
+    flipped[-5] ^= 0xFF
+    dec.write_bytes(bytes(flipped))
+    with pytest.raises(ArtifactError, match=r"sha256 of .*decoder.onnx is .*the manifest says .*\(file altered\)"):
+        rt.load(artifact)
+    dec.unlink()
+    with pytest.raises(ArtifactError, match="decoder.onnx is missing"):
+        rt.load(artifact)
+
+
+# --- export: atomic, interrupted ----------------------------------------------------------------
+
+
+def _export_then_interrupt(target, sig):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqexport.cli", "export", "transformer", "--preset", "tiny", "--seed", "1",
+         "--out", str(target), "--overwrite"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until it is midway: its temporary folder holds a graph
+        tmps = list(target.parent.glob(f".{target.name}.tmp-*"))
+        if any(any(t.glob("*.onnx")) for t in tmps):
+            break
+        if proc.poll() is not None:
+            pytest.fail(f"export ended before it could be interrupted: {proc.stderr.read().decode()}")
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_interrupted_export_leaves_earlier_export_intact(transformer_tiny, tmp_path, sig):
+    target = tmp_path / "model"
+    shutil.copytree(transformer_tiny[1], target)
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    proc = _export_then_interrupt(target, sig)
+    assert proc.returncode != 0
+    after = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    assert after == before  # the earlier export, untouched
+    leftovers = list(tmp_path.glob(".model.*"))
+    if sig == signal.SIGKILL:  # no chance to clean up; the next export to the target does
+        from seqexport.export.atomic import remove_stale
+
+        remove_stale(target)
+    else:
+        assert leftovers == [], leftovers
+    assert list(tmp_path.glob(".model.*")) == []
+    rt.load(target)  # and it still loads, hashes checked
+
+
+def test_existing_target_is_kept_without_overwrite(transformer_tiny, tmp_path):
+    target = tmp_path / "model"
+    shutil.copytree(transformer_tiny[1], target)
+    result = CliRunner().invoke(cli, ["export", "transformer", "--preset", "tiny", "--out", str(target)])
+    assert result.exit_code == 2 and "already exists; pass --overwrite" in result.output
+
+
+# --- CLI: one line, exit 2 -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["validate", "/no/such/folder"], "not an exported folder"),
+    (["generate", "/no/such/folder", "--ids", "1 2"], "not an exported folder"),
+    (["export", "transformer", "--checkpoint", "/no/such/ckpt"], "is not a folder"),
+    (["export", "mamba", "--preset", "tiny", "--scan", "unrolled"], "give --seq-len"),
+    (["export", "mamba", "--preset", "tiny", "--seq-len", "4"], "--seq-len applies to --scan unrolled only"),
+])
+def test_cli_errors_are_one_line_exit_2(args, message):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert result.output.strip().count("\n") == 0
+
+
+def test_cli_generate_input_errors(transformer_tiny):
+    folder = str(transformer_tiny[1])
+    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 2 999"])
+    assert result.exit_code == 2 and "token id 999 at [0, 2] is outside [0, 100)" in result.output
+    result = CliRunner().invoke(cli, ["generate", folder, "--text", "hello"])
+    assert result.exit_code == 2 and "has no tokenizer" in result.output
+    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 x"])
+    assert result.exit_code == 2 and "expected integers" in result.output
+
+
+def test_debug_shows_the_traceback():
+    result = CliRunner().invoke(cli, ["--debug", "validate", "/no/such/folder"])
+    assert result.exit_code != 0 and isinstance(result.exception, ArtifactError)
+
+
+def test_generate_cli_streams_ids(transformer_tiny):
+    folder = str(transformer_tiny[1])
+    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "5 9 13", "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    m = rt.load(folder)
+    assert result.output.split() == [str(t) for t in rt.generate(m, [[5, 9, 13]], rt.SearchOptions(max_new_tokens=4))[0]]
+
+
+def test_module_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "seqexport.cli", "--help"], capture_output=True, text=True,
+                         env={**os.environ}, timeout=60)
+    assert out.returncode == 0 and "export" in out.stdout
