@@ -88,6 +88,9 @@ def _name_dims_as_spec(model: onnx.ModelProto, spec: GraphSpec) -> None:
         if got != want:
             raise ExportError(f"graph {spec.name!r}: exported I/O {got} differ from the spec {want}")
         for v, t in zip(values, tensors):
+            elem = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+            if elem != t.dtype:
+                raise ExportError(f"{spec.name}:{t.name} came out {elem}, the spec says {t.dtype}")
             dims = v.type.tensor_type.shape.dim
             if len(dims) != len(t.dims):
                 raise ExportError(f"{spec.name}:{t.name} has rank {len(dims)}, the spec says {len(t.dims)}")
