@@ -95,6 +95,32 @@ def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_
 
 @cli.command()
 @click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="ONNX Runtime execution provider.")
+@click.option("--batch", "batches", type=click.IntRange(min=1), multiple=True, help="Batch size (repeat for several) [1].")
+@click.option("--context", "contexts", type=click.IntRange(min=1), multiple=True,
+              help="Transformer past length / Mamba prefill length (repeat) [16 64 256 1024; --fast: 4 16].")
+@click.option("--new-tokens", type=click.IntRange(min=1), help="Tokens generated end to end [32; --fast: 4].")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Intra-op threads of torch and ORT alike.")
+@click.option("--repeats", type=click.IntRange(min=1), help="Timed rounds per figure; medians reported [7; --fast: 2].")
+@click.option("--fast", is_flag=True, help="Small sizes and few repeats (CI).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every figure as JSON here.")
+def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fast, json_path):
+    """Time eager PyTorch vs ONNX Runtime on an exported FOLDER: steps, prefill, generation, memory."""
+    from seqexport.bench import format_table, run_bench
+
+    result = run_bench(folder, provider=provider, batches=batches or (1,), contexts=contexts or None,
+                       new_tokens=new_tokens, threads=threads, repeats=repeats, fast=fast,
+                       log=lambda msg: click.echo(msg, err=True))
+    click.echo(format_table(result))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+@cli.command()
+@click.argument("folder", type=click.Path(file_okay=False))
 def inspect(folder):
     """Print the manifest of an exported FOLDER: graphs, I/O names and dims."""
     from seqexport.manifest import read_manifest
@@ -113,11 +139,18 @@ def inspect(folder):
 @cli.command()
 @click.option("--out", default="exported", show_default=True, type=click.Path(file_okay=False),
               help="Folder that receives the exported models.")
-def demo(out):
-    """Export the default (bundled) models, validate them, and decode their held-out split."""
+@click.option("-n", "n", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Held-out examples to decode.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Intra-op threads for torch and ONNX Runtime alike.")
+def demo(out, n, threads):
+    """Export the bundled models, validate them, decode their held-out split eager vs ORT.
+
+    Exits 1 when a parity check fails.
+    """
     from seqexport.demo import run_demo
 
-    run_demo(out)
+    sys.exit(0 if run_demo(out, n, threads) else 1)
 
 
 def main():

@@ -65,3 +65,17 @@ class ByteTokenizer:
                 f"tokenizer vocab_size {d['vocab_size']!r} does not match offset {tok.offset} + 256"
             )
         return tok
+
+
+# How a prompt is framed for each family when the tokenizer record does not say:
+# the transformer source ends with eos; a decoder-only prompt starts with bos.
+DEFAULT_PROMPT = {"transformer": {"bos": False, "suffix": "", "eos": True},
+                  "mamba": {"bos": True, "suffix": "", "eos": False}}
+
+
+def encode_prompt(record: dict, family: str, text: str) -> list[int]:
+    """Text -> prompt ids as the model was trained: the record's "prompt" framing
+    ({"bos", "suffix", "eos"}, e.g. the Mamba date task's " = " suffix) or the family default."""
+    frame = {**DEFAULT_PROMPT[family], **record.get("prompt", {})}
+    tok = ByteTokenizer.from_dict(record)
+    return tok.encode(text + frame["suffix"], add_bos=frame["bos"], add_eos=frame["eos"])

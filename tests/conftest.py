@@ -38,3 +38,28 @@ def mamba_exports(tmp_path_factory):
         return made[lowering]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def bundled_exports(tmp_path_factory):
+    """family -> (checkpoint, exported folder) of the bundled trained models."""
+    from seqexport.checkpoint import load_checkpoint
+    from seqexport.export.mamba import export_mamba
+    from seqexport.export.transformer import export_transformer
+    from seqexport.presets import BUNDLED
+
+    made = {}
+
+    def get(family):
+        if family not in made:
+            ckpt = load_checkpoint(BUNDLED[family])
+            out = tmp_path_factory.mktemp("bundled") / family
+            tokenizer = __import__("json").loads((BUNDLED[family] / "config.json").read_text())["tokenizer"]
+            if family == "transformer":
+                export_transformer(ckpt, None, out, tokenizer=tokenizer)
+            else:
+                export_mamba(ckpt, None, out, scan="loop", tokenizer=tokenizer)
+            made[family] = (ckpt, out)
+        return made[family]
+
+    return get

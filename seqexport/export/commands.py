@@ -22,10 +22,14 @@ def _with_common(f):
     return f
 
 
+def default_name(family, ckpt, preset):
+    """exported/<name>: the preset's or the checkpoint folder's name, led by the family."""
+    name = preset if preset else ckpt.path.name
+    return name if name.startswith(family) else f"{family}-{name}"
+
+
 def _default_out(family, ckpt, preset):
-    if preset:
-        return f"exported/{family}-{preset}"
-    return f"exported/{family}-{ckpt.path.name}"
+    return f"exported/{default_name(family, ckpt, preset)}"
 
 
 def register(group: click.Group) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 from seqexport.errors import UsageError
 from seqexport.runtime.generate import SearchOptions, generate
 from seqexport.runtime.models import load
+from seqexport.tokenizer import encode_prompt
 
 
 def parse_ids(s: str) -> list[int]:
@@ -25,7 +26,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, **search) -> 
     if texts:
         if tok is None:
             raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
-        prompts = [tok.encode_prompt(t, model.family) for t in texts]
+        prompts = [encode_prompt(model.manifest["tokenizer"], model.family, t) for t in texts]
     else:
         prompts = [parse_ids(s) for s in ids]
     options = SearchOptions(**search)

@@ -111,7 +111,7 @@ class Generator:
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
         rows = _as_rows(prompts)
-        if isinstance(self.model, TransformerModel):
+        if self.model.family == "transformer":
             self._start_transformer(rows)
         else:
             self._start_mamba(rows)
@@ -213,7 +213,7 @@ def beam_search(model: TransformerModel, prompts, options: SearchOptions) -> lis
     Finished hypotheses are scored sum(log p) / length ** length_penalty; a row stops
     when it has num_beams finished ones (early stopping), so num_beams=1 is greedy.
     """
-    if not isinstance(model, TransformerModel):
+    if model.family != "transformer":
         raise UsageError("beam search is implemented for the transformer family")
     k = options.num_beams
     eos = _eos(model, options)

@@ -1,0 +1,40 @@
+"""The bundled date models through ONNX Runtime: the same tokens as eager, the recorded accuracy."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import seqexport.runtime as rt
+from seqexport.cli import cli
+from seqexport.tasks.dates import make_split
+from seqexport.tokenizer import encode_prompt
+from seqexport.train import decode
+
+N = 50
+
+
+@pytest.mark.parametrize("family", ["transformer", "mamba"])
+def test_onnx_greedy_matches_eager_and_recorded_accuracy(bundled_exports, family):
+    ckpt, folder = bundled_exports(family)
+    recorded = json.loads((ckpt.path / "config.json").read_text())["eval"]["exact_match"]
+    pairs = make_split("test", N, seed=0)
+    inputs = [x for x, _ in pairs]
+    eager = decode(family, ckpt.model, inputs)  # eager greedy, independent of the runtime
+    model = rt.load(folder, provider="cpu")
+    record = model.manifest["tokenizer"]
+    ids = rt.generate(model, [encode_prompt(record, family, x) for x in inputs], rt.SearchOptions(max_new_tokens=16))
+    onnx = [model.tokenizer.decode(i) for i in ids]
+    assert onnx == eager
+    accuracy = sum(p == y for p, (_, y) in zip(onnx, pairs)) / N
+    assert accuracy >= recorded - 0.02
+
+
+def test_generate_cli_text(bundled_exports):
+    for family in ("transformer", "mamba"):
+        _, folder = bundled_exports(family)
+        result = CliRunner().invoke(cli, ["generate", str(folder), "--text", "Friday, March 5th 2021"])
+        assert result.exit_code == 0, result.output
+        assert result.output.strip() == "2021-03-05"
+    result = CliRunner().invoke(cli, ["generate", str(folder), "--text", "5 March 2021", "--text", "Mar 6, 21"])
+    assert result.output.split() == ["2021-03-05", "2021-03-06"]
