@@ -173,3 +173,25 @@ def test_runtime_works_where_torch_cannot_be_imported(tf, mb, transformer_tiny, 
     opts = rt.SearchOptions(max_new_tokens=5, eos_id=EOS)
     assert lines[0] == str(rt.generate(tf[1], [[5, 9, 13, 4], [7, 3]], opts))
     assert lines[1] == str(rt.generate(mb[1], [[5, 9, 13, 4], [7, 3]], opts))
+
+
+def test_io_binding_keeps_state_as_ortvalues_and_changes_nothing(transformer_tiny, mamba_exports):
+    """The CUDA path (state kept on the device between steps) exercised on CPU: same results."""
+    import onnxruntime as ort
+
+    for folder in (transformer_tiny[1], mamba_exports("loop")[1]):
+        plain = rt.load(folder, provider="cpu")
+        bound = rt.load(folder, provider="cpu", io_binding=True)
+        opts = rt.SearchOptions(max_new_tokens=6, eos_id=EOS, start_id=START)
+        assert rt.generate(bound, PROMPTS, opts) == rt.generate(plain, PROMPTS, opts)
+        ids = np.array([[5, 9, 13], [7, 3, 4]])
+        sp = plain.start(ids) if plain.family == "transformer" else plain.start(2)
+        sb = bound.start(ids) if bound.family == "transformer" else bound.start(2)
+        for t in range(3):
+            lp, sp = plain.step(ids[:, t], sp)
+            lb, sb = bound.step(ids[:, t], sb)
+            np.testing.assert_array_equal(lp, lb)
+        assert all(isinstance(v, ort.OrtValue) for k, v in sb.arrays.items() if k.startswith("past"))
+        assert sb.nbytes == sp.nbytes
+        for k, v in sb.numpy().arrays.items():
+            np.testing.assert_array_equal(v, sp.arrays[k])

@@ -144,8 +144,7 @@ class Generator:
             logits.append(lg[:, -1])
             order += idx
         inverse = np.argsort(order)
-        joined = State({k: np.concatenate([s.arrays[k] for s in states]) for k in states[0].arrays})
-        self.state = joined.select(inverse)
+        self.state = State.concat(states).select(inverse)
         self._logits = np.concatenate(logits)[inverse]
 
     def is_done(self) -> bool:

@@ -11,7 +11,7 @@
 Every graph I/O name comes from manifest.json (via the specs it stores).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,37 +19,47 @@ import numpy as np
 from seqexport import specs as S
 from seqexport.errors import InputError
 from seqexport.manifest import graph_specs, read_manifest
-from seqexport.runtime.session import NP_DTYPES, Graph, check_token_ids
+from seqexport.runtime.session import NP_DTYPES, Graph, check_token_ids, shape_and_dtype, to_numpy
 
 
 @dataclass
 class State:
-    """What the next step feeds: graph input name -> array, plus tokens consumed so far."""
+    """What the next step feeds: graph input name -> array, plus tokens consumed so far.
+
+    On CPU the arrays are numpy arrays. With IO binding (the default on CUDA) the
+    cache stays on the device as onnxruntime OrtValues between steps; `numpy()`
+    gives a host copy.
+    """
 
     arrays: dict[str, np.ndarray]
     length: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
-        return next(iter(self.arrays.values())).shape[0]
+        return shape_and_dtype("state", next(iter(self.arrays.values())))[0][0]
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values())
+        total = 0
+        for k, v in self.arrays.items():
+            shape, dtype = shape_and_dtype(k, v)
+            total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return total
+
+    def numpy(self) -> "State":
+        return State({k: to_numpy(v) for k, v in self.arrays.items()}, self.length)
 
     def select(self, rows) -> "State":
         """The state of the given batch rows (in that order), e.g. to reorder beams."""
         rows = np.asarray(rows)
-        return State({k: v[rows] for k, v in self.arrays.items()}, self.length, dict(self.extra))
+        return State({k: to_numpy(v)[rows] for k, v in self.arrays.items()}, self.length)
 
     @staticmethod
     def concat(states: list["State"]) -> "State":
-        lengths = {s.length for s in states}
-        if len(lengths) != 1:
-            raise InputError(f"cannot batch states of different lengths {sorted(lengths)}")
+        """One batch from several (e.g. Mamba prompts of different lengths prefilled apart)."""
         keys = states[0].arrays.keys()
-        return State({k: np.concatenate([s.arrays[k] for s in states]) for k in keys}, states[0].length)
+        return State({k: np.concatenate([to_numpy(s.arrays[k]) for s in states]) for k in keys},
+                     max(s.length for s in states))
 
 
 class RuntimeModel:
@@ -57,7 +67,8 @@ class RuntimeModel:
 
     family = ""
 
-    def __init__(self, folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None):
+    def __init__(self, folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None,
+                 io_binding: bool | None = None):
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, verify=verify)
         self.config = self.manifest["config"]
@@ -65,11 +76,19 @@ class RuntimeModel:
         self.graphs = {name: Graph(self.folder / self.manifest["graphs"][name]["file"], spec, provider, threads)
                        for name, spec in self.specs.items()}
         self.provider = next(iter(self.graphs.values())).provider
+        # Keep the cache on the device between steps where there is one (no host round trip).
+        self.io_binding = self.provider == "CUDAExecutionProvider" if io_binding is None else io_binding
         self.tokenizer = None
         if self.manifest.get("tokenizer"):
             from seqexport.tokenizer import ByteTokenizer
 
             self.tokenizer = ByteTokenizer.from_dict(self.manifest["tokenizer"])
+
+    def _run(self, graph: str, feeds: dict) -> dict:
+        g = self.graphs[graph]
+        if not self.io_binding:
+            return g.run(feeds)
+        return g.run_bound(feeds, keep={n for n in g.spec.output_names if n.startswith("present")})
 
     def _feed_back(self, graph: str, outputs: dict, arrays: dict) -> dict:
         """Next step's arrays: each present.* output under its past.* input name."""
@@ -107,7 +126,7 @@ class TransformerModel(RuntimeModel):
         if mask.shape != src.shape:
             raise InputError(f"src_mask: shape {mask.shape} differs from src_ids {src.shape}")
         mask = mask.astype(np.int64)
-        enc = self.graphs["encoder"].run({S.INPUT_IDS: src, S.ATTENTION_MASK: mask})
+        enc = self._run("encoder", {S.INPUT_IDS: src, S.ATTENTION_MASK: mask})
         arrays = {S.ENCODER_ATTENTION_MASK: mask}
         dec = self.specs["decoder"]
         b = src.shape[0]
@@ -127,7 +146,7 @@ class TransformerModel(RuntimeModel):
                 f"tokens: context of {state.length + ids.shape[1]} exceeds the positional table "
                 f"({self.config['max_len']} positions)"
             )
-        out = self.graphs["decoder"].run({S.INPUT_IDS: ids, **state.arrays})
+        out = self._run("decoder", {S.INPUT_IDS: ids, **state.arrays})
         logits = out[S.LOGITS]
         new = State(self._feed_back("decoder", out, state.arrays), state.length + ids.shape[1])
         return (logits[:, 0] if squeeze else logits), new
@@ -172,7 +191,7 @@ class MambaModel(RuntimeModel):
                 graph, n = "step", 1
             else:
                 graph, n = "prefill", (fixed or n)
-            out = self.graphs[graph].run({S.INPUT_IDS: ids[:, pos : pos + n], **state.arrays})
+            out = self._run(graph, {S.INPUT_IDS: ids[:, pos : pos + n], **state.arrays})
             state = State(self._feed_back(graph, out, state.arrays), state.length + n)
             pieces.append(out[S.LOGITS])
             pos += n
@@ -183,12 +202,16 @@ class MambaModel(RuntimeModel):
 FAMILIES = {"transformer": TransformerModel, "mamba": MambaModel}
 
 
-def load(folder: str | Path, provider: str = "auto", verify: bool = True,
-         threads: int | None = None) -> TransformerModel | MambaModel:
-    """Open an exported folder: reads manifest.json (checking graph hashes unless verify=False)."""
+def load(folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None,
+         io_binding: bool | None = None) -> TransformerModel | MambaModel:
+    """Open an exported folder: reads manifest.json (checking graph hashes unless verify=False).
+
+    provider: auto (CUDA when onnxruntime-gpu can use a GPU, else CPU), cpu or cuda.
+    io_binding: keep the cache/state as OrtValues between steps (default: on with CUDA).
+    """
     family = read_manifest(folder, verify=False)["family"]
     if family not in FAMILIES:
         from seqexport.errors import ArtifactError
 
         raise ArtifactError(f"{folder}: unknown family {family!r} in manifest.json; expected {list(FAMILIES)}")
-    return FAMILIES[family](folder, provider=provider, verify=verify, threads=threads)
+    return FAMILIES[family](folder, provider=provider, verify=verify, threads=threads, io_binding=io_binding)

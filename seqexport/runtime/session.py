@@ -77,17 +77,15 @@ class Graph:
         if extra:
             raise InputError(f"{self.spec.name}: unknown inputs {extra}; expected {self.spec.input_names}")
         for t in self.spec.inputs:
-            a = feeds[t.name]
-            if not isinstance(a, np.ndarray):
-                raise InputError(f"{t.name}: expected a numpy array, got {type(a).__name__}")
-            if a.dtype != NP_DTYPES[t.dtype]:
-                raise InputError(f"{t.name}: dtype {a.dtype} given, {t.dtype} expected")
-            if a.ndim != len(t.dims):
-                raise InputError(f"{t.name}: shape {a.shape} has rank {a.ndim}, expected rank {len(t.dims)} {list(t.dims)}")
-            for axis, (size, dim) in enumerate(zip(a.shape, t.dims)):
+            shape, dtype = shape_and_dtype(t.name, feeds[t.name])
+            if dtype != t.dtype:
+                raise InputError(f"{t.name}: dtype {dtype} given, {t.dtype} expected")
+            if len(shape) != len(t.dims):
+                raise InputError(f"{t.name}: shape {shape} has rank {len(shape)}, expected rank {len(t.dims)} {list(t.dims)}")
+            for axis, (size, dim) in enumerate(zip(shape, t.dims)):
                 if isinstance(dim, int):
                     if size != dim:
-                        raise InputError(f"{t.name}: shape {a.shape}, expected {dim} on axis {axis} ({list(t.dims)})")
+                        raise InputError(f"{t.name}: shape {shape}, expected {dim} on axis {axis} ({list(t.dims)})")
                 elif dim in sizes and sizes[dim][0] != size:
                     other_size, other = sizes[dim]
                     raise InputError(
@@ -102,9 +100,52 @@ class Graph:
         try:
             outs = self.session.run(None, feeds)
         except Exception as e:  # what the spec cannot express (e.g. a length past a fixed table)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise InputError(f"{self.spec.name}: ONNX Runtime rejected the inputs: {first}") from None
+            raise self._rejected(e) from None
         return dict(zip(self.spec.output_names, outs))
+
+    def run_bound(self, feeds: dict, keep: set[str]) -> dict:
+        """Run through IO binding: outputs named in `keep` stay where ORT made them (on the GPU
+        with CUDA) as OrtValues, to be bound as the next step's inputs without a host round
+        trip; the others come back as numpy arrays. Inputs may be numpy arrays or OrtValues."""
+        self.check(feeds)
+        binding = self.session.io_binding()
+        for name, v in feeds.items():
+            if isinstance(v, ort.OrtValue):
+                binding.bind_ortvalue_input(name, v)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(v))
+        for name in self.spec.output_names:
+            binding.bind_output(name, self.device if name in keep else "cpu")
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:
+            raise self._rejected(e) from None
+        outs = binding.get_outputs()
+        return {name: (v if name in keep else v.numpy()) for name, v in zip(self.spec.output_names, outs)}
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
+
+    def _rejected(self, e: Exception) -> InputError:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return InputError(f"{self.spec.name}: ONNX Runtime rejected the inputs: {first}")
+
+
+ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
+
+
+def shape_and_dtype(name: str, a) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype name of a numpy array or an OrtValue (state kept on the device)."""
+    if isinstance(a, ort.OrtValue):
+        return tuple(a.shape()), ORT_TYPES.get(a.data_type(), a.data_type())
+    if not isinstance(a, np.ndarray):
+        raise InputError(f"{name}: expected a numpy array, got {type(a).__name__}")
+    return a.shape, a.dtype.name
+
+
+def to_numpy(a) -> np.ndarray:
+    return a.numpy() if isinstance(a, ort.OrtValue) else a
 
 
 def check_token_ids(name: str, ids: np.ndarray, vocab_size: int) -> np.ndarray:
