@@ -73,6 +73,13 @@ def build_model(family: str, config) -> nn.Module:
     return MambaLM(config)
 
 
+def checkpoint_extra(ckpt: "Checkpoint", key: str):
+    """A record config.json carries beside the model config ("tokenizer", "eval"), or None."""
+    if ckpt.path is None:
+        return None
+    return json.loads((Path(ckpt.path) / CONFIG_FILE).read_text()).get(key)
+
+
 def checkpoint_sha256(path: str | Path) -> str:
     """One digest over config.json and the weights file, to notice a changed checkpoint."""
     path = Path(path)

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import torch
 
+from seqexport.checkpoint import checkpoint_extra
 from seqexport.eager_runtime import eager_runtime
 from seqexport.export.commands import default_name as _default_name
 from seqexport.export.mamba import export_mamba
@@ -67,11 +68,7 @@ def held_out_comparison(family, ckpt, folder, record, n, threads) -> dict:
 
 
 def _recorded(ckpt):
-    import json
-
-    if ckpt.path is None:
-        return None
-    return json.loads((Path(ckpt.path) / "config.json").read_text()).get("eval", {}).get("exact_match")
+    return (checkpoint_extra(ckpt, "eval") or {}).get("exact_match")
 
 
 def run_demo(out: str = "exported", n: int = 200, threads: int = 2) -> bool:
@@ -80,7 +77,7 @@ def run_demo(out: str = "exported", n: int = 200, threads: int = 2) -> bool:
     for family in ("transformer", "mamba"):
         ckpt, preset = resolve_model(family, None, None)
         folder = Path(out) / _default_name(family, ckpt, preset)
-        record = _tokenizer_record(ckpt)
+        record = checkpoint_extra(ckpt, "tokenizer")
         click.echo(f"[{family}] exporting {ckpt.path or 'preset ' + preset} -> {folder}", err=True)
         _export(family, ckpt, preset, folder, record)
         click.echo(f"[{family}] validating (ONNX Runtime vs eager, 3 checks) …", err=True)
@@ -97,14 +94,6 @@ def run_demo(out: str = "exported", n: int = 200, threads: int = 2) -> bool:
         click.echo(format_table(rows))
     click.echo(f"demo: {'all parity checks passed' if ok else 'PARITY FAILED'}")
     return ok
-
-
-def _tokenizer_record(ckpt):
-    import json
-
-    if ckpt.path is None:
-        return None
-    return json.loads((Path(ckpt.path) / "config.json").read_text()).get("tokenizer")
 
 
 def format_table(rows) -> str:

@@ -12,7 +12,6 @@ and block outputs are top-level).
 import ast
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
@@ -115,7 +114,3 @@ def first_divergence(onnx_path, wrapper: torch.nn.Module, torch_inputs: tuple, f
             name = scope.removeprefix("model.")
             return Divergence(name, type(modules[scope]).__name__, _layer_of(name), v, best, checked)
     return None
-
-
-def as_numpy(feeds: dict) -> dict:
-    return {k: np.asarray(v) for k, v in feeds.items()}

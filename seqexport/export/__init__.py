@@ -1,0 +1,3 @@
+"""Graph wrappers that turn eager models into ONNX graphs; imported lazily by the CLI."""
+
+DEFAULT_OPSET = 18

@@ -2,7 +2,7 @@
 
 import click
 
-from seqexport.export.common import DEFAULT_OPSET
+from seqexport.export import DEFAULT_OPSET
 
 _common = [
     click.option("--checkpoint", type=click.Path(), help="Checkpoint folder (config.json + weights)."),
@@ -41,12 +41,13 @@ def register(group: click.Group) -> None:
 
         Without --checkpoint or --preset, the bundled trained model (else the tiny preset).
         """
+        from seqexport.checkpoint import checkpoint_extra
         from seqexport.export.transformer import export_transformer
         from seqexport.presets import resolve_model
 
         ckpt, preset = resolve_model("transformer", checkpoint, preset, seed)
         export_transformer(ckpt, preset, out or _default_out("transformer", ckpt, preset), opset=opset,
-                           dtype=dtype, overwrite=overwrite, tokenizer=_tokenizer_of(ckpt))
+                           dtype=dtype, overwrite=overwrite, tokenizer=checkpoint_extra(ckpt, "tokenizer"))
 
     @group.command()
     @_with_common
@@ -59,19 +60,11 @@ def register(group: click.Group) -> None:
 
         Without --checkpoint or --preset, the bundled trained model (else the tiny preset).
         """
+        from seqexport.checkpoint import checkpoint_extra
         from seqexport.export.mamba import export_mamba
         from seqexport.presets import resolve_model
 
         ckpt, preset = resolve_model("mamba", checkpoint, preset, seed)
         export_mamba(ckpt, preset, out or _default_out("mamba", ckpt, preset) + f"-{scan}", scan=scan,
                      seq_len=seq_len, opset=opset, dtype=dtype, overwrite=overwrite,
-                     tokenizer=_tokenizer_of(ckpt))
-
-
-def _tokenizer_of(ckpt):
-    """The tokenizer record a checkpoint's config.json carries, if any."""
-    if ckpt.path is None:
-        return None
-    import json
-
-    return json.loads((ckpt.path / "config.json").read_text()).get("tokenizer")
+                     tokenizer=checkpoint_extra(ckpt, "tokenizer"))

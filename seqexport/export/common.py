@@ -20,7 +20,6 @@ from seqexport.export.atomic import atomic_folder
 from seqexport.manifest import graph_entry, write_manifest
 from seqexport.specs import GraphSpec
 
-DEFAULT_OPSET = 18
 TWO_GB = 2**31
 # torch.onnx logs a warning per missing torchvision op on every export: noise for our users.
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)

@@ -9,6 +9,7 @@ from torch import nn
 
 from models.mamba import MambaLM, selective_scan_ref
 from seqexport.errors import UsageError
+from seqexport.export import DEFAULT_OPSET
 from seqexport.export.common import (
     dynamic_shapes_for,
     export_graph,
@@ -70,7 +71,7 @@ def example_inputs(config, dtype: torch.dtype, batch: int, length: int):
 
 
 def export_mamba(ckpt, preset: str | None, out, *, scan: str = "loop", seq_len: int | None = None,
-                 opset: int = 18, dtype: str = "float32", overwrite: bool = False,
+                 opset: int = DEFAULT_OPSET, dtype: str = "float32", overwrite: bool = False,
                  tokenizer: dict | None = None):
     """Write prefill.onnx, step.onnx and manifest.json for a loaded Mamba checkpoint."""
     if scan not in LOWERINGS:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from models.transformer import MultiHeadAttention, Transformer
+from seqexport.export import DEFAULT_OPSET
 from seqexport.export.common import (
     dynamic_shapes_for,
     export_graph,
@@ -99,7 +100,7 @@ def example_inputs(config, specs: dict[str, GraphSpec], dtype: torch.dtype, batc
     return enc, dec
 
 
-def export_transformer(ckpt, preset: str | None, out, *, opset: int = 18, dtype: str = "float32",
+def export_transformer(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dtype: str = "float32",
                        overwrite: bool = False, tokenizer: dict | None = None):
     """Write encoder.onnx, decoder.onnx and manifest.json for a loaded checkpoint."""
     specs = specs_for(ckpt.config, dtype)
