@@ -72,7 +72,9 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
         )
     model = program.model_proto
     _name_dims_as_spec(model, spec)
-    large = model.ByteSize() > TWO_GB - (64 << 20)
+    # Over the 2 GB protobuf limit the weights go to a side file (ByteSize itself fails there).
+    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    large = weights > TWO_GB - (256 << 20)
     onnx.save_model(model, str(path), save_as_external_data=large,
                     location=path.name + ".data" if large else None)
     onnx.checker.check_model(str(path), full_check=True)
