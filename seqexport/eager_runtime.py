@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from seqexport import specs as S
-from seqexport.runtime.models import State
+from seqexport.runtime.models import State, tokens_2d
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -44,9 +44,7 @@ class EagerTransformer:
 
     @torch.inference_mode()
     def step(self, tokens, state: State):
-        ids = np.asarray(tokens, np.int64)
-        squeeze = ids.ndim == 1
-        ids = ids[:, None] if squeeze else ids
+        ids, squeeze = tokens_2d(np.asarray(tokens, np.int64))
         args = [torch.from_numpy(state.arrays[n]) for n in self.spec.input_names[1:]]
         logits, *present = self.decoder(torch.from_numpy(ids), *args)
         new = dict(state.arrays)
@@ -71,9 +69,7 @@ class EagerMamba:
 
     @torch.inference_mode()
     def step(self, tokens, state: State):
-        ids = np.asarray(tokens, np.int64)
-        squeeze = ids.ndim == 1
-        ids = ids[:, None] if squeeze else ids
+        ids, squeeze = tokens_2d(np.asarray(tokens, np.int64))
         n = self.config.n_layer
         st = [(torch.from_numpy(state.arrays[S.past_conv(i)]), torch.from_numpy(state.arrays[S.past_ssm(i)]))
               for i in range(n)]

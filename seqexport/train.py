@@ -300,3 +300,18 @@ def train_and_save(
     path = save_checkpoint(model, model_config, family, out, extra=extra)
     log(f"saved {path}")
     return record
+
+
+def main(family: str, argv=None) -> int:
+    """Command line of scripts/train_<family>.py: train, score on held-out dates, save."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=f"Train the bundled {family} date normaliser on the CPU, "
+                                                 "score it on held-out dates, save it.")
+    parser.add_argument("--steps", type=int, default=TRAIN_CONFIGS[family].steps, help="optimiser steps")
+    parser.add_argument("--out", default=f"models/pretrained/{family}-dates", help="checkpoint folder to write")
+    parser.add_argument("--eval-n", type=int, default=1000, help="held-out pairs to score")
+    parser.add_argument("--seed", type=int, default=0, help="seed of init, training data and eval data")
+    args = parser.parse_args(argv)
+    train_and_save(family, args.out, steps=args.steps, eval_n=args.eval_n, seed=args.seed)
+    return 0

@@ -62,6 +62,12 @@ class State:
                      max(s.length for s in states))
 
 
+def tokens_2d(tokens) -> tuple[np.ndarray, bool]:
+    """(b,) or (b, t) tokens -> (b, t) and whether the caller gave one token per row."""
+    a = np.asarray(tokens)
+    return (a[:, None], True) if a.ndim == 1 else (a, False)
+
+
 class RuntimeModel:
     """Common part: manifest, graphs, tokenizer, provider."""
 
@@ -97,10 +103,6 @@ class RuntimeModel:
             new[inp] = outputs[out]
         return new
 
-    @staticmethod
-    def _tokens_2d(tokens) -> tuple[np.ndarray, bool]:
-        a = np.asarray(tokens)
-        return (a[:, None], True) if a.ndim == 1 else (a, False)
 
 
 class TransformerModel(RuntimeModel):
@@ -139,7 +141,7 @@ class TransformerModel(RuntimeModel):
 
     def step(self, tokens, state: State) -> tuple[np.ndarray, State]:
         """Feed tokens (b,) or (b, t); return logits (b, vocab) or (b, t, vocab) and the new state."""
-        ids, squeeze = self._tokens_2d(tokens)
+        ids, squeeze = tokens_2d(tokens)
         ids = check_token_ids("tokens", ids, self.vocab_size)
         if state.length + ids.shape[1] > self.config["max_len"]:
             raise InputError(
@@ -180,7 +182,7 @@ class MambaModel(RuntimeModel):
         Several tokens go through the prefill graph (in pieces of its fixed length for an
         `unrolled` export, the rest through the step graph).
         """
-        ids, squeeze = self._tokens_2d(tokens)
+        ids, squeeze = tokens_2d(tokens)
         ids = check_token_ids("tokens", ids, self.vocab_size)
         pieces = []
         pos = 0
