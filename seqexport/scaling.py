@@ -1,0 +1,143 @@
+"""Decode cost as the context grows: the Transformer's KV cache against Mamba's fixed state.
+
+    from seqexport.scaling import measure_scaling, plot_scaling
+    result = measure_scaling({"transformer base": "exported/transformer-base",
+                              "mamba 130m": "exported/mamba-130m-loop"})
+    plot_scaling(result, "docs/scaling.png")      # needs the `plot` extra (matplotlib)
+
+For every folder, provider (CPU, and CUDA where ORT offers it) and context T, the
+one-token decode step of the runtime is timed with a state as after T tokens, and
+the state's size is recorded. Transformer: a real encoder output (cross K/V of a
+source of `src_len` tokens) and random self-attention K/V of past length T — the
+step's cost depends only on their shapes. Mamba: the conv/SSM state has the same
+shape after any number of tokens, so a random one of that shape stands for all T.
+"""
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from seqexport.bench import (
+    mamba_state,
+    measure_bandwidth,
+    step_weight_bytes,
+    time_paired,
+    transformer_state,
+)
+from seqexport.errors import UsageError
+from seqexport.manifest import read_manifest
+from seqexport.runtime.models import load
+from seqexport.runtime.session import cuda_usable
+
+DEFAULT_CONTEXTS = (16, 64, 256, 1024, 4096)
+SRC_LEN = 32
+
+
+def _providers(providers) -> list[str]:
+    if providers is None:
+        return ["cpu", "cuda"] if cuda_usable() else ["cpu"]
+    return list(providers)
+
+
+def _weights(folder: Path, manifest: dict) -> int:
+    from seqexport.validate import eager_checkpoint
+
+    model = eager_checkpoint(folder, manifest, None).model
+    return step_weight_bytes(manifest["family"], model, manifest["dtype"])
+
+
+def _point(rt, batch: int, context: int, repeats: int, rng) -> dict:
+    """The runtime's one-token step with a state as after `context` tokens: median ms, state bytes."""
+    if rt.family == "transformer":
+        state = transformer_state(rt, batch, context, SRC_LEN, rng)
+    else:
+        state = mamba_state(rt, batch, rng)
+    tokens = rng.integers(1, rt.vocab_size, batch, dtype=np.int64)
+    med = time_paired({"step": lambda: rt.step(tokens, state)}, repeats, 0.05)
+    return {"context": context, "step_ms": med["step"] * 1e3, "state_bytes": state.nbytes}
+
+
+def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, providers=None, threads: int = 2,
+                    repeats: int = 5, batch: int = 1, log: Callable[[str], None] | None = None) -> dict:
+    """Per-token decode latency and cache/state bytes at each context, for each labelled folder."""
+    log = log or (lambda msg: None)
+    rng = np.random.default_rng(0)
+    result = {"contexts": list(contexts), "threads": threads, "batch": batch, "src_len": SRC_LEN,
+              "repeats": repeats, "load_average_start": list(os.getloadavg()), "models": []}
+    for label, folder in folders.items():
+        folder = Path(folder)
+        manifest = read_manifest(folder, verify=False)
+        family = manifest["family"]
+        if family == "transformer" and max(contexts) >= manifest["config"]["max_len"]:
+            raise UsageError(f"{folder}: context {max(contexts)} exceeds the positional table "
+                             f"({manifest['config']['max_len']} positions)")
+        weights = _weights(folder, manifest)
+        for provider in _providers(providers):
+            rt = load(folder, provider, threads=threads)
+            entry = {"label": label, "folder": str(folder), "family": family, "provider": rt.provider,
+                     "preset": (manifest.get("source") or {}).get("preset"), "step_weight_bytes": weights,
+                     "points": []}
+            for context in contexts:
+                log(f"  {label} on {rt.provider}: context {context}")
+                entry["points"].append(_point(rt, batch, context, repeats, rng))
+            result["models"].append(entry)
+    bw = measure_bandwidth(threads=threads)
+    result["bandwidth_gbs"] = bw["gbs"]
+    result["load_average_end"] = list(os.getloadavg())
+    for m in result["models"]:
+        m["bound_ms"] = m["step_weight_bytes"] / (bw["gbs"] * 1e9) * 1e3
+    return result
+
+
+def plot_scaling(result: dict, path: str | Path) -> Path:
+    """Two panels: decode latency per token, and cache/state size, against the context."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("plotting needs matplotlib: pip install 'seqexport[plot]'") from None
+    fig, (lat, mem) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=90)
+    colors = {}
+    for m in result["models"]:
+        x = [p["context"] for p in m["points"]]
+        name = (f"{m['label']} ({m['provider'].replace('ExecutionProvider', '')}, "
+                f"{m['step_weight_bytes'] / 1e6:.0f} MB of weights)")
+        line, = lat.plot(x, [p["step_ms"] for p in m["points"]], "o-", label=name)
+        color = colors.setdefault(m["label"], line.get_color())
+        line.set_color(color)
+        if m["provider"].startswith("CPU"):
+            lat.axhline(m["bound_ms"], color=color, ls=":", lw=1)
+            mem.plot(x, [p["state_bytes"] / 2**20 for p in m["points"]], "o-", color=color, label=m["label"])
+    lat.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per token",
+            title=f"decode step, batch {result['batch']}, {result['threads']} threads")
+    lat.plot([], [], "k:", lw=1, label=f"weights ÷ {result['bandwidth_gbs']:.0f} GB/s")
+    lat.legend(fontsize=7)
+    mem.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="MiB",
+            title="KV cache / recurrent state per sequence")
+    mem.legend(fontsize=7)
+    for m in result["models"]:
+        if m["provider"].startswith("CPU"):
+            last = m["points"][-1]
+            mem.annotate(f"{last['state_bytes'] / 2**20:.3g} MiB", (last["context"], last["state_bytes"] / 2**20),
+                         textcoords="offset points", xytext=(-8, 0), ha="right", va="center", fontsize=7)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax in (lat, mem):
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_xticks(result["contexts"])
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

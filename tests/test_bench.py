@@ -1,0 +1,90 @@
+"""`seqexport bench` in fast mode on the tiny exports: structure of the results, no timings asserted."""
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from seqexport.bench import format_table, run_bench
+from seqexport.cli import cli
+from seqexport.errors import UsageError
+from tests.conftest import UNROLLED_LEN
+
+COMMON = {"folder", "family", "dtype", "provider", "threads", "versions", "machine", "load_seconds",
+          "session_rss_bytes", "peak_rss_bytes", "bandwidth", "step_weights", "steps", "prefills",
+          "generation", "notes"}
+STEP = {"batch", "state_bytes", "eager_ms", "eager_1t_ms", "eager_best_ms", "ort_ms", "ort_session_ms",
+        "ort_over_eager", "bound_ms", "bound_with_state_ms", "ort_over_bound"}
+GENERATION = {"batch", "new_tokens", "eager_cache_tps", "eager_nocache_tps", "ort_tps",
+              "ort_over_eager_cache", "ort_over_eager_nocache"}
+
+
+def _positive(x) -> bool:
+    return isinstance(x, float | int) and math.isfinite(x) and x > 0
+
+
+def _check_common(result: dict, family: str):
+    assert COMMON <= set(result)
+    assert result["family"] == family
+    assert result["provider"] == "CPUExecutionProvider"
+    assert result["threads"] == {"torch": 2, "ort": 2}
+    assert _positive(result["bandwidth"]["gbs"]) and _positive(result["step_weights"]["bytes"])
+    for row in result["steps"]:
+        assert STEP <= set(row)
+        assert all(_positive(row[k]) for k in STEP - {"batch"})
+    for row in result["generation"]:
+        assert GENERATION <= set(row)
+        assert all(_positive(row[k]) for k in GENERATION)
+    json.dumps(result)  # JSON-serialisable as it is
+    assert result["folder"] in format_table(result)
+
+
+def test_transformer_fast(transformer_tiny):
+    _, folder = transformer_tiny
+    result = run_bench(folder, provider="cpu", batches=(1, 2), fast=True)
+    _check_common(result, "transformer")
+    assert [(s["batch"], s["context"]) for s in result["steps"]] == [(1, 4), (1, 16), (2, 4), (2, 16)]
+    # the KV cache grows with the past length, and with the batch
+    by = {(s["batch"], s["context"]): s["self_kv_bytes"] for s in result["steps"]}
+    assert by[1, 4] < by[1, 16] < by[2, 16]
+    assert result["prefills"] == []
+    assert "decoder step" in format_table(result)
+
+
+def test_mamba_fast_through_cli(mamba_exports, tmp_path):
+    _, folder = mamba_exports("loop")
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(cli, ["bench", str(folder), "--provider", "cpu", "--fast", "--context", "3",
+                                   "--context", "17", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "prefill" in res.output and "tokens/s" in res.output
+    result = json.loads(out.read_text())
+    _check_common(result, "mamba")
+    assert [s["batch"] for s in result["steps"]] == [1]
+    assert [p["length"] for p in result["prefills"]] == [3, 17]
+    for p in result["prefills"]:
+        assert p["lowering"] == "loop"
+        assert all(_positive(p[k]) for k in ("eager_ms", "eager_lowering_ms", "ort_ms", "ort_over_eager",
+                                             "ort_over_eager_lowering"))
+    # the state does not grow with the context
+    assert len(set(result["state_bytes"].values())) == 1
+
+
+def test_unrolled_prefill_only_at_its_length(mamba_exports):
+    _, folder = mamba_exports("unrolled")
+    result = run_bench(folder, provider="cpu", fast=True, contexts=(4,))
+    assert [p["length"] for p in result["prefills"]] == [UNROLLED_LEN]
+    assert any("unrolled" in n for n in result["notes"])
+
+
+def test_user_errors(transformer_tiny, tmp_path):
+    _, folder = transformer_tiny
+    with pytest.raises(UsageError, match="positional table"):
+        run_bench(folder, provider="cpu", fast=True, contexts=(100_000,))
+    with pytest.raises(UsageError, match="batches"):
+        run_bench(folder, provider="cpu", fast=True, batches=())
+    res = CliRunner().invoke(cli, ["bench", str(folder), "--fast", "--context", "100000"])
+    assert res.exit_code == 2 and "error:" in res.output
+    res = CliRunner().invoke(cli, ["bench", str(tmp_path / "missing"), "--fast"])
+    assert res.exit_code == 2 and "error:" in res.output
