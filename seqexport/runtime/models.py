@@ -82,6 +82,8 @@ class RuntimeModel:
         self.graphs = {name: Graph(self.folder / self.manifest["graphs"][name]["file"], spec, provider, threads)
                        for name, spec in self.specs.items()}
         self.provider = next(iter(self.graphs.values())).provider
+        self._pairs = {g: S.state_pairs(spec) for g, spec in self.specs.items()}
+        self._keep = {g: {n for n in spec.output_names if n.startswith("present")} for g, spec in self.specs.items()}
         # Keep the cache on the device between steps where there is one (no host round trip).
         self.io_binding = self.provider == "CUDAExecutionProvider" if io_binding is None else io_binding
         self.tokenizer = None
@@ -94,12 +96,12 @@ class RuntimeModel:
         g = self.graphs[graph]
         if not self.io_binding:
             return g.run(feeds)
-        return g.run_bound(feeds, keep={n for n in g.spec.output_names if n.startswith("present")})
+        return g.run_bound(feeds, keep=self._keep[graph])
 
     def _feed_back(self, graph: str, outputs: dict, arrays: dict) -> dict:
         """Next step's arrays: each present.* output under its past.* input name."""
         new = dict(arrays)
-        for out, inp in S.state_pairs(self.specs[graph]):
+        for out, inp in self._pairs[graph]:
             new[inp] = outputs[out]
         return new
 
