@@ -107,6 +107,7 @@ class Generator:
         self.sequences: list[list[int]] = []
         self._logits = None
         self._done: np.ndarray | None = None
+        self._steps = 0  # tokens picked so far (every unfinished row has this many)
 
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
@@ -117,6 +118,7 @@ class Generator:
             self._start_mamba(rows)
         self.sequences = [[] for _ in rows]
         self._done = np.zeros(len(rows), bool)
+        self._steps = 0
 
     def _start_transformer(self, rows):
         m = self.model
@@ -150,8 +152,7 @@ class Generator:
     def is_done(self) -> bool:
         if self._done is None:
             return False
-        lengths = max(len(s) for s in self.sequences)
-        return bool(self._done.all()) or lengths >= self.options.max_new_tokens
+        return self._steps >= self.options.max_new_tokens or bool(self._done.all())
 
     def generate_next_token(self) -> np.ndarray:
         """Pick each row's next token from the last logits and feed it; returns (b,) tokens.
@@ -163,14 +164,12 @@ class Generator:
         if self.is_done():
             raise UsageError("generation is done")
         tokens = pick_tokens(self._logits, self.options, self.rng).astype(np.int64)
-        tokens = np.where(self._done, -1, tokens)
-        for i, t in enumerate(tokens):
-            if self._done[i]:
-                continue
-            if t == self.eos:
-                self._done[i] = True
-            else:
-                self.sequences[i].append(int(t))
+        tokens[self._done] = -1
+        ended = tokens == self.eos if self.eos is not None else np.zeros_like(self._done)
+        for i in np.flatnonzero(~self._done & ~ended):
+            self.sequences[i].append(int(tokens[i]))
+        self._done |= ended
+        self._steps += 1
         if not self.is_done():
             feed = np.where(tokens < 0, 0, tokens)  # any valid id for finished rows
             self._logits, self.state = self.model.step(feed, self.state)
