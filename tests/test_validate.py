@@ -134,3 +134,13 @@ def test_damaged_step_graph_fails_free_running(mamba_exports, tmp_path):
     assert not report.check_passed("teacher_forced")
     free = [c for c in report.cases if c.check == "free_running"]
     assert any(not c.passed and "real divergence" in c.note for c in free)
+
+
+def test_inspect_lists_graphs_and_parity(transformer_tiny):
+    _, folder = transformer_tiny
+    validate(folder, steps=3)  # writes the parity summary into the manifest
+    result = CliRunner().invoke(cli, ["inspect", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "decoder: decoder.onnx" in result.output
+    assert "past_key_values.1.decoder.value" in result.output and "'past_len'" in result.output
+    assert '"passed": true' in result.output
