@@ -199,7 +199,7 @@ def random_source(config: dict, batch: int, src_len: int, rng: np.random.Generat
 
 def transformer_state(rt, batch: int, past: int, src_len: int, rng: np.random.Generator) -> State:
     """A decoder state as after `past` steps: real cross K/V of a random source, random self K/V."""
-    state = rt.start(random_source(rt.config, batch, src_len, rng))
+    state = rt.start(random_source(rt.config, batch, src_len, rng)).numpy()  # host copies (IO binding)
     arrays = dict(state.arrays)
     for t in rt.specs["decoder"].inputs:
         if t.name.startswith("past_key_values.") and ".decoder." in t.name:
@@ -209,12 +209,12 @@ def transformer_state(rt, batch: int, past: int, src_len: int, rng: np.random.Ge
 
 def mamba_state(rt, batch: int, rng: np.random.Generator) -> State:
     """A conv/SSM state of the right shapes with random contents (a step costs the same at any context)."""
-    state = rt.start(batch)
+    state = rt.start(batch).numpy()
     return State({k: (rng.standard_normal(v.shape) * 0.1).astype(v.dtype) for k, v in state.arrays.items()}, 1)
 
 
 def self_kv_bytes(state: State) -> int:
-    return sum(v.nbytes for k, v in state.arrays.items() if ".decoder." in k)
+    return State({k: v for k, v in state.arrays.items() if ".decoder." in k}).nbytes
 
 
 def _torch_inputs(spec, arrays: dict) -> list[torch.Tensor]:

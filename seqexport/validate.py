@@ -238,6 +238,7 @@ class _TransformerFamily(_Family):
             for h in hooks:
                 h.remove()
         outs = _per_step(np.stack(got, 1), _numpy(ref), atol, rtol)
+        state = state.numpy()  # host copies when the cache lives on the device
         outs += [compare(f"final {k}", state.arrays[k], v, atol, rtol) for k, v in kv.items()]
         return Case("teacher_forced", f"{steps} steps, batch {self.batch}, padded sources", outs)
 
@@ -298,6 +299,7 @@ class _MambaFamily(_Family):
             ref, ref_state = self.model(_torch(ids, self.device))
         outs = [compare(f"prefill logits ({prompt} tokens)", got[0], _numpy(ref[:, :prompt]), atol, rtol)]
         outs += _per_step(np.concatenate(got[1:], 1), _numpy(ref[:, prompt:]), atol, rtol)
+        state = state.numpy()  # host copies when the state lives on the device
         for i, (conv, ssm) in enumerate(ref_state):
             outs.append(compare(f"final {S.past_conv(i)}", state.arrays[S.past_conv(i)], _numpy(conv), atol, rtol))
             outs.append(compare(f"final {S.past_ssm(i)}", state.arrays[S.past_ssm(i)], _numpy(ssm), atol, rtol))

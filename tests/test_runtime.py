@@ -195,3 +195,20 @@ def test_io_binding_keeps_state_as_ortvalues_and_changes_nothing(transformer_tin
         assert sb.nbytes == sp.nbytes
         for k, v in sb.numpy().arrays.items():
             np.testing.assert_array_equal(v, sp.arrays[k])
+
+
+def test_validate_and_bench_run_with_the_state_on_the_device_path(transformer_tiny, mamba_exports, monkeypatch):
+    """What CUDA does (state as OrtValues between steps), exercised on CPU through validate and bench."""
+    import functools
+
+    import seqexport.bench as bench
+    import seqexport.validate as val
+    from seqexport.runtime.models import load
+
+    bound = functools.partial(load, io_binding=True)
+    monkeypatch.setattr(val, "rt_load", bound)
+    monkeypatch.setattr(bench, "load", bound)
+    for folder in (transformer_tiny[1], mamba_exports("loop")[1]):
+        assert val.validate(folder, steps=3, write_summary=False).passed
+        result = bench.run_bench(folder, fast=True)
+        assert result["family"] in ("transformer", "mamba")
