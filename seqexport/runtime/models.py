@@ -106,7 +106,6 @@ class RuntimeModel:
         return new
 
 
-
 class TransformerModel(RuntimeModel):
     family = "transformer"
 

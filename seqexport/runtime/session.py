@@ -63,8 +63,7 @@ class Graph:
         try:
             self.session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
         except Exception as e:  # ORT raises its own types for unreadable or invalid models
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ArtifactError(f"graph {spec.name!r}: ONNX Runtime cannot load {path}: {first}") from None
+            raise ArtifactError(f"graph {spec.name!r}: ONNX Runtime cannot load {path}: {_first_line(e)}") from None
         # ORT may fall back silently (e.g. missing CUDA libraries): say what really runs.
         self.provider = self.session.get_providers()[0]
         if provider == "cuda" and self.provider != PROVIDERS["cuda"]:
@@ -156,8 +155,13 @@ class Graph:
         return "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
 
     def _rejected(self, e: Exception) -> InputError:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return InputError(f"{self.spec.name}: ONNX Runtime rejected the inputs: {first}")
+        return InputError(f"{self.spec.name}: ONNX Runtime rejected the inputs: {_first_line(e)}")
+
+
+def _first_line(e: Exception) -> str:
+    """ORT's messages run to many lines; the first one says what went wrong."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
