@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from seqexport.scaling import DEFAULT_CONTEXTS, measure_scaling, plot_scaling
+from seqexport.bench.scaling import DEFAULT_CONTEXTS, measure_scaling, plot_scaling
 
 MODELS = {  # label: (family, preset, folder name, extra export options)
     "transformer base": ("transformer", "base", "transformer-base", []),

@@ -13,9 +13,9 @@ import time
 import onnx
 import onnxruntime as ort
 import torch
+from seqexport.models.mamba import selective_scan_ref
 from torch import nn
 
-from models.mamba import selective_scan_ref
 from seqexport.export.scan import LOWERINGS, custom_translation_table, scan_for
 
 NAMES = ["u", "delta", "B", "C", "h0"]

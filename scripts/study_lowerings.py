@@ -7,7 +7,7 @@ import json
 
 import click
 
-from seqexport.lowering_study import format_rows, study
+from seqexport.bench.lowering_study import format_rows, study
 
 
 @click.command()

@@ -56,7 +56,7 @@ def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, repor
     Checks every graph at several shapes, a teacher-forced decode against the eager
     full forward, and a free-running greedy decode; names the first diverging module.
     """
-    from seqexport.validate import validate as run_validate
+    from seqexport.parity.validate import validate as run_validate
 
     report = run_validate(folder, checkpoint=checkpoint, provider=provider, atol=atol, rtol=rtol,
                           steps=steps, batch=batch, seed=seed)
@@ -108,7 +108,7 @@ def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every figure as JSON here.")
 def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fast, json_path):
     """Time eager PyTorch vs ONNX Runtime on an exported FOLDER: steps, prefill, generation, memory."""
-    from seqexport.bench import format_table, run_bench
+    from seqexport.bench.run import format_table, run_bench
 
     result = run_bench(folder, provider=provider, batches=batches or (1,), contexts=contexts or None,
                        new_tokens=new_tokens, threads=threads, repeats=repeats, fast=fast,

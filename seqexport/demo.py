@@ -11,16 +11,16 @@ from pathlib import Path
 import click
 import torch
 
-from seqexport.checkpoint import checkpoint_extra
-from seqexport.eager_runtime import eager_runtime
+from seqexport.checkpoints.io import checkpoint_extra
+from seqexport.checkpoints.presets import resolve_model
 from seqexport.export.commands import default_name as _default_name
-from seqexport.export.mamba import export_mamba
-from seqexport.export.transformer import export_transformer
-from seqexport.presets import resolve_model
+from seqexport.families.eager_tmp import eager_runtime
+from seqexport.families.mamba.export import export_mamba
+from seqexport.families.transformer.export import export_transformer
+from seqexport.parity.validate import validate
 from seqexport.runtime.generate import SearchOptions, generate
 from seqexport.runtime.models import load
-from seqexport.tokenizer import ByteTokenizer, encode_prompt
-from seqexport.validate import validate
+from seqexport.runtime.tokenizer import ByteTokenizer, encode_prompt
 
 MAX_NEW = 16  # the date task's answers are 10 bytes + eos
 BATCH = 50  # prompts decoded together
@@ -44,7 +44,7 @@ def _decode(model, prompts) -> tuple[list[list[int]], float, int]:
 
 
 def held_out_comparison(family, ckpt, folder, record, n, threads) -> dict:
-    from seqexport.tasks.dates import make_split
+    from seqexport.training.dates import make_split
 
     tok = ByteTokenizer.from_dict(record)
     pairs = make_split("test", n, seed=0)

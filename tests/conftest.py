@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from seqexport.presets import build_preset
+from seqexport.checkpoints.presets import build_preset
 
 
 @pytest.fixture(scope="session")
 def transformer_tiny(tmp_path_factory):
     """(checkpoint, exported folder) of the tiny transformer preset."""
-    from seqexport.export.transformer import export_transformer
+    from seqexport.families.transformer.export import export_transformer
 
     torch.manual_seed(0)
     ckpt = build_preset("transformer", "tiny", seed=0)
@@ -24,7 +24,7 @@ UNROLLED_LEN = 7
 @pytest.fixture(scope="session")
 def mamba_exports(tmp_path_factory):
     """lowering -> (checkpoint, exported folder) of the tiny Mamba preset, exported on first use."""
-    from seqexport.export.mamba import export_mamba
+    from seqexport.families.mamba.export import export_mamba
 
     ckpt = build_preset("mamba", "tiny", seed=0)
     made = {}
@@ -43,10 +43,10 @@ def mamba_exports(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bundled_exports(tmp_path_factory):
     """family -> (checkpoint, exported folder) of the bundled trained models."""
-    from seqexport.checkpoint import load_checkpoint
-    from seqexport.export.mamba import export_mamba
-    from seqexport.export.transformer import export_transformer
-    from seqexport.presets import BUNDLED
+    from seqexport.checkpoints.io import load_checkpoint
+    from seqexport.checkpoints.presets import BUNDLED
+    from seqexport.families.mamba.export import export_mamba
+    from seqexport.families.transformer.export import export_transformer
 
     made = {}
 

@@ -6,7 +6,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from seqexport.bench import format_table, run_bench
+from seqexport.bench.run import format_table, run_bench
 from seqexport.cli import cli
 from seqexport.errors import UsageError
 from tests.conftest import UNROLLED_LEN

@@ -7,9 +7,9 @@ from click.testing import CliRunner
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
-from seqexport.tasks.dates import make_split
-from seqexport.tokenizer import encode_prompt
-from seqexport.train import decode
+from seqexport.runtime.tokenizer import encode_prompt
+from seqexport.training.dates import make_split
+from seqexport.training.train import decode
 
 N = 50
 

@@ -4,10 +4,10 @@ import pytest
 
 import seqexport.export.common as common
 import seqexport.runtime as rt
+from seqexport.checkpoints.presets import build_preset
 from seqexport.errors import ArtifactError
-from seqexport.export.transformer import export_transformer
-from seqexport.presets import build_preset
-from seqexport.validate import validate
+from seqexport.families.transformer.export import export_transformer
+from seqexport.parity.validate import validate
 
 
 def test_external_data_export_loads_validates_and_is_hashed(tmp_path, monkeypatch):

@@ -5,10 +5,10 @@ import pytest
 import torch
 from onnx import TensorProto
 
-from seqexport.export.mamba import export_mamba
-from seqexport.export.transformer import export_transformer
-from seqexport.presets import build_preset
-from seqexport.validate import validate
+from seqexport.checkpoints.presets import build_preset
+from seqexport.families.mamba.export import export_mamba
+from seqexport.families.transformer.export import export_transformer
+from seqexport.parity.validate import validate
 
 
 def io_types(path):

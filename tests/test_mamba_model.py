@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
+from seqexport.models.mamba import MambaConfig, MambaLM, MambaMixer, selective_scan_ref
 
-from models.mamba import MambaConfig, MambaLM, MambaMixer, selective_scan_ref
-from seqexport.mamba_layouts import convert_mamba_state_dict, mamba_config_from_json
+from seqexport.families.mamba.layouts import convert_mamba_state_dict, mamba_config_from_json
 
 
 def literal_scan(u, delta, A, B, C, D, h0):

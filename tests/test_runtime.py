@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 import torch
+from seqexport.models.transformer import generate_mask, padding_mask
 
 import seqexport.runtime as rt
-from models.transformer import generate_mask, padding_mask
 
 EOS = 2
 START = 1
@@ -201,8 +201,8 @@ def test_validate_and_bench_run_with_the_state_on_the_device_path(transformer_ti
     """What CUDA does (state as OrtValues between steps), exercised on CPU through validate and bench."""
     import functools
 
-    import seqexport.bench as bench
-    import seqexport.validate as val
+    import seqexport.bench.run as bench
+    import seqexport.parity.validate as val
     from seqexport.runtime.models import load
 
     bound = functools.partial(load, io_binding=True)

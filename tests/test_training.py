@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqexport.checkpoint import load_checkpoint
-from seqexport.tasks.dates import FORMATS, WEEKDAYS, format_date, make_split, split_of
-from seqexport.tokenizer import ByteTokenizer
-from seqexport.train import decode, mamba_prompt
+from seqexport.checkpoints.io import load_checkpoint
+from seqexport.runtime.tokenizer import ByteTokenizer
+from seqexport.training.dates import FORMATS, WEEKDAYS, format_date, make_split, split_of
+from seqexport.training.train import decode, mamba_prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETRAINED = ROOT / "models" / "pretrained"
@@ -113,7 +113,7 @@ def test_training_script_runs(family, tmp_path):
     assert ByteTokenizer.from_dict(raw["tokenizer"]) == ByteTokenizer()
     assert ckpt.family == family
     if family == "mamba":  # the runtime frames a prompt as the model was trained
-        from seqexport.tokenizer import encode_prompt
+        from seqexport.runtime.tokenizer import encode_prompt
 
         tok = ByteTokenizer()
         assert encode_prompt(raw["tokenizer"], family, "x") == mamba_prompt("x", tok)

@@ -7,8 +7,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from seqexport.models.transformer import generate_mask, padding_mask
 
-from models.transformer import generate_mask, padding_mask
 from seqexport import specs as S
 
 ATOL = 1e-4

@@ -4,15 +4,15 @@ import json
 
 import pytest
 import torch
-
-from models.transformer import (
+from seqexport.models.transformer import (
     SelfAttentionn,
     Transformer,
     TransformerConfig,
     generate_mask,
     padding_mask,
 )
-from seqexport.checkpoint import load_checkpoint, save_checkpoint
+
+from seqexport.checkpoints.io import load_checkpoint, save_checkpoint
 from seqexport.errors import CheckpointError
 
 TINY = TransformerConfig(

@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from seqexport.cli import cli
 from seqexport.manifest import sha256_file
-from seqexport.validate import _free_case, validate
+from seqexport.parity.validate import _free_case, validate
 
 
 def damaged_copy(folder, tmp_path, graph, initializer, delta=1e-2, edit=None):

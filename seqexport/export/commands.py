@@ -41,9 +41,9 @@ def register(group: click.Group) -> None:
 
         Without --checkpoint or --preset, the bundled trained model (else the tiny preset).
         """
-        from seqexport.checkpoint import checkpoint_extra
-        from seqexport.export.transformer import export_transformer
-        from seqexport.presets import resolve_model
+        from seqexport.checkpoints.io import checkpoint_extra
+        from seqexport.checkpoints.presets import resolve_model
+        from seqexport.families.transformer.export import export_transformer
 
         ckpt, preset = resolve_model("transformer", checkpoint, preset, seed)
         export_transformer(ckpt, preset, out or _default_out("transformer", ckpt, preset), opset=opset,
@@ -60,9 +60,9 @@ def register(group: click.Group) -> None:
 
         Without --checkpoint or --preset, the bundled trained model (else the tiny preset).
         """
-        from seqexport.checkpoint import checkpoint_extra
-        from seqexport.export.mamba import export_mamba
-        from seqexport.presets import resolve_model
+        from seqexport.checkpoints.io import checkpoint_extra
+        from seqexport.checkpoints.presets import resolve_model
+        from seqexport.families.mamba.export import export_mamba
 
         ckpt, preset = resolve_model("mamba", checkpoint, preset, seed)
         export_mamba(ckpt, preset, out or _default_out("mamba", ckpt, preset) + f"-{scan}", scan=scan,

@@ -14,7 +14,7 @@ import onnx
 import torch
 
 import seqexport
-from seqexport.checkpoint import Checkpoint, checkpoint_sha256, save_checkpoint
+from seqexport.checkpoints.io import Checkpoint, checkpoint_sha256, save_checkpoint
 from seqexport.errors import ExportError
 from seqexport.export.atomic import atomic_folder
 from seqexport.manifest import graph_entry, write_manifest

@@ -7,7 +7,7 @@ import numpy as np
 from seqexport.errors import UsageError
 from seqexport.runtime.generate import SearchOptions, generate
 from seqexport.runtime.models import load
-from seqexport.tokenizer import encode_prompt
+from seqexport.runtime.tokenizer import encode_prompt
 
 
 def parse_ids(s: str) -> list[int]:

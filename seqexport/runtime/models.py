@@ -88,7 +88,7 @@ class RuntimeModel:
         self.io_binding = self.provider == "CUDAExecutionProvider" if io_binding is None else io_binding
         self.tokenizer = None
         if self.manifest.get("tokenizer"):
-            from seqexport.tokenizer import ByteTokenizer
+            from seqexport.runtime.tokenizer import ByteTokenizer
 
             self.tokenizer = ByteTokenizer.from_dict(self.manifest["tokenizer"])
 

@@ -21,7 +21,7 @@ class EagerTransformer:
     family = "transformer"
 
     def __init__(self, model, config, tokenizer=None):
-        from seqexport.export.transformer import DecoderGraph, EncoderGraph, specs_for
+        from seqexport.families.transformer.export import DecoderGraph, EncoderGraph, specs_for
 
         self.model, self.config, self.tokenizer = model.eval(), config, tokenizer
         self.encoder, self.decoder = EncoderGraph(model), DecoderGraph(model)

@@ -17,7 +17,7 @@ import onnxscript
 from onnxscript import FLOAT
 from onnxscript import opset18 as op
 
-from seqexport.export.scan import CHUNK
+from seqexport.export.scan.lowerings import CHUNK
 
 MAX_DOUBLINGS = 62  # doubling steps the parallel Loop may take: l < 2**62
 

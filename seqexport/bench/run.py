@@ -1,6 +1,6 @@
 """Measured comparisons: eager PyTorch vs ONNX Runtime on one exported folder, in one run.
 
-    from seqexport.bench import run_bench, format_table
+    from seqexport.bench.run import run_bench, format_table
     result = run_bench("exported/transformer-tiny", contexts=(16, 64, 256))
     print(format_table(result))       # result is plain JSON-serialisable data
 
@@ -264,7 +264,7 @@ def mamba_prefill(rt, model, scan, batch: int, length: int, rng) -> dict[str, Ca
 
 
 def _transformer_steps(rt, model, batch, contexts, cfg, threads, repeats, rng, log) -> list[dict]:
-    from seqexport.export.transformer import DecoderGraph
+    from seqexport.families.transformer.export import DecoderGraph
 
     wrapper = DecoderGraph(model).eval()
     rows = []
@@ -314,8 +314,8 @@ def _ms(med: dict[str, float | None]) -> dict:
 
 def _transformer_eager_gen(model, src: torch.Tensor, start: int, n: int, cache: bool) -> torch.Tensor:
     """Greedy ids (b, n): encoder once, then the cached DecoderGraph step, or the full decoder."""
-    from models.transformer import generate_mask
-    from seqexport.export.transformer import DecoderGraph, EncoderGraph
+    from seqexport.families.transformer.export import DecoderGraph, EncoderGraph
+    from seqexport.models.transformer import generate_mask
 
     mask = (src != model.config.pad_id).long()
     enc = EncoderGraph(model)(src, mask)
@@ -424,7 +424,7 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
     [16 64 256 1024; fast: 4 16]. new_tokens: tokens generated end to end [32; fast: 4].
     repeats: timed samples per figure, medians reported [7; fast: 2].
     """
-    from seqexport.validate import eager_checkpoint
+    from seqexport.parity.validate import eager_checkpoint
 
     log = log or (lambda msg: None)
     folder = Path(folder)

@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from seqexport.compare import Comparison, compare
+from seqexport.parity.compare import Comparison, compare
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 

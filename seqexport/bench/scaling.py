@@ -1,6 +1,6 @@
 """Decode cost as the context grows: the Transformer's KV cache against Mamba's fixed state.
 
-    from seqexport.scaling import measure_scaling, plot_scaling
+    from seqexport.bench.scaling import measure_scaling, plot_scaling
     result = measure_scaling({"transformer base": "exported/transformer-base",
                               "mamba 130m": "exported/mamba-130m-loop"})
     plot_scaling(result, "docs/scaling.png")      # needs the `plot` extra (matplotlib)
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqexport.bench import (
+from seqexport.bench.run import (
     mamba_state,
     measure_bandwidth,
     step_weight_bytes,
@@ -42,7 +42,7 @@ def _providers(providers) -> list[str]:
 
 
 def _weights(folder: Path, manifest: dict) -> int:
-    from seqexport.validate import eager_checkpoint
+    from seqexport.parity.validate import eager_checkpoint
 
     model = eager_checkpoint(folder, manifest, None).model
     return step_weight_bytes(manifest["family"], model, manifest["dtype"])

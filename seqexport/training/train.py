@@ -1,6 +1,6 @@
 """Train the bundled date-normalisation models on a CPU in minutes, and score them.
 
-Two tasks over `seqexport.tasks.dates` pairs ("5 March 2021" -> "2021-03-05"),
+Two tasks over `seqexport.training.dates` pairs ("5 March 2021" -> "2021-03-05"),
 both with the byte tokenizer (pad 0, bos 1, eos 2, byte b -> b + 3):
 
 - transformer (encoder-decoder): src = input + eos, tgt = bos + output + eos.
@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.mamba import MambaConfig, MambaLM
-from models.transformer import Transformer, TransformerConfig, generate_mask, padding_mask
-from seqexport.checkpoint import save_checkpoint
-from seqexport.tasks.dates import make_split
-from seqexport.tokenizer import ByteTokenizer
+from seqexport.checkpoints.io import save_checkpoint
+from seqexport.models.mamba import MambaConfig, MambaLM
+from seqexport.models.transformer import Transformer, TransformerConfig, generate_mask, padding_mask
+from seqexport.runtime.tokenizer import ByteTokenizer
+from seqexport.training.dates import make_split
 
 FAMILIES = ("transformer", "mamba")
 SEPARATOR = " = "  # between input and output in the mamba task
@@ -294,7 +294,7 @@ def train_and_save(
     record = evaluate(family, model, eval_n, seed=seed)
     log(f"held-out exact match {record['exact_match']:.4f} on {eval_n} pairs (trained in {train_s:.0f}s)")
     tokenizer = ByteTokenizer().to_dict()
-    if family == "mamba":  # how the runtime frames a prompt (seqexport.tokenizer.encode_prompt)
+    if family == "mamba":  # how the runtime frames a prompt (seqexport.runtime.tokenizer.encode_prompt)
         tokenizer["prompt"] = {"bos": True, "suffix": SEPARATOR, "eos": False}
     extra = {"tokenizer": tokenizer, "eval": record}
     path = save_checkpoint(model, model_config, family, out, extra=extra)

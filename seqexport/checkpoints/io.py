@@ -53,10 +53,10 @@ def config_from_dict(family: str, d: dict):
     d = {k: v for k, v in d.items() if k not in ("family", "tokenizer", "eval")}
     try:
         if family == "transformer":
-            from models.transformer import TransformerConfig
+            from seqexport.models.transformer import TransformerConfig
 
             return TransformerConfig.from_dict(d)
-        from seqexport.mamba_layouts import mamba_config_from_json
+        from seqexport.families.mamba.layouts import mamba_config_from_json
 
         return mamba_config_from_json(d)
     except (TypeError, ValueError) as e:
@@ -65,10 +65,10 @@ def config_from_dict(family: str, d: dict):
 
 def build_model(family: str, config) -> nn.Module:
     if family == "transformer":
-        from models.transformer import Transformer
+        from seqexport.models.transformer import Transformer
 
         return Transformer(config)
-    from models.mamba import MambaLM
+    from seqexport.models.mamba import MambaLM
 
     return MambaLM(config)
 
@@ -134,7 +134,7 @@ def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     config = config_from_dict(found, raw)
     state = read_weights(path)
     if found == "mamba":
-        from seqexport.mamba_layouts import convert_mamba_state_dict
+        from seqexport.families.mamba.layouts import convert_mamba_state_dict
 
         state = convert_mamba_state_dict(state, config)
     model = build_model(found, config)

@@ -20,7 +20,8 @@ and returns (y (b, l, d_in), h_last (b, d_in, n)), all float32.
   sum). Materialises (b, l, d_in, n): meant for accelerators.
 
 Usage: `model(..., scan=scan_for(name))` inside the exported forward, and
-`torch.onnx.export(..., custom_translation_table=custom_translation_table(name))`.
+`torch.onnx.export(..., custom_translation_table=custom_translation_table(name))`
+(from `seqexport.export.scan`, which joins this torch side with its ONNX side).
 """
 
 from collections.abc import Callable
@@ -133,28 +134,16 @@ def _(u, delta, A, B, C, D, h0):
     return torch.empty_like(u), torch.empty_like(h0)
 
 
-def _check(lowering: str) -> None:
+def check_lowering(lowering: str) -> None:
     if lowering not in LOWERINGS:
         raise ValueError(f"unknown scan lowering {lowering!r}; expected one of {LOWERINGS}")
 
 
 def scan_for(lowering: str) -> Scan:
     """The scan function of a lowering, to pass as the model's `scan=` during export."""
-    _check(lowering)
+    check_lowering(lowering)
     return {
         "loop": selective_scan_chunked,
         "unrolled": scan_unrolled,
         "parallel": selective_scan_doubling,
     }[lowering]
-
-
-def custom_translation_table(lowering: str) -> dict | None:
-    """What `torch.onnx.export(custom_translation_table=...)` needs for a lowering, or None."""
-    _check(lowering)
-    if lowering == "unrolled":
-        return None
-    from seqexport.export import _scan_onnx  # onnxscript only when exporting
-
-    if lowering == "loop":
-        return {torch.ops.seqexport.selective_scan_chunked.default: _scan_onnx.scan_chunked}
-    return {torch.ops.seqexport.selective_scan_doubling.default: _scan_onnx.scan_doubling}

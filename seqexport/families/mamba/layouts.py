@@ -23,7 +23,7 @@ from dataclasses import fields
 import torch
 from torch import Tensor
 
-from models.mamba import MambaConfig
+from seqexport.models.mamba import MambaConfig
 
 _OURS = {f.name for f in fields(MambaConfig)}
 _ORIGINAL_REQUIRED = ("d_model", "n_layer", "vocab_size")

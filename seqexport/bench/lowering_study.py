@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 import torch
 
-from seqexport.export.mamba import export_mamba
+from seqexport.checkpoints.presets import build_preset
 from seqexport.export.scan import LOWERINGS
-from seqexport.presets import build_preset
+from seqexport.families.mamba.export import export_mamba
 from seqexport.runtime.models import load
 
 
