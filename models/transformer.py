@@ -100,6 +100,17 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).contiguous()  # (b, t, h, k)
         return out.view(batch_size, -1, self.n_heads * self.d_k)  # (b, t, d)
 
+    def attend(self, x, K, V, mask=None):
+        """`forward(x, ., ., mask)` with K and V already projected and split (b, h, t_k, k):
+        the cached decode path, where K and V come from the cache."""
+        Q = self.split_heads(self.W_q(x))  # (b, h, t, k)
+        out, _ = self.attention(Q, K, V, mask)
+        return self.norm(self.fc(self.merge_heads(out)) + x)  # (b, t, d)
+
+    def project_kv(self, x):
+        """K and V of `x` (b, t, d), split into heads: each (b, h, t, k)."""
+        return self.split_heads(self.W_k(x)), self.split_heads(self.W_v(x))
+
     def forward(self, q, k, v, mask=None):
         Q = self.split_heads(self.W_q(q))  # (b, h, t_q, k)
         K = self.split_heads(self.W_k(k))  # (b, h, t_k, k)
@@ -149,6 +160,18 @@ class DecoderLayer(nn.Module):
         out, _ = self.cross_attn(out, memory, memory, memory_mask)
         return self.ffn(out)
 
+    def step(self, x, self_kv, cross_kv, causal, memory_mask):
+        """`forward` for t new positions after a cached past: x (b, t, d); self_kv the past
+        (K, V) each (b, h, past, k); cross_kv the memory's (K, V) each (b, h, s, k); causal
+        (t, past + t). Returns the output (b, t, d) and the self-attention (K, V) of
+        past + t positions (new tensors; the cache is never written in place)."""
+        K_new, V_new = self.self_attn.project_kv(x)  # (b, h, t, k)
+        K = torch.cat([self_kv[0], K_new], dim=2)  # (b, h, past + t, k)
+        V = torch.cat([self_kv[1], V_new], dim=2)
+        out = self.self_attn.attend(x, K, V, causal)
+        out = self.cross_attn.attend(out, *cross_kv, memory_mask)
+        return self.ffn(out), (K, V)
+
 
 class PositionalEncoding(nn.Module):
     """Sinusoidal table pe (max_len, d) added to the (unscaled) embeddings."""
@@ -167,14 +190,22 @@ class PositionalEncoding(nn.Module):
         return x + self.pe[start : start + x.size(1)]
 
 
-class Encoder(nn.Module):
+class LayerStack(nn.Module):
+    """What Encoder and Decoder share: token embedding, positional table, `num_layers` layers."""
+
+    layer_type: type[nn.Module]
+
     def __init__(self, vocab_size, d_model, n_heads, d_ff, num_layers, dropout=0.1, max_len=5000):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.pe = PositionalEncoding(d_model, max_len)
         self.layers = nn.ModuleList(
-            [EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(num_layers)]
+            [self.layer_type(d_model, n_heads, d_ff, dropout) for _ in range(num_layers)]
         )
+
+
+class Encoder(LayerStack):
+    layer_type = EncoderLayer
 
     def forward(self, src, src_mask=None):
         x = self.pe(self.embedding(src))  # (b, s, d)
@@ -183,14 +214,11 @@ class Encoder(nn.Module):
         return x  # memory (b, s, d)
 
 
-class Decoder(nn.Module):
+class Decoder(LayerStack):
+    layer_type = DecoderLayer
+
     def __init__(self, vocab_size, d_model, n_heads, d_ff, num_layers, dropout=0.1, max_len=5000):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab_size, d_model)
-        self.pe = PositionalEncoding(d_model, max_len)
-        self.layers = nn.ModuleList(
-            [DecoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(num_layers)]
-        )
+        super().__init__(vocab_size, d_model, n_heads, d_ff, num_layers, dropout, max_len)
         self.fc_out = nn.Linear(d_model, vocab_size)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None):
@@ -215,6 +243,41 @@ class Transformer(nn.Module):
     def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None):
         memory = self.encoder(src, src_mask)  # (b, s, d)
         return self.decoder(tgt, memory, tgt_mask, memory_mask)  # (b, t, v)
+
+    # --- cached decoding: encode once, then decode_step with the KV cache ------------------
+
+    def cross_kv(self, memory):
+        """Every decoder layer's cross-attention (K, V) of the memory, computed once per
+        source: list over layers of (K, V), each (b, h, s, k)."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
+
+    def allocate_inference_cache(self, batch, dtype=torch.float32, device=None):
+        """The empty self-attention cache: list over layers of (K, V), each (b, h, 0, k)."""
+        c = self.config
+        empty = torch.zeros(batch, c.n_heads, 0, c.head_dim, dtype=dtype, device=device)
+        return [(empty, empty) for _ in range(c.num_layers)]
+
+    def decode_step(self, tgt, memory_mask, cross_kv, self_kv):
+        """t new target tokens after a cached past, equal to the last t positions of `forward`.
+
+        tgt (b, t) ids; memory_mask (b, s) 1 = source token, 0 = padding; cross_kv from
+        `cross_kv`; self_kv the cache of past positions (`allocate_inference_cache` at
+        first). Returns logits (b, t, v) and the new cache (past + t positions).
+        """
+        dec = self.decoder
+        t = tgt.shape[1]
+        past = self_kv[0][0].shape[2]
+        x = dec.pe(dec.embedding(tgt), start=past)  # (b, t, d): positions past .. past + t - 1
+        # query i sits at position past + i and sees keys 0 .. past + i
+        q_pos = torch.arange(t, device=x.device) + past
+        k_pos = torch.arange(past + t, device=x.device)
+        causal = k_pos[None, :] <= q_pos[:, None]  # (t, past + t)
+        cross_mask = memory_mask[:, None, None, :]  # (b, 1, 1, s)
+        new_cache = []
+        for layer, kv, ckv in zip(dec.layers, self_kv, cross_kv, strict=True):
+            x, kv = layer.step(x, kv, ckv, causal, cross_mask)
+            new_cache.append(kv)
+        return dec.fc_out(x), new_cache  # (b, t, v)
 
 
 def generate_mask(size):

@@ -11,12 +11,10 @@ from pathlib import Path
 import click
 import torch
 
-from seqexport.checkpoints.io import checkpoint_extra
-from seqexport.checkpoints.presets import resolve_model
-from seqexport.export.commands import default_name as _default_name
-from seqexport.families.eager_tmp import eager_runtime
-from seqexport.families.mamba.export import export_mamba
-from seqexport.families.transformer.export import export_transformer
+from seqexport import families
+from seqexport.checkpoints import checkpoint_extra, resolve_model
+from seqexport.export import export_model
+from seqexport.export.commands import default_name
 from seqexport.parity.validate import validate
 from seqexport.runtime.generate import SearchOptions, generate
 from seqexport.runtime.models import load
@@ -24,12 +22,6 @@ from seqexport.runtime.tokenizer import ByteTokenizer, encode_prompt
 
 MAX_NEW = 16  # the date task's answers are 10 bytes + eos
 BATCH = 50  # prompts decoded together
-
-
-def _export(family, ckpt, preset, folder, tokenizer):
-    if family == "transformer":
-        return export_transformer(ckpt, preset, folder, overwrite=True, tokenizer=tokenizer)
-    return export_mamba(ckpt, preset, folder, scan="loop", overwrite=True, tokenizer=tokenizer)
 
 
 def _decode(model, prompts) -> tuple[list[list[int]], float, int]:
@@ -48,10 +40,10 @@ def held_out_comparison(family, ckpt, folder, record, n, threads) -> dict:
 
     tok = ByteTokenizer.from_dict(record)
     pairs = make_split("test", n, seed=0)
-    prompts = [encode_prompt(record, family, x) for x, _ in pairs]
     torch.set_num_threads(threads)
-    eager = eager_runtime(ckpt, tok)
+    eager = families.eager_model(ckpt, tok)
     ort_model = load(folder, provider="auto", threads=threads)
+    prompts = [encode_prompt(record, ort_model.prompt_frame, x) for x, _ in pairs]
     e_out, e_s, e_n = _decode(eager, prompts)
     o_out, o_s, o_n = _decode(ort_model, prompts)
     e_text = [tok.decode(o) for o in e_out]
@@ -74,12 +66,12 @@ def _recorded(ckpt):
 def run_demo(out: str = "exported", n: int = 200, threads: int = 2) -> bool:
     """Export, validate and compare both families; returns True when every check passed."""
     rows, ok = [], True
-    for family in ("transformer", "mamba"):
+    for family in families.names():
         ckpt, preset = resolve_model(family, None, None)
-        folder = Path(out) / _default_name(family, ckpt, preset)
+        folder = Path(out) / default_name(family, ckpt, preset)
         record = checkpoint_extra(ckpt, "tokenizer")
         click.echo(f"[{family}] exporting {ckpt.path or 'preset ' + preset} -> {folder}", err=True)
-        _export(family, ckpt, preset, folder, record)
+        export_model(ckpt, preset, folder, overwrite=True, tokenizer=record)
         click.echo(f"[{family}] validating (ONNX Runtime vs eager, 3 checks) …", err=True)
         report = validate(folder, steps=16)
         ok &= report.passed

@@ -7,9 +7,11 @@ differs from what export recorded.
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from seqexport.errors import ArtifactError
+from seqexport.jsonfile import read_json_object
 from seqexport.specs import GraphSpec
 
 MANIFEST = "manifest.json"
@@ -47,13 +49,9 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
     if not folder.is_dir():
         raise ArtifactError(f"{str(folder)!r} is not an exported folder (no such directory)")
     path = folder / MANIFEST
-    try:
-        m = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ArtifactError(f"{str(folder)!r} has no {MANIFEST}; is it the output of `seqexport export`?") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path} is corrupt (not valid JSON: {e})") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
+    m = read_json_object(path, ArtifactError,
+                         f"{str(folder)!r} has no {MANIFEST}; is it the output of `seqexport export`?")
+    if m.get("format") != FORMAT:
         raise ArtifactError(f"{path} is not a seqexport manifest (expected \"format\": \"{FORMAT}\")")
     if m.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(
@@ -84,3 +82,12 @@ def verify_file(folder: Path, graph: str, file: str, sha: str, size: int) -> Non
 
 def graph_specs(manifest: dict) -> dict[str, GraphSpec]:
     return {name: GraphSpec.from_dict(name, g) for name, g in manifest["graphs"].items()}
+
+
+def update_manifest(folder: str | Path, **fields) -> None:
+    """Set top-level fields of an existing manifest.json, atomically (temp file + rename)."""
+    path = Path(folder) / MANIFEST
+    manifest = json.loads(path.read_text()) | fields
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, path)

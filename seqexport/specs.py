@@ -1,13 +1,18 @@
-"""One frozen spec per exported graph: inputs and outputs in order, dtype, dims.
+"""One frozen spec per exported graph: inputs and outputs in order, dtype, dims, role,
+and which outputs feed which state inputs at the next step (declared, never inferred).
 
-Export, the manifest, validation and the runtime all read these; no graph I/O
-name is spelled anywhere else. A dim is an int (fixed) or a str (symbolic, the
-name written into the ONNX graph). This module imports neither torch nor numpy.
+Each family builds its graphs' specs in `seqexport/families/<name>/specs.py`; export,
+the manifest, validation, benchmarks and the runtime all read them. A dim is an int
+(fixed) or a str (symbolic, the name written into the ONNX graph). This module imports
+neither torch nor numpy.
 """
 
 from dataclasses import dataclass
 
 DTYPES = ("int64", "float32", "float16")
+# What an input holds, so that inputs can be built from the spec alone: token ids in
+# [0, vocab_size), a 0/1 mask, or state (cache) fed back from an output of a step.
+ROLES = ("tokens", "mask", "state", "")
 # Symbolic dims a graph may declare; anything else in a spec is a typo.
 DIM_NAMES = ("batch", "src_len", "tgt_len", "past_len", "past_len + tgt_len", "seq_len")
 
@@ -17,8 +22,14 @@ class TensorSpec:
     name: str
     dtype: str
     dims: tuple[int | str, ...]
+    role: str = ""  # one of ROLES; "" for outputs and anything else
+    vocab_size: int | None = None  # tokens: ids lie in [0, vocab_size)
 
     def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"{self.name}: role {self.role!r} not in {ROLES}")
+        if (self.role == "tokens") != (self.vocab_size is not None):
+            raise ValueError(f"{self.name}: a tokens input needs vocab_size (and only a tokens input has one)")
         if self.dtype not in DTYPES:
             raise ValueError(f"{self.name}: dtype {self.dtype!r} not in {DTYPES}")
         for d in self.dims:
@@ -30,11 +41,16 @@ class TensorSpec:
         return {i: d for i, d in enumerate(self.dims) if isinstance(d, str)}
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "dims": list(self.dims)}
+        d = {"name": self.name, "dtype": self.dtype, "dims": list(self.dims)}
+        if self.role:
+            d["role"] = self.role
+        if self.vocab_size is not None:
+            d["vocab_size"] = self.vocab_size
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorSpec":
-        return cls(d["name"], d["dtype"], tuple(d["dims"]))
+        return cls(d["name"], d["dtype"], tuple(d["dims"]), d.get("role", ""), d.get("vocab_size"))
 
 
 @dataclass(frozen=True)
@@ -42,6 +58,17 @@ class GraphSpec:
     name: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # (output, state input): after a run, each output becomes that state input of the next
+    # step (of this graph or another graph of the same model).
+    feeds: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        for out, _ in self.feeds:
+            self.output(out)  # KeyError for a typo
+
+    @property
+    def state_inputs(self) -> list[TensorSpec]:
+        return [t for t in self.inputs if t.role == "state"]
 
     @property
     def input_names(self) -> list[str]:
@@ -61,15 +88,16 @@ class GraphSpec:
         return {
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
+            "feeds": [list(f) for f in self.feeds],
         }
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "GraphSpec":
-        return cls(
-            name,
-            tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
-            tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
-        )
+        inputs = tuple(TensorSpec.from_dict(t) for t in d["inputs"])
+        outputs = tuple(TensorSpec.from_dict(t) for t in d["outputs"])
+        if "feeds" not in d:  # an artifact written before feeds and roles were recorded
+            return _legacy_spec(name, inputs, outputs)
+        return cls(name, inputs, outputs, tuple(tuple(f) for f in d["feeds"]))
 
 
 def _find(tensors, name, graph):
@@ -79,119 +107,33 @@ def _find(tensors, name, graph):
     raise KeyError(f"graph {graph!r} has no tensor {name!r}")
 
 
-# --- names ---------------------------------------------------------------------------------------
-# Transformer: per decoder layer i, the cross-attention ("encoder") and self-attention ("decoder")
-# K/V. Graph inputs carry the past, outputs the present.
 
+
+def _legacy_spec(name: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> GraphSpec:
+    """A spec read from a manifest of seqexport 0.1.0, which recorded neither roles nor feeds.
+
+    Those artifacts followed one naming rule (present.X -> past_key_values.X, present_X ->
+    past_X), the only place a name prefix is read; new manifests declare their feeds.
+    """
+    names = {t.name for t in inputs}
+    feeds = []
+    for t in outputs:
+        if t.name.startswith("present."):
+            feeds.append((t.name, "past_key_values." + t.name.removeprefix("present.")))
+        elif t.name.startswith("present_"):
+            feeds.append((t.name, "past_" + t.name.removeprefix("present_")))
+    state = {i for _, i in feeds}
+    roles = {"input_ids": "tokens", "attention_mask": "mask", "encoder_attention_mask": "mask"}
+    fixed = tuple(
+        TensorSpec(t.name, t.dtype, t.dims, "state" if t.name in state else roles.get(t.name, ""),
+                   # the runtime checks the range from the config; any bound will do here
+                   2**62 if roles.get(t.name) == "tokens" else None)
+        for t in inputs
+    )
+    # the encoder's cross K/V feed the decoder's state inputs, not its own
+    return GraphSpec(name, fixed, outputs, tuple(f for f in feeds if f[1] in names or name == "encoder"))
+
+
+# Names every family's step graphs share: the tokens fed and the logits returned.
 INPUT_IDS = "input_ids"
-ATTENTION_MASK = "attention_mask"
-ENCODER_ATTENTION_MASK = "encoder_attention_mask"
-ENCODER_HIDDEN_STATES = "encoder_hidden_states"
 LOGITS = "logits"
-
-
-def past_kv(i: int, which: str, kv: str) -> str:
-    return f"past_key_values.{i}.{which}.{kv}"
-
-
-def present_kv(i: int, which: str, kv: str) -> str:
-    return f"present.{i}.{which}.{kv}"
-
-
-def past_conv(i: int) -> str:
-    return f"past_conv_state.{i}"
-
-
-def past_ssm(i: int) -> str:
-    return f"past_ssm_state.{i}"
-
-
-def present_conv(i: int) -> str:
-    return f"present_conv_state.{i}"
-
-
-def present_ssm(i: int) -> str:
-    return f"present_ssm_state.{i}"
-
-
-def state_pairs(spec: GraphSpec) -> list[tuple[str, str]]:
-    """(present output, past input) pairs: feed each output back as that input next step."""
-    pairs = []
-    for out in spec.output_names:
-        if out.startswith("present."):
-            pairs.append((out, "past_key_values." + out[len("present.") :]))
-        elif out.startswith("present_"):
-            pairs.append((out, "past_" + out[len("present_") :]))
-    return [(o, i) for o, i in pairs if i in spec.input_names]
-
-
-# --- transformer ---------------------------------------------------------------------------------
-
-
-def transformer_specs(num_layers: int, n_heads: int, head_dim: int, d_model: int,
-                      tgt_vocab_size: int, dtype: str = "float32") -> dict[str, GraphSpec]:
-    kv = ("key", "value")
-    cross = lambda n: TensorSpec(n, dtype, ("batch", n_heads, "src_len", head_dim))  # noqa: E731
-    encoder = GraphSpec(
-        "encoder",
-        inputs=(
-            TensorSpec(INPUT_IDS, "int64", ("batch", "src_len")),
-            TensorSpec(ATTENTION_MASK, "int64", ("batch", "src_len")),
-        ),
-        outputs=(TensorSpec(ENCODER_HIDDEN_STATES, dtype, ("batch", "src_len", d_model)),)
-        + tuple(cross(present_kv(i, "encoder", x)) for i in range(num_layers) for x in kv),
-    )
-    decoder = GraphSpec(
-        "decoder",
-        inputs=(
-            TensorSpec(INPUT_IDS, "int64", ("batch", "tgt_len")),
-            TensorSpec(ENCODER_ATTENTION_MASK, "int64", ("batch", "src_len")),
-        )
-        + tuple(cross(past_kv(i, "encoder", x)) for i in range(num_layers) for x in kv)
-        + tuple(
-            TensorSpec(past_kv(i, "decoder", x), dtype, ("batch", n_heads, "past_len", head_dim))
-            for i in range(num_layers)
-            for x in kv
-        ),
-        outputs=(TensorSpec(LOGITS, dtype, ("batch", "tgt_len", tgt_vocab_size)),)
-        + tuple(
-            TensorSpec(present_kv(i, "decoder", x), dtype, ("batch", n_heads, "past_len + tgt_len", head_dim))
-            for i in range(num_layers)
-            for x in kv
-        ),
-    )
-    return {"encoder": encoder, "decoder": decoder}
-
-
-# --- mamba ---------------------------------------------------------------------------------------
-
-
-def mamba_specs(n_layer: int, d_inner: int, d_conv: int, d_state: int, vocab_size: int,
-                dtype: str = "float32", prefill_len: int | None = None) -> dict[str, GraphSpec]:
-    """The SSM state and the logits stay float32 in every export; the conv state follows
-    the model dtype. `prefill_len` fixes the prefill length (the `unrolled` scan)."""
-
-    def graph(name, length):
-        states_in = tuple(
-            t
-            for i in range(n_layer)
-            for t in (
-                TensorSpec(past_conv(i), dtype, ("batch", d_inner, d_conv)),
-                TensorSpec(past_ssm(i), "float32", ("batch", d_inner, d_state)),
-            )
-        )
-        states_out = tuple(
-            t
-            for i in range(n_layer)
-            for t in (
-                TensorSpec(present_conv(i), dtype, ("batch", d_inner, d_conv)),
-                TensorSpec(present_ssm(i), "float32", ("batch", d_inner, d_state)),
-            )
-        )
-        return GraphSpec(
-            name,
-            inputs=(TensorSpec(INPUT_IDS, "int64", ("batch", length)),) + states_in,
-            outputs=(TensorSpec(LOGITS, "float32", ("batch", length, vocab_size)),) + states_out,
-        )
-
-    return {"prefill": graph("prefill", prefill_len or "seq_len"), "step": graph("step", 1)}

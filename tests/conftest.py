@@ -43,8 +43,8 @@ def mamba_exports(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bundled_exports(tmp_path_factory):
     """family -> (checkpoint, exported folder) of the bundled trained models."""
+    from seqexport.checkpoints import bundled
     from seqexport.checkpoints.io import load_checkpoint
-    from seqexport.checkpoints.presets import BUNDLED
     from seqexport.families.mamba.export import export_mamba
     from seqexport.families.transformer.export import export_transformer
 
@@ -52,9 +52,9 @@ def bundled_exports(tmp_path_factory):
 
     def get(family):
         if family not in made:
-            ckpt = load_checkpoint(BUNDLED[family])
+            ckpt = load_checkpoint(bundled(family))
             out = tmp_path_factory.mktemp("bundled") / family
-            tokenizer = __import__("json").loads((BUNDLED[family] / "config.json").read_text())["tokenizer"]
+            tokenizer = __import__("json").loads((bundled(family) / "config.json").read_text())["tokenizer"]
             if family == "transformer":
                 export_transformer(ckpt, None, out, tokenizer=tokenizer)
             else:

@@ -6,7 +6,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from seqexport import specs as S
+from seqexport.families.mamba import specs as S
 from tests.conftest import UNROLLED_LEN
 
 ATOL = 1e-4

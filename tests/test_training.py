@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from seqexport.checkpoints.io import load_checkpoint
+from seqexport.families.mamba.runtime import MambaSteps
+from seqexport.families.mamba.training import prompt_ids as mamba_prompt
 from seqexport.runtime.tokenizer import ByteTokenizer
 from seqexport.training.dates import FORMATS, WEEKDAYS, format_date, make_split, split_of
-from seqexport.training.train import decode, mamba_prompt
+from seqexport.training.train import decode
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETRAINED = ROOT / "models" / "pretrained"
@@ -116,7 +118,7 @@ def test_training_script_runs(family, tmp_path):
         from seqexport.runtime.tokenizer import encode_prompt
 
         tok = ByteTokenizer()
-        assert encode_prompt(raw["tokenizer"], family, "x") == mamba_prompt("x", tok)
+        assert encode_prompt(raw["tokenizer"], MambaSteps.prompt_frame, "x") == mamba_prompt("x", tok)
 
 
 # --------------------------------------------------------- bundled models

@@ -9,7 +9,7 @@ import pytest
 import torch
 from seqexport.models.transformer import generate_mask, padding_mask
 
-from seqexport import specs as S
+from seqexport.families.transformer import specs as S
 
 ATOL = 1e-4
 

@@ -11,7 +11,8 @@ from onnx import numpy_helper
 
 from seqexport.cli import cli
 from seqexport.manifest import sha256_file
-from seqexport.parity.validate import _free_case, validate
+from seqexport.parity.checks import free_case
+from seqexport.parity.validate import validate
 
 
 def damaged_copy(folder, tmp_path, graph, initializer, delta=1e-2, edit=None):
@@ -110,14 +111,27 @@ def test_changed_checkpoint_is_an_error_unless_named(transformer_tiny, tmp_path)
     assert result.exit_code == 0, result.output
 
 
+class FixedLogits:
+    """A reference decoder whose every step yields the same logits (to exercise the tie rule)."""
+
+    def __init__(self, logits):
+        self.logits = logits[None]  # (1, v)
+
+    def begin(self, rows, start_id=None):
+        return self.logits, None
+
+    def step(self, tokens, state):
+        return self.logits, None
+
+
 def test_free_running_rule_tie_vs_real_divergence():
     tie = np.zeros(10, np.float32)
     tie[3] = tie[7] = 5.0  # an exact tie: eager argmax takes 3, ONNX took 7
-    case = _free_case(0, [7, 1, 1], 3, lambda prefix: tie, atol=1e-4, rtol=1e-3)
+    case = free_case(0, [7, 1, 1], 3, FixedLogits(tie), [1], None, atol=1e-4, rtol=1e-3)
     assert case.passed and "near-tie" in case.note and "step 0" in case.note
     clear = np.zeros(10, np.float32)
     clear[3] = 5.0  # eager is sure of 3; ONNX's 7 is a real divergence
-    case = _free_case(0, [3, 7], 2, lambda prefix: clear, atol=1e-4, rtol=1e-3)
+    case = free_case(0, [3, 7], 2, FixedLogits(clear), [1], None, atol=1e-4, rtol=1e-3)
     assert not case.passed and "real divergence" in case.note and "step 1" in case.note
 
 

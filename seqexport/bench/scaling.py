@@ -19,14 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from seqexport.bench.run import (
-    mamba_state,
-    measure_bandwidth,
-    step_weight_bytes,
-    time_paired,
-    transformer_state,
-)
-from seqexport.errors import UsageError
+from seqexport import families
+from seqexport.bench.timing import measure_bandwidth, time_paired
+from seqexport.errors import ArtifactError, UsageError
 from seqexport.manifest import read_manifest
 from seqexport.runtime.models import load
 from seqexport.runtime.session import cuda_usable
@@ -41,27 +36,28 @@ def _providers(providers) -> list[str]:
     return list(providers)
 
 
-def _weights(folder: Path, manifest: dict) -> int:
+def _weights(folder: Path, manifest: dict, bench) -> int:
     from seqexport.parity.validate import eager_checkpoint
 
     model = eager_checkpoint(folder, manifest, None).model
-    return step_weight_bytes(manifest["family"], model, manifest["dtype"])
+    return bench.step_weight_bytes(model, manifest["dtype"])
 
 
-def _point(rt, batch: int, context: int, repeats: int, rng) -> dict:
+def _point(rt, bench, batch: int, context: int, repeats: int, rng) -> dict:
     """The runtime's one-token step with a state as after `context` tokens: median ms, state bytes."""
-    if rt.family == "transformer":
-        state = transformer_state(rt, batch, context, SRC_LEN, rng)
-    else:
-        state = mamba_state(rt, batch, rng)
+    state = bench.decode_state(rt, batch, context, rng, SRC_LEN)
     tokens = rng.integers(1, rt.vocab_size, batch, dtype=np.int64)
     med = time_paired({"step": lambda: rt.step(tokens, state)}, repeats, 0.05)
     return {"context": context, "step_ms": med["step"] * 1e3, "state_bytes": state.nbytes}
 
 
 def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, providers=None, threads: int = 2,
-                    repeats: int = 5, batch: int = 1, log: Callable[[str], None] | None = None) -> dict:
-    """Per-token decode latency and cache/state bytes at each context, for each labelled folder."""
+                    repeats: int = 5, batch: int = 1, log: Callable[[str], None] | None = None,
+                    bandwidth_mb: int = 512) -> dict:
+    """Per-token decode latency and cache/state bytes at each context, for each labelled folder.
+
+    The family's bench module builds the state (`decode_state`) and says which contexts
+    the model can hold (`check_contexts`)."""
     log = log or (lambda msg: None)
     rng = np.random.default_rng(0)
     result = {"contexts": list(contexts), "threads": threads, "batch": batch, "src_len": SRC_LEN,
@@ -70,10 +66,12 @@ def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, p
         folder = Path(folder)
         manifest = read_manifest(folder, verify=False)
         family = manifest["family"]
-        if family == "transformer" and max(contexts) >= manifest["config"]["max_len"]:
-            raise UsageError(f"{folder}: context {max(contexts)} exceeds the positional table "
-                             f"({manifest['config']['max_len']} positions)")
-        weights = _weights(folder, manifest)
+        bench = families.get(family, ArtifactError, where=str(folder)).bench()
+        try:
+            bench.check_contexts(manifest["config"], contexts)
+        except UsageError as e:
+            raise UsageError(f"{folder}: {e}") from None
+        weights = _weights(folder, manifest, bench)
         for provider in _providers(providers):
             rt = load(folder, provider, threads=threads)
             entry = {"label": label, "folder": str(folder), "family": family, "provider": rt.provider,
@@ -81,9 +79,9 @@ def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, p
                      "points": []}
             for context in contexts:
                 log(f"  {label} on {rt.provider}: context {context}")
-                entry["points"].append(_point(rt, batch, context, repeats, rng))
+                entry["points"].append(_point(rt, bench, batch, context, repeats, rng))
             result["models"].append(entry)
-    bw = measure_bandwidth(threads=threads)
+    bw = measure_bandwidth(bandwidth_mb, threads=threads)
     result["bandwidth_gbs"] = bw["gbs"]
     result["load_average_end"] = list(os.getloadavg())
     for m in result["models"]:

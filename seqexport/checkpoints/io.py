@@ -2,7 +2,8 @@
 
 `pytorch_model.bin` is also read, always with `torch.load(weights_only=True)`, so
 a pickle that carries code is refused. Mamba checkpoints are also read in the
-original state-spaces and the Hugging Face layouts (see `mamba_layouts`).
+original state-spaces and the Hugging Face layouts (see `families/mamba/layouts.py`):
+each family's `checkpoints` module reads its layouts.
 """
 
 import hashlib
@@ -17,9 +18,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from seqexport import families
 from seqexport.errors import CheckpointError
+from seqexport.jsonfile import read_json_object
 
-FAMILIES = ("transformer", "mamba")
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -34,43 +36,30 @@ class Checkpoint:
 
 
 def family_of(config: dict) -> str:
-    """Which model family a config.json describes."""
-    family = config.get("family")
-    if family is not None:
-        if family not in FAMILIES:
-            raise CheckpointError(f"config.json names family {family!r}; expected one of {FAMILIES}")
-        return family
-    if config.get("model_type") == "mamba" or "ssm_cfg" in config or {"d_model", "n_layer"} <= set(config):
-        return "mamba"
-    raise CheckpointError(
-        "config.json names no model family: expected a 'family' key "
-        f"({' or '.join(FAMILIES)}), a Hugging Face 'model_type': 'mamba', or a state-spaces Mamba config"
-    )
+    """Which model family a config.json describes: its "family" key, else a public layout."""
+    name = config.get("family")
+    if name is not None:
+        return families.get(name, CheckpointError, where="config.json").name
+    found = families.detect(config)
+    if found is None:
+        raise CheckpointError(
+            f"config.json names no model family: expected a 'family' key (one of {families.names()}) "
+            "or a public layout (Hugging Face 'model_type': 'mamba', or a state-spaces Mamba config)"
+        )
+    return found.name
 
 
 def config_from_dict(family: str, d: dict):
     # Keys our own config.json adds beside the model's fields.
     d = {k: v for k, v in d.items() if k not in ("family", "tokenizer", "eval")}
     try:
-        if family == "transformer":
-            from seqexport.models.transformer import TransformerConfig
-
-            return TransformerConfig.from_dict(d)
-        from seqexport.families.mamba.layouts import mamba_config_from_json
-
-        return mamba_config_from_json(d)
+        return families.get(family).checkpoints().config_from_dict(d)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"invalid {family} config: {e}") from None
 
 
 def build_model(family: str, config) -> nn.Module:
-    if family == "transformer":
-        from seqexport.models.transformer import Transformer
-
-        return Transformer(config)
-    from seqexport.models.mamba import MambaLM
-
-    return MambaLM(config)
+    return families.get(family).checkpoints().build_model(config)
 
 
 def checkpoint_extra(ckpt: "Checkpoint", key: str):
@@ -119,24 +108,16 @@ def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} is not a folder (expected config.json + model.safetensors)")
-    cfg_path = path / CONFIG_FILE
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {str(path)!r} has no {CONFIG_FILE}") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{cfg_path} must hold a JSON object, found {type(raw).__name__}")
+    raw = read_json_object(path / CONFIG_FILE, CheckpointError, f"checkpoint {str(path)!r} has no {CONFIG_FILE}")
     found = family_of(raw)
     if family is not None and found != family:
         raise CheckpointError(f"checkpoint {str(path)!r} holds a {found} model; expected a {family} model")
     config = config_from_dict(found, raw)
     state = read_weights(path)
-    if found == "mamba":
-        from seqexport.families.mamba.layouts import convert_mamba_state_dict
-
-        state = convert_mamba_state_dict(state, config)
+    try:
+        state = families.get(found).checkpoints().convert_state_dict(state, config)
+    except ValueError as e:
+        raise CheckpointError(f"weights in {path} do not fit their config.json: {e}") from None
     model = build_model(found, config)
     check_state_dict(model, state, where=str(path))
     model.load_state_dict(state, strict=True)

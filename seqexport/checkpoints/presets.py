@@ -1,47 +1,34 @@
 """Named model shapes with random weights (fixed seed), for users without a checkpoint,
-and the bundled trained checkpoints used when neither is given."""
+and the bundled trained checkpoints used when neither is given. Each family declares its
+presets and bundled checkpoint (`seqexport.families`)."""
 
 from pathlib import Path
 
 import torch
 
 import seqexport.models
+from seqexport import families
 from seqexport.checkpoints.io import Checkpoint, build_model, load_checkpoint
 from seqexport.errors import UsageError
 
 PRETRAINED = Path(seqexport.models.__file__).resolve().parent / "pretrained"
-BUNDLED = {"transformer": PRETRAINED / "transformer-dates", "mamba": PRETRAINED / "mamba-dates"}
 
-PRESETS = {
-    "transformer": {
-        "tiny": dict(src_vocab_size=100, tgt_vocab_size=100, d_model=64, n_heads=4, d_ff=128,
-                     num_layers=2, max_len=512),
-        # the notes' sizes (Transformer-base)
-        "base": dict(src_vocab_size=10000, tgt_vocab_size=10000, d_model=512, n_heads=8,
-                     d_ff=2048, num_layers=6, max_len=5000),
-    },
-    "mamba": {
-        "tiny": dict(d_model=64, n_layer=2, d_state=16, vocab_size=100),
-        # the mamba-130m shape
-        "130m": dict(d_model=768, n_layer=24, d_state=16, vocab_size=50280),
-    },
-}
+
+def bundled(family: str) -> Path | None:
+    """The folder of the family's bundled trained checkpoint, if it declares one."""
+    name = families.get(family, UsageError).bundled
+    return PRETRAINED / name if name else None
 
 
 def preset_names(family: str) -> list[str]:
-    return list(PRESETS[family])
+    return list(families.get(family, UsageError).presets)
 
 
 def preset_config(family: str, name: str):
-    if name not in PRESETS[family]:
-        raise UsageError(f"unknown {family} preset {name!r}; expected one of {preset_names(family)}")
-    if family == "transformer":
-        from seqexport.models.transformer import TransformerConfig
-
-        return TransformerConfig(**PRESETS[family][name])
-    from seqexport.models.mamba import MambaConfig
-
-    return MambaConfig(**PRESETS[family][name])
+    presets = families.get(family, UsageError).presets
+    if name not in presets:
+        raise UsageError(f"unknown {family} preset {name!r}; expected one of {list(presets)}")
+    return families.get(family).checkpoints().Config(**presets[name])
 
 
 def build_preset(family: str, name: str, seed: int = 0) -> Checkpoint:
@@ -63,6 +50,7 @@ def resolve_model(family: str, checkpoint: str | None, preset: str | None, seed:
         return load_checkpoint(checkpoint, family=family), None
     if preset:
         return build_preset(family, preset, seed), preset
-    if (BUNDLED[family] / "config.json").exists():
-        return load_checkpoint(BUNDLED[family], family=family), None
+    folder = bundled(family)
+    if folder is not None and (folder / "config.json").exists():
+        return load_checkpoint(folder, family=family), None
     return build_preset(family, "tiny", seed), "tiny"

@@ -1,0 +1,34 @@
+"""The registry of model families: each kind is declared once, in its own package, and
+listed here once. Everything outside `seqexport/families/` asks this registry instead of
+comparing family names. See docs/adding-a-family.md."""
+
+from seqexport.errors import SeqexportError
+from seqexport.families.base import Family
+from seqexport.families.mamba import FAMILY as MAMBA
+from seqexport.families.transformer import FAMILY as TRANSFORMER
+
+REGISTRY: dict[str, Family] = {f.name: f for f in (TRANSFORMER, MAMBA)}
+
+__all__ = ["REGISTRY", "Family", "detect", "eager_model", "get", "names"]
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name, error: type[SeqexportError] = SeqexportError, where: str = "") -> Family:
+    """The family called `name`; `error` (naming `where`) for an unknown one."""
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise error(f"{where + ': ' if where else ''}unknown model family {name!r}; expected one of {names()}")
+    return REGISTRY[name]
+
+
+def detect(config: dict) -> Family | None:
+    """The family of a config.json that names none (a public layout), or None."""
+    found = [f for f in REGISTRY.values() if f.detect(config)]
+    return found[0] if len(found) == 1 else None
+
+
+def eager_model(ckpt, tokenizer=None, cache: bool = True, device="cpu"):
+    """The eager model of a loaded checkpoint behind the runtime's step API (needs torch)."""
+    return get(ckpt.family).eager().Eager(ckpt.model, tokenizer, cache=cache, device=device)

@@ -6,8 +6,11 @@
 """
 
 from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
+from seqexport.families.mamba.runtime import MambaModel
+from seqexport.families.transformer.runtime import TransformerModel
+from seqexport.runtime.base import State
 from seqexport.runtime.generate import Generator, SearchOptions, beam_search, generate, stream
-from seqexport.runtime.models import MambaModel, State, TransformerModel, load
+from seqexport.runtime.models import load
 
 __all__ = [
     "ArtifactError", "Generator", "InputError", "MambaModel", "SearchOptions", "SeqexportError", "State",

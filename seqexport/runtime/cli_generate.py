@@ -26,7 +26,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, **search) -> 
     if texts:
         if tok is None:
             raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
-        prompts = [encode_prompt(model.manifest["tokenizer"], model.family, t) for t in texts]
+        prompts = [encode_prompt(model.manifest["tokenizer"], model.prompt_frame, t) for t in texts]
     else:
         prompts = [parse_ids(s) for s in ids]
     options = SearchOptions(**search)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqexport.errors import InputError, UsageError
-from seqexport.runtime.models import MambaModel, State, TransformerModel
+from seqexport.runtime.base import RuntimeModel, State
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _as_rows(prompts) -> list[list[int]]:
 class Generator:
     """Step-by-step generation of a batch; the state stays visible as `self.state`."""
 
-    def __init__(self, model: TransformerModel | MambaModel, options: SearchOptions | None = None):
+    def __init__(self, model: RuntimeModel, options: SearchOptions | None = None):
         self.model = model
         self.options = options or SearchOptions()
         if self.options.num_beams > 1:
@@ -112,42 +112,10 @@ class Generator:
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
         rows = _as_rows(prompts)
-        if self.model.family == "transformer":
-            self._start_transformer(rows)
-        else:
-            self._start_mamba(rows)
+        self._logits, self.state = self.model.begin(rows, self.options.start_id)
         self.sequences = [[] for _ in rows]
         self._done = np.zeros(len(rows), bool)
         self._steps = 0
-
-    def _start_transformer(self, rows):
-        m = self.model
-        src = np.full((len(rows), max(map(len, rows))), m.pad_id, np.int64)
-        mask = np.zeros_like(src)
-        for i, r in enumerate(rows):
-            src[i, : len(r)] = r
-            mask[i, : len(r)] = 1
-        start = self.options.start_id
-        if start is None:
-            start = m.tokenizer.bos_id if m.tokenizer else 1
-        self.state = m.start(src, mask)
-        self._logits, self.state = m.step(np.full(len(rows), start, np.int64), self.state)
-
-    def _start_mamba(self, rows):
-        # Rows of equal length are prefilled together, then the states are joined in order.
-        m = self.model
-        by_len: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            by_len.setdefault(len(r), []).append(i)
-        states, logits, order = [], [], []
-        for _, idx in sorted(by_len.items()):
-            lg, st = m.step(np.array([rows[i] for i in idx], np.int64), m.start(len(idx)))
-            states.append(st)
-            logits.append(lg[:, -1])
-            order += idx
-        inverse = np.argsort(order)
-        self.state = State.concat(states).select(inverse)
-        self._logits = np.concatenate(logits)[inverse]
 
     def is_done(self) -> bool:
         if self._done is None:
@@ -205,14 +173,15 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def beam_search(model: TransformerModel, prompts, options: SearchOptions) -> list[list[int]]:
+def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[list[int]]:
     """Beam search for the transformer; each source row keeps num_beams hypotheses.
 
     Finished hypotheses are scored sum(log p) / length ** length_penalty; a row stops
     when it has num_beams finished ones (early stopping), so num_beams=1 is greedy.
     """
-    if model.family != "transformer":
-        raise UsageError("beam search is implemented for the transformer family")
+    if not model.supports_beams:
+        raise UsageError(f"beam search is not available for the {model.family} family "
+                         "(its state rows cannot be reordered mid-decode); use greedy or sampling")
     k = options.num_beams
     eos = _eos(model, options)
     rows = _as_rows(prompts)

@@ -67,15 +67,10 @@ class ByteTokenizer:
         return tok
 
 
-# How a prompt is framed for each family when the tokenizer record does not say:
-# the transformer source ends with eos; a decoder-only prompt starts with bos.
-DEFAULT_PROMPT = {"transformer": {"bos": False, "suffix": "", "eos": True},
-                  "mamba": {"bos": True, "suffix": "", "eos": False}}
-
-
-def encode_prompt(record: dict, family: str, text: str) -> list[int]:
+def encode_prompt(record: dict, default_frame: dict, text: str) -> list[int]:
     """Text -> prompt ids as the model was trained: the record's "prompt" framing
-    ({"bos", "suffix", "eos"}, e.g. the Mamba date task's " = " suffix) or the family default."""
-    frame = {**DEFAULT_PROMPT[family], **record.get("prompt", {})}
+    ({"bos", "suffix", "eos"}, e.g. the Mamba date task's " = " suffix), else the family's
+    `default_frame` (the runtime model's `prompt_frame`)."""
+    frame = {**default_frame, **record.get("prompt", {})}
     tok = ByteTokenizer.from_dict(record)
     return tok.encode(text + frame["suffix"], add_bos=frame["bos"], add_eos=frame["eos"])

@@ -1,0 +1,1 @@
+"""Training of the bundled checkpoints: the generic loop (`train`), the date task (`dates`)."""

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-LOWERINGS = ("loop", "unrolled", "parallel")
+from seqexport.families.mamba import LOWERINGS  # declared with the family (the CLI lists them)
+
 CHUNK = 16  # time steps per chunk: unrolled in the loop lowering's Scan body
 
 Scan = Callable[..., tuple[Tensor, Tensor]]

@@ -1,0 +1,34 @@
+"""Mamba-1 (selective state space) language models: prefill.onnx (three scan lowerings) +
+step.onnx with explicit conv/SSM state. The declaration the registry reads (torch-free)."""
+
+import click
+
+from seqexport.families.base import Family
+
+LOWERINGS = ("loop", "unrolled", "parallel")  # the scan lowerings of seqexport.export.scan
+
+
+def _detect(config: dict) -> bool:
+    """The public Mamba layouts: Hugging Face's model_type, or the state-spaces config."""
+    return config.get("model_type") == "mamba" or "ssm_cfg" in config or {"d_model", "n_layer"} <= set(config)
+
+
+FAMILY = Family(
+    name="mamba",
+    package=__name__,
+    graphs=("prefill", "step"),
+    presets={
+        "tiny": dict(d_model=64, n_layer=2, d_state=16, vocab_size=100),
+        # the mamba-130m shape
+        "130m": dict(d_model=768, n_layer=24, d_state=16, vocab_size=50280),
+    },
+    bundled="mamba-dates",
+    detect=_detect,
+    export_options=(
+        click.option("--scan", type=click.Choice(LOWERINGS), default="loop", show_default=True,
+                     help="Lowering of the selective scan in the prefill graph."),
+        click.option("--seq-len", type=click.IntRange(min=1), help="Fixed prefill length (--scan unrolled only)."),
+    ),
+    out_suffix=lambda options: f"-{options.get('scan') or 'loop'}",
+    summary="Export a Mamba LM: prefill.onnx + step.onnx with explicit conv/SSM state.",
+)

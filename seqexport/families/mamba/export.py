@@ -4,6 +4,7 @@ Both graphs take and return every layer's (conv_state, ssm_state); zeros start a
 fresh sequence. The step graph is the model's one-token `step`: no loop in it.
 """
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -14,17 +15,17 @@ from seqexport.export.common import (
     export_graph,
     model_in_dtype,
     step,
-    torch_dtype,
     write_artifact,
 )
 from seqexport.export.scan import LOWERINGS, custom_translation_table, scan_for
+from seqexport.families.mamba.specs import graph_specs
 from seqexport.models.mamba import MambaLM, selective_scan_ref
-from seqexport.specs import GraphSpec, mamba_specs
+from seqexport.parity.inputs import random_inputs
+from seqexport.specs import GraphSpec
 
 
 def specs_for(config, dtype: str = "float32", prefill_len: int | None = None) -> dict[str, GraphSpec]:
-    return mamba_specs(config.n_layer, config.d_inner, config.d_conv, config.d_state, config.vocab_size,
-                       dtype, prefill_len)
+    return graph_specs(config.to_dict(), dtype, prefill_len)
 
 
 def _pairs(flat):
@@ -61,13 +62,17 @@ class StepGraph(nn.Module):
         return (logits[:, None], *_flat(new_state))
 
 
-def example_inputs(config, dtype: torch.dtype, batch: int, length: int):
-    ids = torch.randint(0, config.vocab_size, (batch, length))
-    state = []
-    for _ in range(config.n_layer):
-        state += [torch.randn(batch, config.d_inner, config.d_conv, dtype=dtype),
-                  torch.randn(batch, config.d_inner, config.d_state, dtype=torch.float32)]
-    return (ids, *state)
+def wrapper(model: MambaLM, graph: str, scan=selective_scan_ref) -> nn.Module:
+    """The module each graph is traced from (validate compares with it, with the reference scan)."""
+    return PrefillGraph(model, scan) if graph == "prefill" else StepGraph(model)
+
+
+def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
+    """Inputs for tracing; sizes >= 2 and different from each other so no dim is specialised."""
+    arrays = random_inputs(spec, dict(batch=2, seq_len=length), np.random.default_rng(0))
+    # the SSM state stays float32 whatever the model dtype (DESIGN §4)
+    return tuple(torch.from_numpy(arrays[t.name]).to(dtype) if t.role == "state" and t.dtype != "float32"
+                 else torch.from_numpy(arrays[t.name]) for t in spec.inputs)
 
 
 def export_mamba(ckpt, preset: str | None, out, *, scan: str = "loop", seq_len: int | None = None,
@@ -82,20 +87,22 @@ def export_mamba(ckpt, preset: str | None, out, *, scan: str = "loop", seq_len: 
         raise UsageError(f"--seq-len applies to --scan unrolled only (the {scan} prefill has a dynamic length)")
     specs = specs_for(ckpt.config, dtype, seq_len)
     model = model_in_dtype(ckpt.model, dtype)
-    tdtype = torch_dtype(dtype)
-    # Sizes >= 2 and different from each other so that no dim is specialised.
-    prefill_args = example_inputs(ckpt.config, tdtype, batch=2, length=seq_len or 19)
-    step_args = example_inputs(ckpt.config, tdtype, batch=2, length=1)
+    tdtype = next(model.parameters()).dtype
+    prefill_args = example_inputs(specs["prefill"], tdtype, seq_len or 19)
+    step_args = example_inputs(specs["step"], tdtype, 1)
 
     def build(tmp):
         with torch.no_grad():
             with step(f"exporting prefill (scan: {scan})"):
-                export_graph(PrefillGraph(model, scan_for(scan)), prefill_args, specs["prefill"], tmp / "prefill.onnx",
-                             opset, dynamic_shapes_for(specs["prefill"], varargs_from=1),
+                export_graph(wrapper(model, "prefill", scan_for(scan)), prefill_args, specs["prefill"],
+                             tmp / "prefill.onnx", opset, dynamic_shapes_for(specs["prefill"], varargs_from=1),
                              custom_translation_table(scan))
             with step("exporting step"):
-                export_graph(StepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
+                export_graph(wrapper(model, "step"), step_args, specs["step"], tmp / "step.onnx", opset,
                              dynamic_shapes_for(specs["step"], varargs_from=1))
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
                           options={"scan": scan, "seq_len": seq_len}, tokenizer=tokenizer)
+
+
+export = export_mamba

@@ -1,0 +1,19 @@
+"""The encoder-decoder Transformer of the study notes: encoder.onnx + decoder.onnx with an
+explicit KV cache. The declaration the registry reads (torch-free); see `families.base`."""
+
+from seqexport.families.base import Family
+
+FAMILY = Family(
+    name="transformer",
+    package=__name__,
+    graphs=("encoder", "decoder"),
+    presets={
+        "tiny": dict(src_vocab_size=100, tgt_vocab_size=100, d_model=64, n_heads=4, d_ff=128,
+                     num_layers=2, max_len=512),
+        # the notes' sizes (Transformer-base)
+        "base": dict(src_vocab_size=10000, tgt_vocab_size=10000, d_model=512, n_heads=8,
+                     d_ff=2048, num_layers=6, max_len=5000),
+    },
+    bundled="transformer-dates",
+    summary="Export an encoder-decoder Transformer: encoder.onnx + decoder.onnx (explicit KV cache).",
+)

@@ -1,0 +1,47 @@
+"""What a family's bench module (`seqexport/families/<name>/bench.py`) hands the driver.
+
+`seqexport.bench.run` knows no family: it asks `families.get(name).bench()` for
+
+    PROMPT_LEN: dict[bool, int]      fast -> tokens of generation's prompts (and of the
+                                     transformer's source behind its decode state)
+    TABLE: StepTable                 the step table's title and family columns
+    check_contexts(config, contexts, defaults=(), notes=None) -> tuple[int, ...]
+                                     the contexts to time (UsageError for one the model cannot hold)
+    decode_state(rt, batch, context, rng, prompt_len) -> State
+                                     a runtime state as after `context` tokens
+    step_cases(rt, model, batches, contexts, prompt_len, rng) -> Iterable[Case]
+    prefill_cases(rt, model, batches, contexts, rng, notes) -> Iterable[Case]
+    extra_results(rt, contexts, rng) -> dict      top-level result keys of this family only
+    step_weight_bytes(model, dtype) -> int        weight bytes one decode step reads
+    generation_prompts(rt, batch, prompt_len, rng) -> np.ndarray (b, prompt_len)
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqexport.runtime.base import State
+from seqexport.specs import INPUT_IDS
+
+
+@dataclass
+class Case:
+    """One figure to time. `fns`: `eager*` (torch; also timed at 1 thread), `ort` (the runtime's
+    step: checks and state book-keeping included) and `ort_session` (the bare InferenceSession)."""
+
+    label: str  # what the log says while it is timed
+    row: dict  # the row's fixed fields (batch, context or length, state bytes, ...)
+    fns: dict[str, Callable[[], object]]
+
+
+def bare_session(rt, graph: str, feeds: dict) -> Callable[[], object]:
+    """`InferenceSession.run` of one graph on fixed feeds: ORT without the runtime around it."""
+    session = rt.graphs[graph].session
+    return lambda: session.run(None, feeds)
+
+
+def split_feeds(feeds: dict[str, np.ndarray], length: int) -> tuple[np.ndarray, State]:
+    """A step graph's feeds -> the tokens (b,) and the runtime State of everything else."""
+    tokens = feeds[INPUT_IDS][:, 0]  # (b, 1) -> (b,)
+    return tokens, State({k: v for k, v in feeds.items() if k != INPUT_IDS}, length)

@@ -1,0 +1,64 @@
+"""What a model family declares: one `Family` per model kind, registered in `seqexport.families`.
+
+The declaration itself is torch-free (the runtime and the CLI read it). Everything that needs
+torch lives in sibling modules of the family's package, imported only when asked for:
+
+    seqexport/families/<name>/
+      __init__.py     FAMILY = Family(...)         names, graphs, presets, detection, CLI options
+      specs.py        graph I/O names and GraphSpecs (torch-free)
+      runtime.py      the runtime model: start/step over the graphs (numpy + onnxruntime)
+      checkpoints.py  config from config.json, model from config, public weight layouts
+      export.py       graph wrappers and the export of one checkpoint
+      eager.py        the eager model behind the runtime's step API (the one eager decoder)
+      parity.py       what `validate` feeds and compares
+      bench.py        what `bench` times
+      training.py     the date task framed for this family (bundled checkpoints)
+"""
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the "family" of config.json and manifest.json; the `seqexport export <name>` command
+    package: str  # the package holding the parts listed above
+    graphs: tuple[str, ...]  # graph names, in export order (each is <name>.onnx)
+    presets: dict[str, dict]  # preset name -> config fields (random weights of a named shape)
+    bundled: str | None = None  # trained checkpoint folder under models/pretrained, if any
+    detect: Callable[[dict], bool] = lambda config: False  # a config.json without "family" is ours?
+    export_options: tuple = ()  # click options of `seqexport export <name>` beyond the common ones
+    # exported/<default name><suffix>: e.g. the Mamba scan lowering
+    out_suffix: Callable[[dict], str] = lambda options: ""
+    summary: str = ""  # one line for --help
+
+    def part(self, name: str) -> ModuleType:
+        return importlib.import_module(f"{self.package}.{name}")
+
+    # torch-free
+    def specs(self) -> ModuleType:
+        return self.part("specs")
+
+    def runtime(self) -> ModuleType:
+        return self.part("runtime")
+
+    # torch
+    def checkpoints(self) -> ModuleType:
+        return self.part("checkpoints")
+
+    def exporter(self) -> ModuleType:
+        return self.part("export")
+
+    def eager(self) -> ModuleType:
+        return self.part("eager")
+
+    def parity(self) -> ModuleType:
+        return self.part("parity")
+
+    def bench(self) -> ModuleType:
+        return self.part("bench")
+
+    def training(self) -> ModuleType:
+        return self.part("training")

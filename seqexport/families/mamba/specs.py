@@ -1,0 +1,48 @@
+"""Graph I/O of a Mamba LM: prefill.onnx and step.onnx with every layer's conv and SSM state.
+
+The SSM state and the logits stay float32 in every export; the conv state follows the model
+dtype. Torch-free: the runtime reads it.
+"""
+
+from seqexport.specs import INPUT_IDS, LOGITS, GraphSpec, TensorSpec
+
+__all__ = ["INPUT_IDS", "LOGITS", "graph_specs", "past_conv", "past_ssm", "present_conv", "present_ssm"]
+
+
+def past_conv(i: int) -> str:
+    return f"past_conv_state.{i}"
+
+
+def past_ssm(i: int) -> str:
+    return f"past_ssm_state.{i}"
+
+
+def present_conv(i: int) -> str:
+    return f"present_conv_state.{i}"
+
+
+def present_ssm(i: int) -> str:
+    return f"present_ssm_state.{i}"
+
+
+def graph_specs(config: dict, dtype: str = "float32", prefill_len: int | None = None) -> dict[str, GraphSpec]:
+    """prefill (seq_len tokens; fixed at `prefill_len` for the `unrolled` scan) and step (one token)."""
+    n_layer, d_inner = config["n_layer"], config["expand"] * config["d_model"]
+    d_conv, d_state, vocab = config["d_conv"], config["d_state"], config["vocab_size"]
+
+    def layer_state(conv: str, ssm: str, role: str) -> tuple[TensorSpec, TensorSpec]:
+        return (TensorSpec(conv, dtype, ("batch", d_inner, d_conv), role),
+                TensorSpec(ssm, "float32", ("batch", d_inner, d_state), role))
+
+    def graph(name, length):
+        return GraphSpec(
+            name,
+            inputs=(TensorSpec(INPUT_IDS, "int64", ("batch", length), "tokens", vocab),)
+            + tuple(t for i in range(n_layer) for t in layer_state(past_conv(i), past_ssm(i), "state")),
+            outputs=(TensorSpec(LOGITS, "float32", ("batch", length, vocab)),)
+            + tuple(t for i in range(n_layer) for t in layer_state(present_conv(i), present_ssm(i), "")),
+            feeds=tuple(f for i in range(n_layer)
+                        for f in ((present_conv(i), past_conv(i)), (present_ssm(i), past_ssm(i)))),
+        )
+
+    return {"prefill": graph("prefill", prefill_len or "seq_len"), "step": graph("step", 1)}

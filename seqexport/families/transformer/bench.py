@@ -1,0 +1,111 @@
+"""What `seqexport bench` times of a transformer export (see `seqexport.bench.cases`): the
+cached decoder step (tgt_len 1) at each past length — eager `decode_step` vs the decoder
+graph — and greedy generation from random sources. It has no prefill to time: the encoder
+runs once per source."""
+
+import numpy as np
+import torch
+
+from seqexport.bench.cases import Case, bare_session, split_feeds
+from seqexport.bench.tables import StepTable
+from seqexport.errors import UsageError
+from seqexport.families.transformer.specs import (
+    ATTENTION_MASK,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    KV,
+    past_kv,
+)
+from seqexport.parity.inputs import random_inputs
+from seqexport.runtime.base import State
+from seqexport.runtime.session import NP_DTYPES
+
+PROMPT_LEN = {False: 32, True: 8}  # source tokens: behind the step's cross K/V, and generation's prompts
+TABLE = StepTable("decoder step (tgt_len 1), ms", (("past", "context"),))
+
+
+def max_context(config: dict) -> int:
+    return config["max_len"] - 1  # the step at past T holds position T
+
+
+def check_contexts(config: dict, contexts, defaults=(), notes: list[str] | None = None) -> tuple[int, ...]:
+    """The past lengths to time: the defaults that fit the positional table (noted), or the
+    given ones (UsageError for one that does not fit)."""
+    limit = max_context(config)
+    if contexts is None:
+        keep = tuple(c for c in defaults if c <= limit)
+        if len(keep) < len(defaults) and notes is not None:
+            notes.append(f"contexts above {limit} skipped: the positional table has {config['max_len']} rows")
+        return keep
+    too_long = [c for c in contexts if c > limit]
+    if too_long:
+        raise UsageError(f"--context {too_long[0]}: the decoder's positional table allows a past of at most {limit}")
+    return tuple(contexts)
+
+
+def _self_kv(rt) -> set[str]:
+    """The decoder's own feeds: the self-attention K/V, the part of the state that grows."""
+    return {inp for _, inp in rt.specs["decoder"].feeds}
+
+
+def _step_feeds(rt, batch: int, past: int, rng: np.random.Generator, prompt_len: int) -> dict[str, np.ndarray]:
+    """Every decoder input as after `past` steps: the real mask and cross K/V of a random source
+    of `prompt_len` tokens, random self K/V (the step costs the same whatever they hold)."""
+    sizes = dict(batch=batch, src_len=prompt_len, past_len=past, tgt_len=1)
+    src = random_inputs(rt.specs["encoder"], sizes, rng, pad_rows=False)
+    start = rt.start(src[INPUT_IDS], src[ATTENTION_MASK]).numpy()  # host copies (IO binding)
+    grows = _self_kv(rt)
+    feeds = random_inputs(rt.specs["decoder"], sizes, rng, pad_rows=False)
+    return feeds | {k: v for k, v in start.arrays.items() if k not in grows}
+
+
+def decode_state(rt, batch: int, context: int, rng: np.random.Generator, prompt_len: int = 32) -> State:
+    """A decoder state as after `context` steps (see `_step_feeds`)."""
+    return split_feeds(_step_feeds(rt, batch, context, rng, prompt_len), context)[1]
+
+
+def _eager_step(model, feeds: dict[str, np.ndarray]):
+    """The model's own cached step on the same arrays (as torch tensors, made once)."""
+    t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+    n = model.config.num_layers
+    cross = [tuple(t[past_kv(i, "encoder", x)] for x in KV) for i in range(n)]
+    cache = [tuple(t[past_kv(i, "decoder", x)] for x in KV) for i in range(n)]
+    ids, mask = t[INPUT_IDS], t[ENCODER_ATTENTION_MASK]
+    return lambda: model.decode_step(ids, mask, cross, cache)
+
+
+def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator):
+    """The decoder step at each batch and past length: eager, runtime step, bare session."""
+    grows = _self_kv(rt)
+    for batch in batches:
+        for past in contexts:
+            feeds = _step_feeds(rt, batch, past, rng, prompt_len)
+            tokens, state = split_feeds(feeds, past)
+            row = {"batch": batch, "context": past, "state_bytes": state.nbytes,
+                   "self_kv_bytes": State({k: state.arrays[k] for k in grows}).nbytes}
+            fns = {"eager": _eager_step(model, feeds), "ort": lambda tokens=tokens, state=state: rt.step(tokens, state),
+                   "ort_session": bare_session(rt, "decoder", feeds)}
+            yield Case(f"decoder step: batch {batch}, past {past}", row, fns)
+
+
+def prefill_cases(rt, model, batches, contexts, rng, notes: list[str]):
+    return ()  # the encoder runs once per source: nothing to time per token
+
+
+def extra_results(rt, contexts, rng) -> dict:
+    return {}
+
+
+def step_weight_bytes(model, dtype: str) -> int:
+    """Bytes of weights one decode step reads (each shared tensor once): every decoder layer's
+    self-attention, cross-attention W_q and fc (the cross K/V are cached, so W_k and W_v are
+    not read), feed-forward and norms, plus fc_out; the embedding and positional rows are
+    negligible."""
+    params = {id(p): p for n, p in model.decoder.named_parameters()
+              if not n.startswith("embedding.") and ".cross_attn.W_k." not in n and ".cross_attn.W_v." not in n}
+    return sum(p.numel() for p in params.values()) * np.dtype(NP_DTYPES[dtype]).itemsize
+
+
+def generation_prompts(rt, batch: int, prompt_len: int, rng: np.random.Generator) -> np.ndarray:
+    """Random sources (b, prompt_len), no padding; decoding starts from the tokenizer's bos (else 1)."""
+    return random_inputs(rt.specs["encoder"], dict(batch=batch, src_len=prompt_len), rng)[INPUT_IDS]

@@ -1,0 +1,134 @@
+"""The three checks of `validate`, for any family: graphs on seeded inputs, a teacher-forced
+decode fed in chunks of mixed lengths, and a free-running greedy decode.
+
+The family says only what differs (`seqexport/families/<name>/parity.py`): the graph cases'
+sizes, the module each graph was traced from, how a decode starts, and the prompts.
+"""
+
+import itertools
+
+import numpy as np
+import torch
+
+from seqexport.parity.compare import Comparison, compare
+from seqexport.parity.inputs import random_inputs
+from seqexport.parity.localize import first_divergence
+from seqexport.parity.report import Case
+from seqexport.runtime.generate import SearchOptions, generate
+from seqexport.runtime.session import NP_DTYPES
+
+NEVER = -1  # an eos id that never matches: free-running decodes run all N steps
+CHUNKS = (1, 4, 1, 2, 3)  # teacher-forced chunk lengths after the prompt, cycled
+
+
+def _torch(a: np.ndarray, device) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return (t.float() if t.is_floating_point() else t).to(device)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy()
+
+
+def graph_case(rt, cases, graph: str, label: str, arrays: dict, atol, rtol, device, localize: bool) -> Case:
+    """One graph on one set of inputs, every output compared with the wrapper it was traced from."""
+    spec = rt.specs[graph]
+    feeds = {t.name: arrays[t.name].astype(NP_DTYPES[t.dtype]) for t in spec.inputs}
+    got = rt.graphs[graph].run(feeds)
+    wrapper = cases.wrapper(graph)
+    torch_inputs = tuple(_torch(arrays[n], device) for n in spec.input_names)
+    with torch.no_grad():
+        ref = dict(zip(spec.output_names, (_numpy(o) for o in wrapper(*torch_inputs))))
+    case = Case("graphs", label, [compare(n, got[n], ref[n], atol, rtol) for n in spec.output_names])
+    if not case.passed and localize:
+        providers = rt.graphs[graph].session.get_providers()
+        case.divergence = first_divergence(rt.graphs[graph].path, wrapper, torch_inputs, feeds, atol, rtol,
+                                           providers)
+        if case.divergence is None:
+            case.note = "no single module output diverges beyond tolerance (accumulated error)"
+    return case
+
+
+def graph_cases(rt, cases, rng, atol, rtol, device, localize: bool) -> list[Case]:
+    out = []
+    for graph, sizes, zero in cases.graph_cases():
+        arrays = random_inputs(rt.specs[graph], sizes, rng, zero_state=zero)
+        shape = " ".join(f"{k}={v}" for k, v in sizes.items())
+        label = f"{graph} {shape}" + (" zero state" if zero else "")
+        out.append(graph_case(rt, cases, graph, label, arrays, atol, rtol, device, localize))
+    return out
+
+
+def chunk_lengths(first: int, total: int) -> list[int]:
+    """[first, then CHUNKS cycled] cut to sum to `total`: one token and several tokens per
+    step, each from a non-empty past, as a user may feed them."""
+    out = [min(first, total)]
+    for n in itertools.cycle(CHUNKS):
+        if sum(out) >= total:
+            return out
+        out.append(min(n, total - sum(out)))
+
+
+def teacher_forced(rt, cases, steps: int, atol, rtol, rng) -> Case:
+    """The ONNX decode fed the target in chunks of mixed lengths, every position's logits
+    compared with the eager model's full forward over the whole sequence, and the final
+    state with the eager model's after the whole sequence in one call."""
+    first = cases.prompt_len
+    tokens = rng.integers(1, rt.vocab_size, (cases.batch, first + steps))  # (b, T)
+    start = cases.start_args()
+    chunks = chunk_lengths(first, tokens.shape[1])
+    state, got, pos = rt.start(*start), [], 0
+    for n in chunks:
+        logits, state = rt.step(tokens[:, pos : pos + n], state)  # (b, n, v)
+        got.append(logits)
+        pos += n
+    reference = cases.eager(cache=False)
+    ref_logits, _ = reference.step(tokens, reference.start(*start))  # (b, T, v): one full forward
+    outs = per_position(np.concatenate(got, 1), ref_logits, atol, rtol)
+    cached = cases.eager(cache=True)
+    _, ref_state = cached.step(tokens, cached.start(*start))
+    final = state.numpy()  # host copies when the state lives on the device
+    outs += [compare(f"final {name}", final.arrays[name], ref_state.arrays[name], atol, rtol)
+             for name in ref_state.arrays]
+    label = f"{first + steps} tokens in chunks {chunks}, batch {cases.batch}"
+    return Case("teacher_forced", label, outs)
+
+
+def per_position(got: np.ndarray, ref: np.ndarray, atol, rtol) -> list[Comparison]:
+    """One comparison over all positions' logits (b, T, v); a failure names its first failing position."""
+    whole = compare("logits (all positions)", got, ref, atol, rtol)
+    if whole.passed:
+        return [whole]
+    for t in range(min(got.shape[1], ref.shape[1])):
+        c = compare(f"logits position {t}", got[:, t], ref[:, t], atol, rtol)
+        if not c.passed:
+            return [whole, c]
+    return [whole]
+
+
+def free_running(rt, cases, steps: int, atol, rtol) -> list[Case]:
+    """Greedy ONNX decode of each prompt vs eager greedy with the full forward every step."""
+    rows = cases.prompts()
+    got = generate(rt, rows, SearchOptions(max_new_tokens=steps, eos_id=NEVER, start_id=cases.start_id))
+    reference = cases.eager(cache=False)
+    return [free_case(r, got[r], steps, reference, rows[r], cases.start_id, atol, rtol) for r in range(len(rows))]
+
+
+def free_case(row: int, onnx_tokens, steps: int, reference, prompt, start_id, atol, rtol) -> Case:
+    """Eager greedy (no cache) vs the ONNX tokens of one row; a first difference passes only as
+    a near-tie (the eager top-2 margin within tolerance)."""
+    logits, state = reference.begin([list(prompt)], start_id)
+    for t in range(steps):
+        lg = logits[0]
+        tok = int(lg.argmax())
+        if t >= len(onnx_tokens) or onnx_tokens[t] != tok or not np.isfinite(lg).all():
+            top2 = np.sort(lg)[-2:]
+            margin = float(top2[1] - top2[0])
+            bound = atol + rtol * abs(float(top2[1]))
+            tie = bool(np.isfinite(lg).all()) and margin <= bound
+            other = onnx_tokens[t] if t < len(onnx_tokens) else None
+            note = (f"differs at step {t}: ONNX {other}, eager {tok}, eager top-2 margin {margin:.3g} "
+                    + ("<= tolerance: a near-tie" if tie else f"> tolerance {bound:.3g}: a real divergence"))
+            return Case("free_running", f"row {row}: {t}/{steps} tokens identical", note=note, ok=tie)
+        logits, state = reference.step(np.array([tok], np.int64), state)
+    return Case("free_running", f"row {row}: {steps}/{steps} tokens identical", ok=True)

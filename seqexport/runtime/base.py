@@ -1,0 +1,109 @@
+"""What every exported model has at run time: its graphs, its state, and the step API's
+common part. Each family's runtime model (`seqexport/families/<name>/runtime.py`) builds on
+`RuntimeModel`; every graph I/O name comes from the specs stored in manifest.json.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seqexport.manifest import graph_specs, read_manifest
+from seqexport.runtime.session import NP_DTYPES, Graph, shape_and_dtype, to_numpy
+from seqexport.runtime.tokenizer import ByteTokenizer
+from seqexport.specs import GraphSpec
+
+
+@dataclass
+class State:
+    """What the next step feeds: graph input name -> array, plus tokens consumed so far.
+
+    On CPU the arrays are numpy arrays. With IO binding (the default on CUDA) the
+    cache stays on the device as onnxruntime OrtValues between steps; `numpy()`
+    gives a host copy.
+    """
+
+    arrays: dict[str, np.ndarray]
+    length: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return shape_and_dtype("state", next(iter(self.arrays.values())))[0][0]
+
+    @property
+    def nbytes(self) -> int:
+        total = 0
+        for k, v in self.arrays.items():
+            shape, dtype = shape_and_dtype(k, v)
+            total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return total
+
+    def numpy(self) -> "State":
+        return State({k: to_numpy(v) for k, v in self.arrays.items()}, self.length)
+
+    def select(self, rows) -> "State":
+        """The state of the given batch rows (in that order), e.g. to reorder beams."""
+        rows = np.asarray(rows)
+        return State({k: to_numpy(v)[rows] for k, v in self.arrays.items()}, self.length)
+
+    @staticmethod
+    def concat(states: list["State"]) -> "State":
+        """One batch from several (e.g. Mamba prompts of different lengths prefilled apart)."""
+        keys = states[0].arrays.keys()
+        return State({k: np.concatenate([to_numpy(s.arrays[k]) for s in states]) for k in keys},
+                     max(s.length for s in states))
+
+
+def tokens_2d(tokens) -> tuple[np.ndarray, bool]:
+    """(b,) or (b, t) tokens -> (b, t) and whether the caller gave one token per row."""
+    a = np.asarray(tokens)
+    return (a[:, None], True) if a.ndim == 1 else (a, False)
+
+
+def zero_state(spec: GraphSpec, batch: int, sizes: dict[str, int] | None = None,
+               skip: set[str] | frozenset = frozenset()) -> dict[str, np.ndarray]:
+    """Zeros for every state input of `spec` (a fresh sequence); `sizes` gives symbolic dims
+    other than batch (e.g. past_len 0); inputs named in `skip` are left out."""
+    sizes = {"batch": batch, **(sizes or {})}
+    return {t.name: np.zeros(tuple(sizes[d] if isinstance(d, str) else d for d in t.dims), NP_DTYPES[t.dtype])
+            for t in spec.state_inputs if t.name not in skip}
+
+
+class RuntimeModel:
+    """Common part: manifest, graphs, tokenizer, provider, feeding outputs back as state.
+
+    A family's model adds `vocab_size`, `start(...)`, `step(tokens, state)` and
+    `begin(prompts)` (what generation calls first; see `seqexport.runtime.generate`).
+    """
+
+    family = ""  # the registry name, set by each family's model
+    supports_beams = False  # beam search needs rows that can be reordered mid-decode
+
+    def __init__(self, folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None,
+                 io_binding: bool | None = None, manifest: dict | None = None):
+        self.folder = Path(folder)
+        self.manifest = manifest if manifest is not None else read_manifest(self.folder, verify=verify)
+        self.config = self.manifest["config"]
+        self.specs = graph_specs(self.manifest)
+        self.graphs = {name: Graph(self.folder / self.manifest["graphs"][name]["file"], spec, provider, threads)
+                       for name, spec in self.specs.items()}
+        self.provider = next(iter(self.graphs.values())).provider
+        self._keep = {g: {out for out, _ in spec.feeds} for g, spec in self.specs.items()}
+        # Keep the cache on the device between steps where there is one (no host round trip).
+        self.io_binding = self.provider == "CUDAExecutionProvider" if io_binding is None else io_binding
+        record = self.manifest.get("tokenizer")
+        self.tokenizer = ByteTokenizer.from_dict(record) if record else None
+
+    def _run(self, graph: str, feeds: dict) -> dict:
+        g = self.graphs[graph]
+        if not self.io_binding:
+            return g.run(feeds)
+        return g.run_bound(feeds, keep=self._keep[graph])
+
+    def _fed(self, graph: str, outputs: dict) -> dict:
+        """The state inputs a run of `graph` produced: output -> its declared state input."""
+        return {inp: outputs[out] for out, inp in self.specs[graph].feeds}
+
+    def _feed_back(self, graph: str, outputs: dict, arrays: dict) -> dict:
+        """Next step's arrays: the old ones with every fed state input replaced."""
+        return arrays | self._fed(graph, outputs)
