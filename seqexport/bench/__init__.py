@@ -6,5 +6,5 @@
     timing          how anything is timed: paired medians, bandwidth, RSS
     tables          `format_table` of a run's result
     scaling         decode latency and state size as the context grows (scripts/bench_scaling.py)
-    lowering_study  the Mamba scan lowerings compared (scripts/study_lowerings.py, bench_scan.py)
+    lowering_study  the Mamba scan lowerings compared (scripts/study_lowerings.py)
 """

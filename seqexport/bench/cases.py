@@ -1,6 +1,6 @@
 """What a family's bench module (`seqexport/families/<name>/bench.py`) hands the driver.
 
-`seqexport.bench.run` knows no family: it asks `families.get(name).bench()` for
+`seqexport.bench.run` knows no family: it asks `families.get(name).bench` for
 
     PROMPT_LEN: dict[bool, int]      fast -> tokens of generation's prompts (and of the
                                      transformer's source behind its decode state)

@@ -1,6 +1,6 @@
 """The Mamba scan lowerings side by side: export time, node count, ORT prefill vs eager.
 
-Two framings of the one study (scripts/study_lowerings.py, scripts/bench_scan.py):
+Two framings of the one study (scripts/study_lowerings.py; --d-inner for the scan alone):
 
 - `study(preset)`: the whole model. The preset is exported once per lowering (at the
   prefill length L for `unrolled`), its prefill graph's nodes counted, and a batch-1

@@ -25,7 +25,7 @@ ratios use the faster eager — see `timing.time_eager_and_ort`):
   bound: the weight bytes one decode step must read ÷ that bandwidth, the least
   time a memory-bound batch-1 step can take.
 
-What is family-specific comes from `families.get(family).bench()` (see `cases`).
+What is family-specific comes from `families.get(family).bench` (see `cases`).
 """
 
 import os
@@ -147,7 +147,7 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
     threads = _check_sizes("threads", [threads])[0]
     manifest = read_manifest(folder, verify=False)
     family, dtype = manifest["family"], manifest["dtype"]
-    bench = families.get(family, ArtifactError, where=str(folder / MANIFEST)).bench()
+    bench = families.get(family, ArtifactError, where=str(folder / MANIFEST)).bench
     notes: list[str] = []
     contexts = bench.check_contexts(manifest["config"], contexts, cfg["contexts"], notes)
     prompt_len = bench.PROMPT_LEN[bool(fast)]

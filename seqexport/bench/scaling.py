@@ -66,7 +66,7 @@ def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, p
         folder = Path(folder)
         manifest = read_manifest(folder, verify=False)
         family = manifest["family"]
-        bench = families.get(family, ArtifactError, where=str(folder)).bench()
+        bench = families.get(family, ArtifactError, where=str(folder)).bench
         try:
             bench.check_contexts(manifest["config"], contexts)
         except UsageError as e:

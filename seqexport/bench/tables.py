@@ -47,7 +47,7 @@ def format_table(result: dict) -> str:
         f"ratios: ORT (runtime step) ÷ the faster eager of torch at {n} thread(s) and at 1",
         "",
     ]
-    table: StepTable = families.get(r["family"]).bench().TABLE
+    table: StepTable = families.get(r["family"]).bench.TABLE
     lines.append(table.title)
     lines += _table(
         ["batch", *(h for h, _ in table.columns), "state MB", f"eager {n}t", "eager 1t", "ORT", "ORT bare",

@@ -53,13 +53,13 @@ def config_from_dict(family: str, d: dict):
     # Keys our own config.json adds beside the model's fields.
     d = {k: v for k, v in d.items() if k not in ("family", "tokenizer", "eval")}
     try:
-        return families.get(family).checkpoints().config_from_dict(d)
+        return families.get(family).checkpoints.config_from_dict(d)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"invalid {family} config: {e}") from None
 
 
 def build_model(family: str, config) -> nn.Module:
-    return families.get(family).checkpoints().build_model(config)
+    return families.get(family).checkpoints.build_model(config)
 
 
 def checkpoint_extra(ckpt: "Checkpoint", key: str):
@@ -115,7 +115,7 @@ def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     config = config_from_dict(found, raw)
     state = read_weights(path)
     try:
-        state = families.get(found).checkpoints().convert_state_dict(state, config)
+        state = families.get(found).checkpoints.convert_state_dict(state, config)
     except ValueError as e:
         raise CheckpointError(f"weights in {path} do not fit their config.json: {e}") from None
     model = build_model(found, config)

@@ -28,7 +28,7 @@ def preset_config(family: str, name: str):
     presets = families.get(family, UsageError).presets
     if name not in presets:
         raise UsageError(f"unknown {family} preset {name!r}; expected one of {list(presets)}")
-    return families.get(family).checkpoints().Config(**presets[name])
+    return families.get(family).checkpoints.Config(**presets[name])
 
 
 def build_preset(family: str, name: str, seed: int = 0) -> Checkpoint:

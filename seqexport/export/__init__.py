@@ -11,4 +11,4 @@ def export_model(ckpt, preset: str | None, out, **options):
     """Export a loaded checkpoint of any registered family (options as its `export` takes)."""
     from seqexport import families
 
-    return families.get(ckpt.family).exporter().export(ckpt, preset, out, **options)
+    return families.get(ckpt.family).export.export(ckpt, preset, out, **options)

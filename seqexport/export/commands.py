@@ -33,7 +33,7 @@ def _command(family: families.Family) -> click.Command:
         from seqexport.checkpoints import checkpoint_extra, resolve_model
 
         ckpt, preset = resolve_model(family.name, checkpoint, preset, seed)
-        family.exporter().export(ckpt, preset, out or default_out(family, ckpt, preset, options), opset=opset,
+        family.export.export(ckpt, preset, out or default_out(family, ckpt, preset, options), opset=opset,
                                  dtype=dtype, overwrite=overwrite, tokenizer=checkpoint_extra(ckpt, "tokenizer"),
                                  **options)
 

@@ -31,4 +31,4 @@ def detect(config: dict) -> Family | None:
 
 def eager_model(ckpt, tokenizer=None, cache: bool = True, device="cpu"):
     """The eager model of a loaded checkpoint behind the runtime's step API (needs torch)."""
-    return get(ckpt.family).eager().Eager(ckpt.model, tokenizer, cache=cache, device=device)
+    return get(ckpt.family).eager.Eager(ckpt.model, tokenizer, cache=cache, device=device)

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 from types import ModuleType
 
 
+class _Part:
+    """A family part, the sibling module of the same name, imported when first read."""
+
+    def __set_name__(self, owner, name):
+        self.module = name
+
+    def __get__(self, family, owner=None):
+        return self if family is None else family.part(self.module)
+
+
 @dataclass(frozen=True)
 class Family:
     name: str  # the "family" of config.json and manifest.json; the `seqexport export <name>` command
@@ -37,28 +47,12 @@ class Family:
     def part(self, name: str) -> ModuleType:
         return importlib.import_module(f"{self.package}.{name}")
 
-    # torch-free
-    def specs(self) -> ModuleType:
-        return self.part("specs")
-
-    def runtime(self) -> ModuleType:
-        return self.part("runtime")
-
-    # torch
-    def checkpoints(self) -> ModuleType:
-        return self.part("checkpoints")
-
-    def exporter(self) -> ModuleType:
-        return self.part("export")
-
-    def eager(self) -> ModuleType:
-        return self.part("eager")
-
-    def parity(self) -> ModuleType:
-        return self.part("parity")
-
-    def bench(self) -> ModuleType:
-        return self.part("bench")
-
-    def training(self) -> ModuleType:
-        return self.part("training")
+    # The parts, each imported on first use: `family.export.export(...)`, `family.runtime.Model`.
+    specs = _Part()  # torch-free
+    runtime = _Part()  # torch-free
+    checkpoints = _Part()
+    export = _Part()
+    eager = _Part()
+    parity = _Part()
+    bench = _Part()
+    training = _Part()

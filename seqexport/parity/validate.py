@@ -70,7 +70,7 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
     device = "cuda" if rt.provider == "CUDAExecutionProvider" and torch.cuda.is_available() else "cpu"
     model = ckpt.model.to(device).float().eval()
     rng = np.random.default_rng(seed)
-    cases = families.get(manifest["family"]).parity().Cases(model, rt, rng, batch, device)
+    cases = families.get(manifest["family"]).parity.Cases(model, rt, rng, batch, device)
     report = Report(str(folder), manifest["family"], manifest["dtype"], rt.provider, device, atol, rtol,
                     steps, batch, seed, str(ckpt.path))
     report.cases += checks.graph_cases(rt, cases, rng, atol, rtol, device, localize)

@@ -24,5 +24,5 @@ def load(folder: str | Path, provider: str = "auto", verify: bool = True, thread
     if manifest is None:
         manifest = read_manifest(folder, verify=verify)
     family = families.get(manifest["family"], ArtifactError, where=f"{Path(folder) / MANIFEST}")
-    return family.runtime().Model(folder, provider=provider, threads=threads, io_binding=io_binding,
+    return family.runtime.Model(folder, provider=provider, threads=threads, io_binding=io_binding,
                                   manifest=manifest)

@@ -52,7 +52,7 @@ class TrainConfig:
 
 def task(family: str):
     """The family's framing of the date task (its `training` module)."""
-    return families.get(family, UsageError).training()
+    return families.get(family, UsageError).training
 
 
 def tokenizer_record(family: str) -> dict:
@@ -98,7 +98,7 @@ def train(family: str, model_config, cfg: TrainConfig, log: Log = print) -> nn.M
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tok = ByteTokenizer()
-    model = families.get(family).checkpoints().build_model(model_config).float().train()
+    model = families.get(family).checkpoints.build_model(model_config).float().train()
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     # Every step sees fresh pairs: the whole stream is drawn up front (fast: stdlib only).
     pairs = bucket_by_length(make_split("train", cfg.steps * cfg.batch_size, seed=cfg.seed), cfg)
@@ -129,7 +129,7 @@ def decode(family: str, model: nn.Module, inputs: Sequence[str], batch_size: int
     """Eager greedy decoding of `inputs` with a trained `family` model (stops at eos)."""
     record = tokenizer_record(family)
     tok = ByteTokenizer.from_dict(record)
-    eager = families.get(family).eager().Eager(model.eval(), tok)
+    eager = families.get(family).eager.Eager(model.eval(), tok)
     prompts = [encode_prompt(record, eager.prompt_frame, x) for x in inputs]
     out: list[list[int]] = []
     with torch.inference_mode():
