@@ -81,7 +81,9 @@ def verify_file(folder: Path, graph: str, file: str, sha: str, size: int) -> Non
 
 
 def graph_specs(manifest: dict) -> dict[str, GraphSpec]:
-    return {name: GraphSpec.from_dict(name, g) for name, g in manifest["graphs"].items()}
+    # For manifests of seqexport 0.1.0 (no declared token ranges): the smallest vocabulary.
+    vocab = min((v for k, v in manifest["config"].items() if k.endswith("vocab_size")), default=2)
+    return {name: GraphSpec.from_dict(name, g, vocab) for name, g in manifest["graphs"].items()}
 
 
 def update_manifest(folder: str | Path, **fields) -> None:

@@ -92,11 +92,13 @@ class GraphSpec:
         }
 
     @classmethod
-    def from_dict(cls, name: str, d: dict) -> "GraphSpec":
+    def from_dict(cls, name: str, d: dict, legacy_vocab: int = 2) -> "GraphSpec":
+        """`legacy_vocab`: a token bound valid for every tokens input, for a manifest that
+        recorded neither roles nor feeds (seqexport 0.1.0)."""
         inputs = tuple(TensorSpec.from_dict(t) for t in d["inputs"])
         outputs = tuple(TensorSpec.from_dict(t) for t in d["outputs"])
         if "feeds" not in d:  # an artifact written before feeds and roles were recorded
-            return _legacy_spec(name, inputs, outputs)
+            return _legacy_spec(name, inputs, outputs, legacy_vocab)
         return cls(name, inputs, outputs, tuple(tuple(f) for f in d["feeds"]))
 
 
@@ -109,7 +111,8 @@ def _find(tensors, name, graph):
 
 
 
-def _legacy_spec(name: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> GraphSpec:
+def _legacy_spec(name: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                 vocab: int) -> GraphSpec:
     """A spec read from a manifest of seqexport 0.1.0, which recorded neither roles nor feeds.
 
     Those artifacts followed one naming rule (present.X -> past_key_values.X, present_X ->
@@ -126,8 +129,7 @@ def _legacy_spec(name: str, inputs: tuple[TensorSpec, ...], outputs: tuple[Tenso
     roles = {"input_ids": "tokens", "attention_mask": "mask", "encoder_attention_mask": "mask"}
     fixed = tuple(
         TensorSpec(t.name, t.dtype, t.dims, "state" if t.name in state else roles.get(t.name, ""),
-                   # the runtime checks the range from the config; any bound will do here
-                   2**62 if roles.get(t.name) == "tokens" else None)
+                   vocab if roles.get(t.name) == "tokens" else None)
         for t in inputs
     )
     # the encoder's cross K/V feed the decoder's state inputs, not its own

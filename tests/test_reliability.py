@@ -133,6 +133,24 @@ def test_manifest_faults(artifact):
         rt.load(artifact / "nope")
 
 
+def test_manifest_of_seqexport_0_1_still_runs_and_validates(artifact):
+    """Manifests written before roles and feeds were declared: same tokens, validate passes."""
+    before = rt.generate(rt.load(artifact), [[5, 6, 7], [8]], rt.SearchOptions(max_new_tokens=6))
+    m = artifact / "manifest.json"
+    data = json.loads(m.read_text())
+    for g in data["graphs"].values():
+        del g["feeds"]
+        for t in g["inputs"]:
+            t.pop("role", None)
+            t.pop("vocab_size", None)
+    m.write_text(json.dumps(data))
+    model = rt.load(artifact)
+    assert model.specs["decoder"].feeds and model.specs["encoder"].feeds
+    assert rt.generate(model, [[5, 6, 7], [8]], rt.SearchOptions(max_new_tokens=6)) == before
+    result = CliRunner().invoke(cli, ["validate", str(artifact), "--steps", "4"])
+    assert result.exit_code == 0, result.output
+
+
 def test_graph_file_faults(artifact):
     dec = artifact / "decoder.onnx"
     original = dec.read_bytes()
