@@ -21,12 +21,30 @@ def transformer_tiny(tmp_path_factory):
 UNROLLED_LEN = 7
 
 
+def mamba_tiny_that_depends_on_everything(seed: int = 0):
+    """The tiny Mamba preset with weights perturbed so that its outputs depend on every part.
+
+    At its default init (tied embeddings, out_proj scaled down, conv bias 0, Δ ≈ 1e-3) the
+    residual stream is the input embedding, so greedy decoding just repeats the last token
+    and a state fed to the wrong layer changes no token. A larger out_proj, a random conv bias
+    and Δ in softplus(U(-3, 0)) ≈ 0.05..0.7 make every layer, the conv and the scan matter.
+    """
+    ckpt = build_preset("mamba", "tiny", seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in ckpt.model.backbone.layers:
+            layer.mixer.conv1d.bias.normal_(0, 0.5, generator=g)
+            layer.mixer.dt_proj.bias.uniform_(-3.0, 0.0, generator=g)
+            layer.mixer.out_proj.weight.mul_(5.0)
+    return ckpt
+
+
 @pytest.fixture(scope="session")
 def mamba_exports(tmp_path_factory):
     """lowering -> (checkpoint, exported folder) of the tiny Mamba preset, exported on first use."""
     from seqexport.families.mamba.export import export_mamba
 
-    ckpt = build_preset("mamba", "tiny", seed=0)
+    ckpt = mamba_tiny_that_depends_on_everything()
     made = {}
 
     def get(lowering):

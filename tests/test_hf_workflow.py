@@ -3,20 +3,25 @@
 import json
 
 import numpy as np
-import pytest
 import torch
+import transformers  # the independent Mamba reference: a missing package must fail, not skip
 from click.testing import CliRunner
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
-
-transformers = pytest.importorskip("transformers")
 
 
 def test_hf_mamba_checkpoint_exports_validates_and_generates(tmp_path):
     torch.manual_seed(0)
     cfg = transformers.MambaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, state_size=8)
     hf = transformers.MambaForCausalLM(cfg).eval()
+    # transformers' init leaves the conv bias at 0 and Δ ≈ 1e-3: perturbed so that a dropped
+    # conv bias or a wrong Δ changes the tokens
+    with torch.no_grad():
+        for layer in hf.backbone.layers:
+            layer.mixer.conv1d.bias.normal_(0, 0.5)
+            layer.mixer.dt_proj.bias.uniform_(-3.0, 0.0)
+            layer.mixer.out_proj.weight.mul_(5.0)
     hf.save_pretrained(tmp_path / "hf")
     out = tmp_path / "onnx"
     runner = CliRunner()
@@ -27,11 +32,12 @@ def test_hf_mamba_checkpoint_exports_validates_and_generates(tmp_path):
     result = runner.invoke(cli, ["validate", str(out), "--steps", "6"])
     assert result.exit_code == 0, result.output
     # the runtime's greedy tokens are transformers' own greedy tokens
-    prompt = [5, 17, 42, 8]
+    prompt = [5, 17, 42, 8, 60, 3, 91, 11, 29, 77, 40, 2, 13, 88, 54, 19, 6, 33]  # > one scan chunk
     model = rt.load(out)
     ours = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=8, eos_id=-1))[0]
     with torch.no_grad():
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
                           pad_token_id=0)[0, len(prompt):].tolist()
     assert ours == ref
+    assert len(set(ours)) > 2  # the tokens say something: not one token repeated
     assert np.isfinite(model.step(np.array([[1, 2]]), model.start(1))[0]).all()

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+import torch
 from click.testing import CliRunner
 from onnx import numpy_helper
 
@@ -158,3 +159,57 @@ def test_inspect_lists_graphs_and_parity(transformer_tiny):
     assert "decoder: decoder.onnx" in result.output
     assert "past_key_values.1.decoder.value" in result.output and "'past_len'" in result.output
     assert '"passed": true' in result.output
+
+
+class OffByOneCausalDecoder(torch.nn.Module):
+    """A copy of the export wrapper DecoderGraph whose in-graph causal mask is off by one: query i
+    also sees key i + 1. A one-token step has no key i + 1, so only multi-token steps show it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, encoder_attention_mask, *past):
+        dec = self.model.decoder
+        n = len(dec.layers)
+        cross = [(past[2 * i], past[2 * i + 1]) for i in range(n)]
+        cache = [(past[2 * n + 2 * i], past[2 * n + 2 * i + 1]) for i in range(n)]
+        t, past_len = input_ids.shape[1], cache[0][0].shape[2]
+        x = dec.pe(dec.embedding(input_ids), start=past_len)
+        q_pos = torch.arange(t) + past_len
+        k_pos = torch.arange(past_len + t)
+        causal = k_pos[None, :] <= q_pos[:, None] + 1  # the fault
+        presents = []
+        for layer, kv, ckv in zip(dec.layers, cache, cross):
+            x, kv = layer.step(x, kv, ckv, causal, encoder_attention_mask[:, None, None, :])
+            presents += kv
+        return (dec.fc_out(x), *presents)
+
+
+def test_validate_fails_when_the_decoder_causal_mask_is_off_by_one(tmp_path, monkeypatch):
+    import seqexport.families.transformer.export as tf_export
+    from seqexport.checkpoints import build_preset
+
+    real = tf_export.wrapper
+    monkeypatch.setattr(tf_export, "wrapper",
+                        lambda model, graph: OffByOneCausalDecoder(model) if graph == "decoder" else real(model, graph))
+    out = tmp_path / "off-by-one"
+    tf_export.export_transformer(build_preset("transformer", "tiny", seed=1), "tiny", out)
+    monkeypatch.undo()  # validate compares with the unmodified model
+    result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])
+    assert result.exit_code == 1, result.output
+    assert "teacher_forced: FAIL" in result.output
+    assert "free_running: PASS" in result.output  # one token per step never shows the fault
+
+
+def test_validate_fails_on_a_nan_weight(tmp_path):
+    from seqexport.checkpoints import build_preset
+    from seqexport.export import export_model
+
+    ckpt = build_preset("transformer", "tiny", seed=2)
+    with torch.no_grad():
+        ckpt.model.decoder.layers[1].ffn.fc1.bias[3] = float("nan")
+    export_model(ckpt, "tiny", tmp_path / "nan")
+    result = CliRunner().invoke(cli, ["validate", str(tmp_path / "nan"), "--steps", "4"])
+    assert result.exit_code == 1, result.output
+    assert "NaN/Inf" in result.output and "result: FAIL" in result.output

@@ -1,0 +1,166 @@
+"""Do the tests catch real faults? Apply targeted faults one at a time to a temporary copy of
+the tree, run the tests that should notice, and print killed / survived.
+
+    .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--keep]
+
+Not part of CI (about 15 minutes on 2 cores). Every fault must be killed: a survivor is a
+test to write. A fault "errors" when its tests could not run at all (not a kill).
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Fault:
+    id: str
+    what: str
+    file: str
+    old: str  # must occur exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or files that should fail
+
+
+FAULTS = (
+    Fault("M1", "attention without the 1/sqrt(d_k) scale", "models/transformer.py",
+          "scores = torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(d_k)",
+          "scores = torch.matmul(Q, K.transpose(-2, -1))", ("tests/test_transformer_model.py",)),
+    Fault("M2", "cached decoder step: causal mask off by one", "models/transformer.py",
+          "causal = k_pos[None, :] <= q_pos[:, None]  # (t, past + t)",
+          "causal = k_pos[None, :] <= q_pos[:, None] + 1  # (t, past + t)",
+          ("tests/test_validate.py::test_transformer_export_passes",)),
+    Fault("M3", "cached decoder step: positions restart at 0", "models/transformer.py",
+          "return x + self.pe[start : start + x.size(1)]", "return x + self.pe[: x.size(1)]",
+          ("tests/test_transformer_export.py",)),
+    Fault("M4", "Mamba forward drops the conv bias", "models/mamba.py",
+          "self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)",
+          "self.conv1d.weight, None, groups=self.d_inner)",
+          ("tests/test_hf_workflow.py", "tests/test_mamba_model.py")),
+    Fault("M5", "Mamba step drops the conv bias", "models/mamba.py",
+          "            x = x + self.conv1d.bias\n", "            x = x + 0 * self.conv1d.bias\n",
+          ("tests/test_mamba_model.py",)),
+    Fault("M6", "reference scan: input term scaled", "models/mamba.py",
+          "        h = dA * h + dBu\n", "        h = dA * h + 0.9 * dBu\n",
+          ("tests/test_scan.py", "tests/test_mamba_model.py")),
+    Fault("M7", "chunked scan (unrolled lowering, loop's eager kernel): input term scaled",
+          "seqexport/export/scan/lowerings.py",
+          "        h = dA_i * h + dBu_i  # (b, 1, d_in, n)", "        h = dA_i * h + 0.9 * dBu_i  # (b, 1, d_in, n)",
+          ("tests/test_scan.py",)),
+    Fault("M8", "loop lowering (ONNX Scan body): every step restarts from the chunk's state",
+          "seqexport/export/scan/onnx_functions.py",
+          'h = t.op("Add", [t.op("Mul", [dA_i, h]), dBu_i])', 'h = t.op("Add", [t.op("Mul", [dA_i, h_in]), dBu_i])',
+          ("tests/test_scan.py",)),
+    Fault("M9", "parallel lowering (ONNX Loop body): shift tripled", "seqexport/export/scan/onnx_functions.py",
+          'shift_out = t.op("Mul", [shift, _const(t, [2])])', 'shift_out = t.op("Mul", [shift, _const(t, [3])])',
+          ("tests/test_scan.py",)),
+    Fault("M10", "doubling scan (parallel's eager twin): shift tripled", "seqexport/export/scan/lowerings.py",
+          "        shift *= 2\n", "        shift *= 3\n", ("tests/test_scan.py",)),
+    Fault("M11", "runtime: a Mamba SSM state fed back into the next layer", "seqexport/families/mamba/specs.py",
+          "(present_ssm(i), past_ssm(i))", "(present_ssm(i), past_ssm((i + 1) % n_layer))",
+          ("tests/test_runtime.py",)),
+    Fault("M12", "runtime: transformer self-attention caches fed back to the mirrored layer",
+          "seqexport/families/transformer/specs.py",
+          'feeds=tuple((present_kv(i, "decoder", x), past_kv(i, "decoder", x)) for i in layers for x in KV)',
+          'feeds=tuple((present_kv(i, "decoder", x), past_kv(n - 1 - i, "decoder", x)) for i in layers for x in KV)',
+          ("tests/test_runtime.py",)),
+    Fault("M13", "sampling ignores the temperature", "seqexport/runtime/generate.py",
+          "z = logits.astype(np.float64) / options.temperature", "z = logits.astype(np.float64)",
+          ("tests/test_search.py",)),
+    Fault("M14", "sampling ignores top-p", "seqexport/runtime/generate.py",
+          "    if options.top_p < 1:\n", "    if options.top_p < 0:\n", ("tests/test_search.py",)),
+    Fault("M15", "beam search returns the first finished hypothesis, not the best",
+          "seqexport/runtime/generate.py",
+          "out.append(max(finished[r], key=lambda f: f[0])[1])", "out.append(finished[r][0][1])",
+          ("tests/test_search.py",)),
+    Fault("M16", "comparison lets NaN/Inf pass", "seqexport/parity/compare.py",
+          "passed = nonfinite == 0 and bool(", "passed = bool(",
+          ("tests/test_compare.py", "tests/test_validate.py::test_validate_fails_on_a_nan_weight")),
+    Fault("M17", "bench ratio upside down", "seqexport/bench/run.py",
+          'out["ort_over_eager"] = med["ort"] / med["eager_best"]',
+          'out["ort_over_eager"] = med["eager_best"] / med["ort"]', ("tests/test_bench.py",)),
+    Fault("M18", "Hugging Face layout: use_conv_bias not read", "seqexport/families/mamba/layouts.py",
+          '        "use_conv_bias": "conv_bias",\n', "", ("tests/test_mamba_model.py",)),
+    Fault("M19", "atomic writer removes the earlier export before the new one is built",
+          "seqexport/export/atomic.py",
+          "    try:\n        yield tmp\n",
+          "    if target.exists():\n        shutil.rmtree(target)\n    try:\n        yield tmp\n",
+          ("tests/test_reliability.py",)),
+    Fault("M20", "encoder graph emits the cross K/V of the wrong layers", "seqexport/families/transformer/export.py",
+          "for kv in self.model.cross_kv(memory) for t in kv", "for kv in self.model.cross_kv(memory)[::-1] for t in kv",
+          ("tests/test_transformer_export.py",)),
+    Fault("M21", "Mamba step graph returns the layers' states in reverse", "seqexport/families/mamba/export.py",
+          "        return (logits[:, None], *_flat(new_state))",
+          "        return (logits[:, None], *_flat(new_state[::-1]))", ("tests/test_mamba_export.py",)),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as CI would see it (tracked and unignored files), runnable in place."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dest / f)
+    # models/ installs as seqexport.models; in a plain copy a link stands for that mapping
+    (dest / "seqexport" / "models").symlink_to(dest / "models", target_is_directory=True)
+
+
+def run_fault(fault: Fault, tree: Path) -> tuple[str, str, float]:
+    path = tree / fault.file
+    original = path.read_text()
+    if original.count(fault.old) != 1:
+        return "stale", f"the text to change occurs {original.count(fault.old)} times in {fault.file}", 0.0
+    path.write_text(original.replace(fault.old, fault.new))
+    env = os.environ | {"PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-n", "2", "-p", "no:cacheprovider",
+                               *fault.tests], cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
+    finally:
+        path.write_text(original)
+    seconds = time.perf_counter() - started
+    failed = [ln.split(" ")[1] for ln in proc.stdout.splitlines() if ln.startswith("FAILED ")]
+    if failed:  # -x under xdist stops with exit code 2 after the first failure
+        return "killed", failed[0], seconds
+    if proc.returncode == 0:
+        return "SURVIVED", "every test passed", seconds
+    return "error", (proc.stdout + proc.stderr).strip().splitlines()[-1][:120], seconds
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", help="fault ids to run [all]")
+    p.add_argument("--keep", action="store_true", help="keep the temporary copy")
+    args = p.parse_args()
+    faults = [f for f in FAULTS if not args.only or f.id in args.only]
+    tree = Path(tempfile.mkdtemp(prefix="seqexport-mutants-"))
+    copy_tree(tree)
+    rows = []
+    try:
+        for fault in faults:
+            verdict, detail, seconds = run_fault(fault, tree)
+            rows.append((fault, verdict, detail))
+            print(f"{fault.id:4} {verdict:8} {seconds:5.0f} s  {fault.what}  <- {detail}", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(tree, ignore_errors=True)
+    print("\n| fault | what | verdict | test that failed |\n|---|---|---|---|")
+    for fault, verdict, detail in rows:
+        print(f"| {fault.id} | {fault.what} | {verdict} | {detail} |")
+    killed = sum(v == "killed" for _, v, _ in rows)
+    print(f"\n{killed}/{len(rows)} faults killed")
+    return 0 if killed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
