@@ -6,12 +6,16 @@ the traceback instead.
 """
 
 import json
+import os
 import signal
 import sys
 
 import click
 
-from seqexport.errors import SeqexportError
+from seqexport.errors import SeqexportError, UsageError
+
+INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader went away (e.g. `| head`), as Unix tools end
 
 
 class _Group(click.Group):
@@ -20,11 +24,26 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            raise
         except (SeqexportError, OSError) as e:  # OSError: a path the user named
             if ctx.params.get("debug") or (ctx.parent and ctx.parent.params.get("debug")):
                 raise
             click.echo(f"error: {e}", err=True)
             ctx.exit(2)
+
+
+def check_output_path(path: str | None, option: str) -> None:
+    """Refuse an output file that cannot be written, before any work is done."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a folder; expected a file path")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
 
 
 @click.group(cls=_Group)
@@ -58,8 +77,9 @@ def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, repor
     """
     from seqexport.parity.validate import validate as run_validate
 
+    check_output_path(report_path, "--report")
     report = run_validate(folder, checkpoint=checkpoint, provider=provider, atol=atol, rtol=rtol,
-                          steps=steps, batch=batch, seed=seed)
+                          steps=steps, batch=batch, seed=seed, log=lambda msg: click.echo(msg, err=True))
     click.echo(report.table())
     if report_path:
         with open(report_path, "w") as f:
@@ -74,23 +94,28 @@ def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, repor
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Stop after this many new tokens.")
 @click.option("--greedy/--sample", default=True, help="Greedy decoding (default) or sampling.")
-@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-              help="Sampling temperature.")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling: top-k (0: off).")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
-              help="Sampling: nucleus probability.")
-@click.option("--seed", type=int, help="Sampling seed (reproducible output).")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True),
+              help="Sampling temperature [1.0].")
+@click.option("--top-k", type=click.IntRange(min=0), help="Sampling: top-k (0: off) [0].")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Sampling: nucleus probability [1.0].")
+@click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
               help="Beam search width (transformer).")
+@click.option("--eos-id", type=click.IntRange(min=0), help="Stop a row at this token [the tokenizer's eos].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
-def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, provider):
+def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id, provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens."""
     from seqexport.runtime.cli_generate import run_generate
 
-    run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=not greedy,
-                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, num_beams=beams,
-                 provider=provider)
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    given = [f"--{k.replace('_', '-')}" for k, v in sampling.items() if v is not None]
+    if greedy and given:
+        click.echo(f"warning: {', '.join(given)} apply to sampling only; add --sample (decoding greedily)", err=True)
+    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
+    search = {k: defaults[k] if v is None else v for k, v in sampling.items()}
+    run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=not greedy, num_beams=beams,
+                 eos_id=eos_id, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)
 
 
 @cli.command()
@@ -110,6 +135,7 @@ def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fas
     """Time eager PyTorch vs ONNX Runtime on an exported FOLDER: steps, prefill, generation, memory."""
     from seqexport.bench.run import format_table, run_bench
 
+    check_output_path(json_path, "--json")
     result = run_bench(folder, provider=provider, batches=batches or (1,), contexts=contexts or None,
                        new_tokens=new_tokens, threads=threads, repeats=repeats, fast=fast,
                        log=lambda msg: click.echo(msg, err=True))
@@ -121,19 +147,13 @@ def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fas
 
 @cli.command()
 @click.argument("folder", type=click.Path(file_okay=False))
-def inspect(folder):
-    """Print the manifest of an exported FOLDER: graphs, I/O names and dims."""
-    from seqexport.manifest import read_manifest
+@click.option("--json", "as_json", is_flag=True, help="Print manifest.json itself (for machines).")
+def inspect(folder, as_json):
+    """Describe an exported FOLDER: source, tokenizer, graphs with I/O names and dims, last parity."""
+    from seqexport.manifest import describe, read_manifest
 
     m = read_manifest(folder, verify=False)
-    click.echo(f"{folder}: {m['family']} · opset {m['opset']} · {m['dtype']}")
-    for name, g in m["graphs"].items():
-        click.echo(f"  {name}: {g['file']} ({g['bytes'] / 1e6:.2f} MB)")
-        for kind in ("inputs", "outputs"):
-            for t in g[kind]:
-                click.echo(f"    {kind[:-1]:6} {t['name']:40} {t['dtype']:8} {t['dims']}")
-    if "parity" in m:
-        click.echo("parity: " + json.dumps(m["parity"].get("summary", m["parity"])))
+    click.echo(json.dumps(m, indent=2) if as_json else describe(folder, m))
 
 
 @cli.command()
@@ -156,7 +176,24 @@ def demo(out, n, threads):
 def main():
     # SIGTERM unwinds like Ctrl-C, so an interrupted export removes its temporary folder.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    cli(prog_name="seqexport")
+    try:
+        code = cli.main(prog_name="seqexport", standalone_mode=False)
+    except click.exceptions.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+        click.echo("interrupted", err=True)
+        code = INTERRUPTED
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        code = INTERRUPTED
+    except click.ClickException as e:  # usage errors: one line, naming where help is
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
+        code = e.exit_code
+    except BrokenPipeError:
+        # the reader is gone: nothing more to say to it, and nothing for Python to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = BROKEN_PIPE
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _register_subcommands():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from seqexport.errors import ArtifactError
 from seqexport.jsonfile import read_json_object
+from seqexport.manifest_schema import check_manifest
 from seqexport.specs import GraphSpec
 
 MANIFEST = "manifest.json"
@@ -57,9 +58,8 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
         raise ArtifactError(
             f"{path} has format_version {m.get('format_version')!r}; this seqexport reads version {FORMAT_VERSION}"
         )
-    for key in ("family", "graphs", "config", "dtype"):
-        if key not in m:
-            raise ArtifactError(f"{path} lacks the field {key!r}")
+    check_manifest(m, folder, path)
+    graph_specs(m)  # the specs must build (e.g. every feed names an output of its graph)
     if verify:
         for name, g in m["graphs"].items():
             verify_file(folder, name, g["file"], g["sha256"], g["bytes"])
@@ -83,7 +83,10 @@ def verify_file(folder: Path, graph: str, file: str, sha: str, size: int) -> Non
 def graph_specs(manifest: dict) -> dict[str, GraphSpec]:
     # For manifests of seqexport 0.1.0 (no declared token ranges): the smallest vocabulary.
     vocab = min((v for k, v in manifest["config"].items() if k.endswith("vocab_size")), default=2)
-    return {name: GraphSpec.from_dict(name, g, vocab) for name, g in manifest["graphs"].items()}
+    try:
+        return {name: GraphSpec.from_dict(name, g, vocab) for name, g in manifest["graphs"].items()}
+    except (KeyError, ValueError) as e:  # e.g. a feed naming no output of its graph
+        raise ArtifactError(f"{MANIFEST}: malformed graph spec: {e}") from None
 
 
 def update_manifest(folder: str | Path, **fields) -> None:
@@ -93,3 +96,36 @@ def update_manifest(folder: str | Path, **fields) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def describe(folder, m: dict) -> str:
+    """A manifest as a person reads it (`seqexport inspect`)."""
+    versions = m.get("versions") or {}
+    lines = [f"{folder}: {m['family']} · opset {m['opset']} · {m['dtype']}"
+             + (f" · seqexport {versions['seqexport']}" if "seqexport" in versions else "")]
+    source = m.get("source") or {}
+    if source:
+        what = f"preset {source['preset']} (weights in {source['checkpoint']}/)" if source.get("preset") \
+            else f"checkpoint {source.get('checkpoint')}"
+        lines.append(f"source: {what}, sha256 {str(source.get('sha256'))[:12]}…")
+    tok = m.get("tokenizer")
+    lines.append("tokenizer: " + ("none (prompts as ids)" if not tok else
+                                  ", ".join(f"{k} {v}" for k, v in tok.items() if not isinstance(v, dict))))
+    options = {k: v for k, v in (m.get("export_options") or {}).items() if v is not None}
+    if options:
+        lines.append("export options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
+    for name, g in m["graphs"].items():
+        size = g["bytes"] + g.get("data_bytes", 0)
+        lines.append(f"  {name}: {g['file']} ({size / 1e6:.2f} MB)")
+        for kind in ("inputs", "outputs"):
+            for t in g[kind]:
+                lines.append(f"    {kind[:-1]:6} {t['name']:40} {t['dtype']:8} {t['dims']}")
+    parity = (m.get("parity") or {}).get("summary")
+    if parity:
+        checks = ", ".join(f"{k} {'ok' if v else 'FAIL'}" for k, v in parity.get("checks", {}).items())
+        lines.append(f"parity: {'PASS' if parity.get('passed') else 'FAIL'} on {parity.get('provider')} "
+                     f"at {m['parity'].get('when', '?')}, atol {parity.get('atol')} rtol {parity.get('rtol')}: {checks}")
+        lines += [f"  {f}" for f in parity.get("failures", [])]
+    else:
+        lines.append("parity: not validated yet (seqexport validate)")
+    return "\n".join(lines)

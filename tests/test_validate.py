@@ -158,7 +158,10 @@ def test_inspect_lists_graphs_and_parity(transformer_tiny):
     assert result.exit_code == 0, result.output
     assert "decoder: decoder.onnx" in result.output
     assert "past_key_values.1.decoder.value" in result.output and "'past_len'" in result.output
-    assert '"passed": true' in result.output
+    assert "parity: PASS on CPUExecutionProvider" in result.output
+    assert "source: preset tiny" in result.output and "tokenizer: none" in result.output
+    machine = CliRunner().invoke(cli, ["inspect", str(folder), "--json"])
+    assert json.loads(machine.output)["parity"]["summary"]["passed"] is True
 
 
 class OffByOneCausalDecoder(torch.nn.Module):

@@ -17,7 +17,7 @@ torch lives in sibling modules of the family's package, imported only when asked
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 
@@ -37,6 +37,9 @@ class Family:
     package: str  # the package holding the parts listed above
     graphs: tuple[str, ...]  # graph names, in export order (each is <name>.onnx)
     presets: dict[str, dict]  # preset name -> config fields (random weights of a named shape)
+    # config fields the torch-free side reads (specs, runtime) -> their least value; the
+    # manifest is refused when one is missing or malformed
+    config_fields: dict[str, int] = field(default_factory=dict)
     bundled: str | None = None  # trained checkpoint folder under models/pretrained, if any
     detect: Callable[[dict], bool] = lambda config: False  # a config.json without "family" is ours?
     export_options: tuple = ()  # click options of `seqexport export <name>` beyond the common ones

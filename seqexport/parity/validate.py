@@ -57,8 +57,12 @@ def eager_checkpoint(folder: Path, manifest: dict, checkpoint: str | None):
 
 def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol: float | None = None,
              rtol: float | None = None, steps: int = 20, batch: int = 2, seed: int = 0,
-             localize: bool = True, write_summary: bool = True) -> Report:
-    """Run the three checks; the report is truthy when everything passed."""
+             localize: bool = True, write_summary: bool = True, log=None) -> Report:
+    """Run the three checks; the report is truthy when everything passed.
+
+    `log` (e.g. stderr) hears each check as it ends, with its counts and the time taken.
+    """
+    log = log or (lambda msg: None)
     started = time.perf_counter()
     folder = Path(folder)
     manifest = read_manifest(folder)
@@ -73,9 +77,17 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
     cases = families.get(manifest["family"]).parity.Cases(model, rt, rng, batch, device)
     report = Report(str(folder), manifest["family"], manifest["dtype"], rt.provider, device, atol, rtol,
                     steps, batch, seed, str(ckpt.path))
-    report.cases += checks.graph_cases(rt, cases, rng, atol, rtol, device, localize)
-    report.cases.append(checks.teacher_forced(rt, cases, steps, atol, rtol, rng))
-    report.cases += checks.free_running(rt, cases, steps, atol, rtol)
+    log(f"validating {folder} ({manifest['family']}, {manifest['dtype']}) on {rt.provider} "
+        f"against {ckpt.path or 'the preset weights'}")
+    runs = (("graphs", lambda: checks.graph_cases(rt, cases, rng, atol, rtol, device, localize)),
+            ("teacher_forced", lambda: [checks.teacher_forced(rt, cases, steps, atol, rtol, rng)]),
+            ("free_running", lambda: checks.free_running(rt, cases, steps, atol, rtol)))
+    for check, run in runs:
+        t = time.perf_counter()
+        found = run()
+        report.cases += found
+        failed = sum(not c.passed for c in found)
+        log(f"  {check}: {len(found) - failed}/{len(found)} cases passed ({time.perf_counter() - t:.1f} s)")
     report.seconds = round(time.perf_counter() - started, 2)
     if write_summary:
         summary = {"summary": report.summary(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

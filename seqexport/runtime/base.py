@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from seqexport.manifest import graph_specs, read_manifest
+from seqexport.errors import ArtifactError
+from seqexport.manifest import MANIFEST, graph_specs, read_manifest
 from seqexport.runtime.session import NP_DTYPES, Graph, shape_and_dtype, to_numpy
 from seqexport.runtime.tokenizer import ByteTokenizer
 from seqexport.specs import GraphSpec
@@ -92,7 +93,10 @@ class RuntimeModel:
         # Keep the cache on the device between steps where there is one (no host round trip).
         self.io_binding = self.provider == "CUDAExecutionProvider" if io_binding is None else io_binding
         record = self.manifest.get("tokenizer")
-        self.tokenizer = ByteTokenizer.from_dict(record) if record else None
+        try:
+            self.tokenizer = ByteTokenizer.from_dict(record) if record else None
+        except ValueError as e:
+            raise ArtifactError(f"{self.folder / MANIFEST}: field 'tokenizer': {e}") from None
 
     def _run(self, graph: str, feeds: dict) -> dict:
         g = self.graphs[graph]

@@ -12,16 +12,26 @@ from seqexport.runtime.tokenizer import encode_prompt
 
 def parse_ids(s: str) -> list[int]:
     try:
-        return [int(x) for x in s.replace(",", " ").split()]
+        ids = [int(x) for x in s.replace(",", " ").split()]
     except ValueError:
         raise UsageError(f"--ids {s!r}: expected integers separated by spaces") from None
+    if not ids:
+        raise UsageError(f"--ids {s!r}: expected at least one token id")
+    return ids
 
 
-def run_generate(folder, texts, ids, *, provider="auto", out=None, **search) -> list[list[int]]:
+def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **search) -> list[list[int]]:
+    """`log` (e.g. stderr) hears which provider runs; `out` gets the text or ids."""
     out = out or sys.stdout
     if bool(texts) == bool(ids):
         raise UsageError("give the prompt as --text or as --ids (one of them)")
+    for i, t in enumerate(texts):
+        if not t.strip():
+            raise UsageError(f"--text #{i + 1} is empty; expected a prompt")
+    options = SearchOptions(**search)  # checked before the model loads
     model = load(folder, provider=provider)
+    if log:
+        log(f"{model.family} from {folder} on {model.provider}")
     tok = model.tokenizer
     if texts:
         if tok is None:
@@ -29,7 +39,6 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, **search) -> 
         prompts = [encode_prompt(model.manifest["tokenizer"], model.prompt_frame, t) for t in texts]
     else:
         prompts = [parse_ids(s) for s in ids]
-    options = SearchOptions(**search)
     show = tok.decode if tok else (lambda seq: " ".join(map(str, seq)))
     if len(prompts) == 1 and options.num_beams == 1:
         seq: list[int] = []

@@ -22,6 +22,7 @@ FAMILY = Family(
         # the mamba-130m shape
         "130m": dict(d_model=768, n_layer=24, d_state=16, vocab_size=50280),
     },
+    config_fields=dict(vocab_size=1, d_model=1, n_layer=1, d_state=1, d_conv=1, expand=1),
     bundled="mamba-dates",
     detect=_detect,
     export_options=(

@@ -14,6 +14,8 @@ FAMILY = Family(
         "base": dict(src_vocab_size=10000, tgt_vocab_size=10000, d_model=512, n_heads=8,
                      d_ff=2048, num_layers=6, max_len=5000),
     },
+    config_fields=dict(src_vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, num_layers=1, max_len=1,
+                       pad_id=0),
     bundled="transformer-dates",
     summary="Export an encoder-decoder Transformer: encoder.onnx + decoder.onnx (explicit KV cache).",
 )

@@ -1,0 +1,95 @@
+"""The form of manifest.json, checked when it is read: every field the code uses, with one
+ArtifactError naming the field and the expected form (never a KeyError deep inside a run).
+
+Torch-free (the runtime reads manifests). Written out by hand rather than with a schema
+library: the rules that matter (a known family, its graphs, graph files inside the folder)
+are not expressible in JSON Schema alone.
+"""
+
+import re
+from pathlib import Path, PurePosixPath
+
+from seqexport import families
+from seqexport.errors import ArtifactError
+from seqexport.specs import DIM_NAMES, DTYPES, ROLES
+
+EXPORT_DTYPES = ("float32", "float16")  # what an export's weights may be
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class _Check:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, field: str, expected: str, value) -> None:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ArtifactError(f"{self.path}: field {field!r} is {shown}; expected {expected}")
+
+    def get(self, d: dict, key: str, where: str, expected: str, ok, optional=False):
+        field = f"{where}.{key}" if where else key
+        if key not in d:
+            if optional:
+                return None
+            raise ArtifactError(f"{self.path}: field {field!r} is missing; expected {expected}")
+        if not ok(d[key]):
+            self.fail(field, expected, d[key])
+        return d[key]
+
+
+def _int(minimum: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def _inside(folder: Path, file) -> bool:
+    """A plain relative path that stays inside the folder (no '..', not absolute)."""
+    if not isinstance(file, str) or not file or "\\" in file:
+        return False
+    p = PurePosixPath(file)
+    return not p.is_absolute() and ".." not in p.parts and (folder / file).resolve().is_relative_to(folder.resolve())
+
+
+def _tensor_ok(t) -> bool:
+    return (isinstance(t, dict) and isinstance(t.get("name"), str) and t.get("dtype") in DTYPES
+            and isinstance(t.get("dims"), list)
+            and all(_int(0)(d) or d in DIM_NAMES for d in t["dims"])
+            and t.get("role", "") in ROLES
+            and (t.get("vocab_size") is None or _int(1)(t["vocab_size"])))
+
+
+def check_manifest(m: dict, folder: Path, path: Path) -> None:
+    """Raise ArtifactError for the first field of `m` that is missing or malformed."""
+    c = _Check(path)
+    name = c.get(m, "family", "", f"one of {families.names()}", lambda v: v in families.REGISTRY)
+    family = families.REGISTRY[name]
+    c.get(m, "dtype", "", f"one of {list(EXPORT_DTYPES)}", lambda v: v in EXPORT_DTYPES)
+    c.get(m, "opset", "", "an integer >= 7", _int(7))
+    config = c.get(m, "config", "", "an object (the model config)", lambda v: isinstance(v, dict))
+    for key, minimum in family.config_fields.items():
+        c.get(config, key, "config", f"an integer >= {minimum}", _int(minimum))
+    c.get(m, "tokenizer", "", "null or an object with a 'type'",
+          lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("type"), str)), optional=True)
+    graphs = c.get(m, "graphs", "", f"an object with the graphs {list(family.graphs)}",
+                   lambda v: isinstance(v, dict))
+    if set(graphs) != set(family.graphs):
+        c.fail("graphs", f"exactly the {name} graphs {list(family.graphs)}", sorted(graphs))
+    for g, entry in graphs.items():
+        where = f"graphs.{g}"
+        if not isinstance(entry, dict):
+            c.fail(where, "an object (file, sha256, bytes, inputs, outputs)", entry)
+        c.get(entry, "file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
+        c.get(entry, "sha256", where, "64 lowercase hex digits", lambda v: isinstance(v, str) and SHA256.fullmatch(v))
+        c.get(entry, "bytes", where, "a byte count (integer >= 0)", _int(0))
+        for kind in ("inputs", "outputs"):
+            c.get(entry, kind, where, "a list of {name, dtype, dims} with known dtypes and dim names",
+                  lambda v: isinstance(v, list) and v and all(_tensor_ok(t) for t in v))
+        c.get(entry, "feeds", where, "a list of [output, state input] pairs",
+              lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2
+                                                    and all(isinstance(x, str) for x in f) for f in v),
+              optional=True)
+        if "data_file" in entry:
+            c.get(entry, "data_file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
+            c.get(entry, "data_sha256", where, "64 lowercase hex digits",
+                  lambda v: isinstance(v, str) and SHA256.fullmatch(v))
+            c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))
+    for key in ("source", "export_options", "parity", "versions"):
+        c.get(m, key, "", "an object", lambda v: v is None or isinstance(v, dict), optional=True)

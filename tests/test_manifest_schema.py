@@ -1,0 +1,93 @@
+"""A malformed manifest.json is refused when read: one ArtifactError naming the field and the
+expected form; the CLI prints it on one line and exits 2."""
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+import seqexport.runtime as rt
+from seqexport.cli import cli
+from seqexport.errors import ArtifactError
+
+
+def _drop_sha(m):
+    del m["graphs"]["decoder"]["sha256"]
+
+
+def _graphs_as_list(m):
+    m["graphs"] = list(m["graphs"].values())
+
+
+def _rename_graph(m):
+    m["graphs"]["decoder2"] = m["graphs"].pop("decoder")
+
+
+def _vocab_lots(m):
+    m["config"]["tgt_vocab_size"] = "lots"
+
+
+def _tokenizer_type(m):
+    m["tokenizer"] = {"type": "sentencepiece-of-doom"}
+
+
+def _dtype_int8(m):
+    m["dtype"] = "int8"
+
+
+def _escape(m):
+    m["graphs"]["decoder"]["file"] = "../../x/decoder.onnx"
+
+
+def _absolute(m):
+    m["graphs"]["decoder"]["file"] = "/etc/passwd"
+
+
+def _bad_dims(m):
+    m["graphs"]["encoder"]["inputs"][0]["dims"] = ["batch", "sequence"]
+
+
+def _unknown_family(m):
+    m["family"] = "lstm"
+
+
+def _feed_to_nowhere(m):
+    m["graphs"]["decoder"]["feeds"][0][0] = "present.99.decoder.key"
+
+
+CASES = {
+    "missing sha256": (_drop_sha, "'graphs.decoder.sha256' is missing; expected 64 lowercase hex digits"),
+    "graphs as a list": (_graphs_as_list, "'graphs' is [{"),
+    "graph renamed": (_rename_graph, "expected exactly the transformer graphs ['encoder', 'decoder']"),
+    "vocab 'lots'": (_vocab_lots, "'config.tgt_vocab_size' is 'lots'; expected an integer >= 1"),
+    "unknown tokenizer": (_tokenizer_type, "unknown tokenizer type 'sentencepiece-of-doom'"),
+    "dtype int8": (_dtype_int8, "'dtype' is 'int8'; expected one of ['float32', 'float16']"),
+    "file outside the folder": (_escape, "expected a file name inside the exported folder"),
+    "absolute file": (_absolute, "expected a file name inside the exported folder"),
+    "unknown dim": (_bad_dims, "'graphs.encoder.inputs' is"),
+    "unknown family": (_unknown_family, "'family' is 'lstm'; expected one of ['transformer', 'mamba']"),
+    "feed naming no output": (_feed_to_nowhere, "malformed graph spec"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_manifest_is_refused_naming_the_field(transformer_tiny, tmp_path, case):
+    edit, message = CASES[case]
+    folder = tmp_path / "a"
+    shutil.copytree(transformer_tiny[1], folder)
+    path = folder / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+    with pytest.raises(ArtifactError) as err:
+        rt.load(folder, verify=False)
+    assert message in str(err.value)
+    commands = [["generate", str(folder), "--ids", "5 6"]]
+    if case != "unknown tokenizer":  # inspect shows the record; loading the tokenizer refuses it
+        commands.append(["inspect", str(folder)])
+    for args in commands:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.count("\n") == 1 and result.output.startswith("error: "), result.output
+        assert "Traceback" not in result.output
