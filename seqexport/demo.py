@@ -43,7 +43,7 @@ def held_out_comparison(family, ckpt, folder, record, n, threads) -> dict:
     torch.set_num_threads(threads)
     eager = families.eager_model(ckpt, tok)
     ort_model = load(folder, provider="auto", threads=threads)
-    prompts = [encode_prompt(record, ort_model.prompt_frame, x) for x, _ in pairs]
+    prompts = [encode_prompt(tok, ort_model.prompt_frame, x, record) for x, _ in pairs]
     e_out, e_s, e_n = _decode(eager, prompts)
     o_out, o_s, o_n = _decode(ort_model, prompts)
     e_text = [tok.decode(o) for o in e_out]

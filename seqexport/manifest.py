@@ -65,6 +65,9 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
             verify_file(folder, name, g["file"], g["sha256"], g["bytes"])
             if "data_file" in g:
                 verify_file(folder, name, g["data_file"], g["data_sha256"], g["data_bytes"])
+        tok = m.get("tokenizer") or {}
+        if "file" in tok:
+            verify_file(folder, "tokenizer", tok["file"], tok["sha256"], tok["bytes"])
     return m
 
 

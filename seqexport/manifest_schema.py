@@ -66,8 +66,12 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
     config = c.get(m, "config", "", "an object (the model config)", lambda v: isinstance(v, dict))
     for key, minimum in family.config_fields.items():
         c.get(config, key, "config", f"an integer >= {minimum}", _int(minimum))
-    c.get(m, "tokenizer", "", "null or an object with a 'type'",
-          lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("type"), str)), optional=True)
+    tok = c.get(m, "tokenizer", "", "null or an object with a 'type'",
+                lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("type"), str)), optional=True)
+    if tok and "file" in tok:  # a tokenizer file copied into the artifact, hashed like a graph
+        c.get(tok, "file", "tokenizer", "a file name inside the exported folder", lambda v: _inside(folder, v))
+        c.get(tok, "sha256", "tokenizer", "64 lowercase hex digits", lambda v: isinstance(v, str) and SHA256.fullmatch(v))
+        c.get(tok, "bytes", "tokenizer", "a byte count (integer >= 0)", _int(0))
     graphs = c.get(m, "graphs", "", f"an object with the graphs {list(family.graphs)}",
                    lambda v: isinstance(v, dict))
     if set(graphs) != set(family.graphs):

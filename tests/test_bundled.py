@@ -23,7 +23,7 @@ def test_onnx_greedy_matches_eager_and_recorded_accuracy(bundled_exports, family
     eager = decode(family, ckpt.model, inputs)  # eager greedy, independent of the runtime
     model = rt.load(folder, provider="cpu")
     record = model.manifest["tokenizer"]
-    ids = rt.generate(model, [encode_prompt(record, model.prompt_frame, x) for x in inputs], rt.SearchOptions(max_new_tokens=16))
+    ids = rt.generate(model, [encode_prompt(model.tokenizer, model.prompt_frame, x, record) for x in inputs], rt.SearchOptions(max_new_tokens=16))
     onnx = [model.tokenizer.decode(i) for i in ids]
     assert onnx == eager
     accuracy = sum(p == y for p, (_, y) in zip(onnx, pairs)) / N

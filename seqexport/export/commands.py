@@ -24,18 +24,24 @@ def default_name(family, ckpt, preset):
     return name if name.startswith(family) else f"{family}-{name}"
 
 
+def vocab_limit(config: dict) -> int | None:
+    """The smallest vocabulary of a model (a tokenizer must fit every one it feeds or reads)."""
+    return min((v for k, v in config.items() if k.endswith("vocab_size")), default=None)
+
+
 def default_out(family: families.Family, ckpt, preset, options: dict) -> str:
     return f"exported/{default_name(family.name, ckpt, preset)}{family.out_suffix(options)}"
 
 
 def _command(family: families.Family) -> click.Command:
     def run(checkpoint, out, opset, dtype, overwrite, seed, preset, **options):
-        from seqexport.checkpoints import checkpoint_extra, resolve_model
+        from seqexport.checkpoints import resolve_model
+        from seqexport.checkpoints.tokenizers import checkpoint_tokenizer
 
         ckpt, preset = resolve_model(family.name, checkpoint, preset, seed)
+        tokenizer = checkpoint_tokenizer(ckpt, vocab_limit(ckpt.config.to_dict()))
         family.export.export(ckpt, preset, out or default_out(family, ckpt, preset, options), opset=opset,
-                                 dtype=dtype, overwrite=overwrite, tokenizer=checkpoint_extra(ckpt, "tokenizer"),
-                                 **options)
+                             dtype=dtype, overwrite=overwrite, tokenizer=tokenizer, **options)
 
     run.__doc__ = (f"{family.summary}\n\n"
                    "Without --checkpoint or --preset, the bundled trained model (else the tiny preset).")

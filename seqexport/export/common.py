@@ -4,6 +4,7 @@ import contextlib
 import copy
 import io
 import logging
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import seqexport
 from seqexport.checkpoints.io import Checkpoint, checkpoint_sha256, save_checkpoint
 from seqexport.errors import ExportError
 from seqexport.export.atomic import atomic_folder
-from seqexport.manifest import graph_entry, write_manifest
+from seqexport.manifest import graph_entry, sha256_file, write_manifest
 from seqexport.specs import GraphSpec
 
 TWO_GB = 2**31
@@ -115,6 +116,17 @@ def source_record(ckpt: Checkpoint, preset: str | None, folder: Path) -> dict:
     return {"checkpoint": "checkpoint", "sha256": checkpoint_sha256(folder / "checkpoint"), "preset": preset}
 
 
+def copy_tokenizer(record: dict | None, folder: Path) -> dict | None:
+    """A tokenizer record whose file ("source") is copied into the artifact, hashed like a graph."""
+    if not record or "source" not in record:
+        return record
+    source = Path(record["source"])
+    record = {k: v for k, v in record.items() if k != "source"}
+    target = folder / record["file"]
+    shutil.copyfile(source, target)
+    return record | {"sha256": sha256_file(target), "bytes": target.stat().st_size}
+
+
 def model_in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
     """The model to trace: itself for float32, a converted copy otherwise (the original stays)."""
     return model.eval() if dtype == "float32" else copy.deepcopy(model).to(torch_dtype(dtype)).eval()
@@ -129,6 +141,7 @@ def write_artifact(out: str | Path, overwrite: bool, ckpt: Checkpoint, preset: s
     started = time.perf_counter()
     with atomic_folder(out, overwrite) as tmp:
         source = source_record(ckpt, preset, tmp)
+        tokenizer = copy_tokenizer(tokenizer, tmp)
         build(tmp)
         graphs = {name: graph_entry(tmp, spec, f"{name}.onnx") for name, spec in specs.items()}
         write_manifest(tmp, {

@@ -11,7 +11,7 @@ import numpy as np
 from seqexport.errors import ArtifactError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
 from seqexport.runtime.session import NP_DTYPES, Graph, shape_and_dtype, to_numpy
-from seqexport.runtime.tokenizer import ByteTokenizer
+from seqexport.runtime.tokenizer import load_tokenizer
 from seqexport.specs import GraphSpec
 
 
@@ -94,8 +94,8 @@ class RuntimeModel:
         self.io_binding = self.provider == "CUDAExecutionProvider" if io_binding is None else io_binding
         record = self.manifest.get("tokenizer")
         try:
-            self.tokenizer = ByteTokenizer.from_dict(record) if record else None
-        except ValueError as e:
+            self.tokenizer = load_tokenizer(record, self.folder)
+        except ArtifactError as e:
             raise ArtifactError(f"{self.folder / MANIFEST}: field 'tokenizer': {e}") from None
 
     def _run(self, graph: str, feeds: dict) -> dict:

@@ -7,7 +7,7 @@ import numpy as np
 from seqexport.errors import UsageError
 from seqexport.runtime.generate import SearchOptions, generate
 from seqexport.runtime.models import load
-from seqexport.runtime.tokenizer import encode_prompt
+from seqexport.runtime.tokenizer import TextStream, encode_prompt
 
 
 def parse_ids(s: str) -> list[int]:
@@ -36,28 +36,20 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
     if texts:
         if tok is None:
             raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
-        prompts = [encode_prompt(model.manifest["tokenizer"], model.prompt_frame, t) for t in texts]
+        prompts = [encode_prompt(tok, model.prompt_frame, t, model.manifest["tokenizer"]) for t in texts]
     else:
         prompts = [parse_ids(s) for s in ids]
-    show = tok.decode if tok else (lambda seq: " ".join(map(str, seq)))
+    # rows already end where generation stopped them (eos excluded; --eos-id may differ)
+    show = (lambda seq: tok.decode(seq, stop_at_eos=False)) if tok else (lambda seq: " ".join(map(str, seq)))
+    eos = options.eos_id if options.eos_id is not None else (tok.eos_id if tok else None)
     if len(prompts) == 1 and options.num_beams == 1:
-        seq: list[int] = []
-        printed = ""
+        text = TextStream(tok) if tok else None
 
         def on_token(tokens: np.ndarray):  # stream what each new token adds
-            nonlocal printed
             t = int(tokens[0])
-            if t < 0 or (tok is not None and t == tok.eos_id):
+            if t < 0 or t == eos:
                 return
-            seq.append(t)
-            if tok is None:
-                out.write(f"{t} ")
-            else:
-                now = tok.decode(seq)
-                if now.endswith("\ufffd"):  # wait until a multi-byte character is complete
-                    return
-                out.write(now[len(printed):])
-                printed = now
+            out.write(text.push(t) if text else f"{t} ")
             out.flush()
 
         result = generate(model, prompts, options, on_token=on_token)

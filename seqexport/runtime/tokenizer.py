@@ -1,14 +1,45 @@
-"""A byte-level tokenizer: UTF-8 bytes shifted past three special ids. Standard library only.
+"""Tokenizers of exported models, behind one interface (numpy and torch free).
 
-    id 0        pad
-    id 1        bos (begin of sequence)
-    id 2        eos (end of sequence)
-    id b + 3    the byte b (0..255)             -> vocab_size = 259
+    tok = load_tokenizer(manifest["tokenizer"], folder)   # from an artifact's manifest
+    ids = encode_prompt(tok, model.prompt_frame, "5 March 2021")
+    text = tok.decode(ids)                                 # stops at eos
+    stream = TextStream(tok); stream.push(token) -> the text that token completes
 
-The runtime imports this module, so it must never import torch or numpy.
+Two kinds, told apart by the record's "type":
+- "byte": UTF-8 bytes shifted past three special ids (the bundled models):
+      id 0 pad, 1 bos, 2 eos, b + 3 the byte b (0..255)  -> vocab_size 259
+- "hf": a Hugging Face `tokenizers` tokenizer.json copied into the artifact (the Rust
+  library, torch-free), with bos/eos/pad/decoder-start ids read from the checkpoint's
+  configs at export time.
+
+Every tokenizer has `vocab_size`, `bos_id`, `eos_id`, `pad_id` (None where the model has
+none), `start_id` (the transformer decoder's first token), `encode`, `decode`, `to_dict`.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from seqexport.errors import ArtifactError, InputError
+
+TYPES = ("byte", "hf")
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+    frames_prompts: bool  # True: a prompt is framed by the family's (bos, suffix, eos) rule
+
+    @property
+    def start_id(self) -> int | None: ...
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]: ...
+
+    def decode(self, ids, stop_at_eos: bool = True) -> str: ...
+
+    def to_dict(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -17,6 +48,11 @@ class ByteTokenizer:
     bos_id: int = 1  # begin of sequence, skipped by decode
     eos_id: int = 2  # end of sequence, decode stops there
     offset: int = 3  # id of byte 0
+    frames_prompts = True
+
+    @property
+    def start_id(self) -> int:
+        return self.bos_id
 
     @property
     def vocab_size(self) -> int:
@@ -31,13 +67,13 @@ class ByteTokenizer:
             ids.append(self.eos_id)
         return ids
 
-    def decode(self, ids) -> str:
-        """ids -> text: stops at the first eos, skips pad and bos (and any other id
-        below `offset`); bytes that are not valid UTF-8 become U+FFFD."""
+    def decode(self, ids, stop_at_eos: bool = True) -> str:
+        """ids -> text: stops at the first eos (unless told not to), skips pad, bos and eos
+        (any id below `offset`); bytes that are not valid UTF-8 become U+FFFD."""
         out = bytearray()
         for i in ids:
             i = int(i)
-            if i == self.eos_id:
+            if i == self.eos_id and stop_at_eos:
                 break
             if self.offset <= i < self.vocab_size:
                 out.append(i - self.offset)
@@ -67,10 +103,107 @@ class ByteTokenizer:
         return tok
 
 
-def encode_prompt(record: dict, default_frame: dict, text: str) -> list[int]:
-    """Text -> prompt ids as the model was trained: the record's "prompt" framing
-    ({"bos", "suffix", "eos"}, e.g. the Mamba date task's " = " suffix), else the family's
-    `default_frame` (the runtime model's `prompt_frame`)."""
-    frame = {**default_frame, **record.get("prompt", {})}
-    tok = ByteTokenizer.from_dict(record)
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer (tokenizer.json) with the model's special ids.
+
+    The tokenizer's own post-processor frames a prompt (as transformers would), so no
+    family framing is added; `decode` stops at eos and skips special tokens.
+    """
+
+    frames_prompts = False
+
+    def __init__(self, path: str | Path, bos_id=None, eos_id=None, pad_id=None, decoder_start_id=None,
+                 file: str = "tokenizer.json"):
+        try:
+            from tokenizers import Tokenizer as RustTokenizer
+        except ImportError:
+            raise ArtifactError("this export's tokenizer needs the `tokenizers` package: pip install tokenizers") from None
+        try:
+            self._tok = RustTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust library raises its own exception type
+            raise ArtifactError(f"cannot read tokenizer {path}: {str(e).splitlines()[0] if str(e) else e}") from None
+        self.file = file
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.decoder_start_id = decoder_start_id
+
+    @property
+    def start_id(self) -> int | None:
+        return self.decoder_start_id if self.decoder_start_id is not None else self.bos_id
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        ids = list(self._tok.encode(text).ids)
+        if add_bos and self.bos_id is not None:
+            ids.insert(0, self.bos_id)
+        if add_eos and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids, stop_at_eos: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        if stop_at_eos and self.eos_id is not None and self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def to_dict(self) -> dict:
+        return {"type": "hf", "file": self.file, "bos_id": self.bos_id, "eos_id": self.eos_id,
+                "pad_id": self.pad_id, "decoder_start_id": self.decoder_start_id, "vocab_size": self.vocab_size}
+
+
+def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "Tokenizer | None":
+    """The tokenizer a manifest's record describes (None for none); ArtifactError for an
+    unknown type, a missing file, or ids that do not fit."""
+    if not record:
+        return None
+    if not isinstance(record, dict) or record.get("type") not in TYPES:
+        found = record.get("type") if isinstance(record, dict) else type(record).__name__
+        raise ArtifactError(f"unknown tokenizer type {found!r}; expected one of {list(TYPES)}")
+    try:
+        if record["type"] == "byte":
+            return ByteTokenizer.from_dict(record)
+        if folder is None:
+            raise ArtifactError("an 'hf' tokenizer record needs the folder holding its file")
+        ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
+        return HFTokenizer(Path(folder) / record["file"], file=record["file"], **ids)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"tokenizer record {record!r} is malformed: {e}") from None
+
+
+def _optional_id(record: dict, key: str) -> int | None:
+    v = record.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ValueError(f"{key} must be a token id (integer >= 0) or null, got {v!r}")
+    return v
+
+
+def encode_prompt(tok: "Tokenizer", default_frame: dict, text: str, record: dict | None = None) -> list[int]:
+    """Text -> prompt ids as the model was trained. A byte tokenizer frames the text by the
+    record's "prompt" ({"bos", "suffix", "eos"}, e.g. the Mamba date task's " = " suffix),
+    else by the family's `default_frame` (the runtime model's `prompt_frame`); a Hugging Face
+    tokenizer frames it itself."""
+    if not isinstance(text, str) or not text:
+        raise InputError(f"prompt text: expected a non-empty string, got {text!r}")
+    if not tok.frames_prompts:
+        return tok.encode(text)
+    frame = {**default_frame, **((record or {}).get("prompt") or {})}
     return tok.encode(text + frame["suffix"], add_bos=frame["bos"], add_eos=frame["eos"])
+
+
+class TextStream:
+    """Text of a growing token sequence, piece by piece, never splitting a character:
+    `push(token)` returns what that token completes ("" while a multi-byte character or a
+    byte-level BPE piece is still incomplete)."""
+
+    def __init__(self, tok: "Tokenizer"):
+        self.tok, self.ids, self.printed = tok, [], ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(int(token))
+        text = self.tok.decode(self.ids, stop_at_eos=False)  # generation decides where a row ends
+        if text.endswith("\ufffd") or not text.startswith(self.printed):
+            return ""
+        new, self.printed = text[len(self.printed):], text
+        return new

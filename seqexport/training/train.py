@@ -130,7 +130,7 @@ def decode(family: str, model: nn.Module, inputs: Sequence[str], batch_size: int
     record = tokenizer_record(family)
     tok = ByteTokenizer.from_dict(record)
     eager = families.get(family).eager.Eager(model.eval(), tok)
-    prompts = [encode_prompt(record, eager.prompt_frame, x) for x in inputs]
+    prompts = [encode_prompt(tok, eager.prompt_frame, x, record) for x in inputs]
     out: list[list[int]] = []
     with torch.inference_mode():
         for i in range(0, len(prompts), batch_size):

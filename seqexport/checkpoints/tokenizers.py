@@ -1,0 +1,80 @@
+"""The tokenizer a checkpoint folder carries, as the record an export writes into its manifest.
+
+Ours: config.json's "tokenizer" record (the byte tokenizer and its prompt framing). A Hugging
+Face checkpoint: tokenizer.json beside the weights, copied into the artifact, with bos / eos /
+pad / decoder-start ids from generation_config.json, then config.json, then
+tokenizer_config.json and special_tokens_map.json (token strings looked up in the vocabulary).
+"""
+
+import json
+from pathlib import Path
+
+from seqexport.checkpoints.io import Checkpoint, checkpoint_extra
+from seqexport.errors import ArtifactError, CheckpointError
+from seqexport.runtime.tokenizer import HFTokenizer
+
+HF_FILE = "tokenizer.json"
+# record key -> key in generation_config.json / config.json, and in tokenizer_config.json
+IDS = {"bos_id": ("bos_token_id", "bos_token"), "eos_id": ("eos_token_id", "eos_token"),
+       "pad_id": ("pad_token_id", "pad_token"), "decoder_start_id": ("decoder_start_token_id", None)}
+
+
+def checkpoint_tokenizer(ckpt: Checkpoint, vocab_size: int | None = None) -> dict | None:
+    """The manifest record of the checkpoint's tokenizer, or None. An "hf" record carries
+    "source" (the file to copy); CheckpointError when the tokenizer does not fit the model
+    (more tokens than `vocab_size`, or special ids outside it)."""
+    if ckpt.path is None:
+        return None
+    own = checkpoint_extra(ckpt, "tokenizer")
+    if own:
+        return own
+    path = Path(ckpt.path) / HF_FILE
+    if not path.is_file():
+        return None
+    try:
+        tok = HFTokenizer(path)
+    except ArtifactError as e:
+        raise CheckpointError(str(e)) from None
+    record = {"type": "hf", "file": HF_FILE, "source": str(path), "vocab_size": tok.vocab_size,
+              **special_ids(Path(ckpt.path), tok)}
+    limit = vocab_size or tok.vocab_size
+    if tok.vocab_size > limit:
+        raise CheckpointError(f"{path} has {tok.vocab_size} tokens; the model's vocabulary has {limit}")
+    for key in IDS:
+        if record[key] is not None and not 0 <= record[key] < limit:
+            raise CheckpointError(f"{key} {record[key]} of {path.parent} lies outside the vocabulary [0, {limit})")
+    return record
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _first_id(value):
+    """An id, or the first of a list of ids (generation_config may list several eos ids)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def special_ids(folder: Path, tok: HFTokenizer) -> dict:
+    configs = [_json(folder / "generation_config.json"), _json(folder / "config.json")]
+    token_maps = [_json(folder / "tokenizer_config.json"), _json(folder / "special_tokens_map.json")]
+    out = {}
+    for key, (id_key, token_key) in IDS.items():
+        found = next((_first_id(c[id_key]) for c in configs if _first_id(c.get(id_key)) is not None), None)
+        if found is None and token_key:
+            for m in token_maps:
+                token = m.get(token_key)
+                token = token.get("content") if isinstance(token, dict) else token
+                if isinstance(token, str) and tok.token_id(token) is not None:
+                    found = tok.token_id(token)
+                    break
+        out[key] = found
+    return out

@@ -1,0 +1,104 @@
+"""A real checkpoint's tokenizer: transformers' MambaForCausalLM + a `tokenizers` BPE trained here
+(no downloads) -> export -> validate -> `seqexport generate --text` prints what transformers
+generates, decoded by the same tokenizer, and stops at the checkpoint's eos."""
+
+import json
+
+import pytest
+import torch
+import transformers  # the independent reference: a missing package fails, never skips
+from click.testing import CliRunner
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import seqexport.runtime as rt
+from seqexport.cli import cli
+from seqexport.errors import ArtifactError
+from seqexport.training.dates import make_split
+
+VOCAB = 320
+PROMPT = "Friday, 5 März 2021 — the dates 1984-05-09 and"  # non-ASCII: byte-level pieces
+
+
+def train_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    text = [f"{x} = {y}" for x, y in make_split("train", 3000, seed=1)] + [PROMPT, "März über Straße"]
+    tok.train_from_iterator(text, trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    tok = train_tokenizer()
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8)
+    hf = transformers.MambaForCausalLM(cfg).eval()
+    with torch.no_grad():  # outputs that depend on every part (see tests/test_hf_workflow.py)
+        for layer in hf.backbone.layers:
+            layer.mixer.conv1d.bias.normal_(0, 0.5)
+            layer.mixer.dt_proj.bias.uniform_(-3.0, 0.0)
+            layer.mixer.out_proj.weight.mul_(5.0)
+    ids = tok.encode(PROMPT).ids
+    with torch.no_grad():  # greedy without eos, to pick an eos the decode will meet
+        free = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, len(ids):].tolist()
+    eos = next(t for i, t in enumerate(free) if i >= 3 and t not in free[:i])
+    folder = tmp_path_factory.mktemp("hf-bpe")
+    hf.save_pretrained(folder)
+    tok.save(str(folder / "tokenizer.json"))
+    for name in ("config.json", "generation_config.json"):
+        data = json.loads((folder / name).read_text()) if (folder / name).exists() else {}
+        (folder / name).write_text(json.dumps(data | {"eos_token_id": eos, "bos_token_id": 0, "pad_token_id": 0}))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                          pad_token_id=0)[0, len(ids):].tolist()
+    assert ref[-1] == eos and len(ref) < 12  # transformers stopped at the eos
+    return folder, tok, eos, ref[:-1]
+
+
+def test_export_validate_generate_text_with_the_checkpoints_tokenizer(checkpoint, tmp_path):
+    folder, tok, eos, expected = checkpoint
+    out = tmp_path / "onnx"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(folder), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    record = manifest["tokenizer"]
+    assert record["type"] == "hf" and record["eos_id"] == eos and record["bos_id"] == 0
+    assert (out / record["file"]).read_bytes() == (folder / "tokenizer.json").read_bytes()
+    result = runner.invoke(cli, ["validate", str(out), "--steps", "6"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["generate", str(out), "--text", PROMPT, "--max-new-tokens", "12"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == tok.decode(expected, skip_special_tokens=True) + "\n"
+    model = rt.load(out)
+    ids = rt.generate(model, [tok.encode(PROMPT).ids], rt.SearchOptions(max_new_tokens=12))[0]
+    assert ids == expected  # stopped at the checkpoint's eos, which is not included
+    longer = runner.invoke(cli, ["generate", str(out), "--text", PROMPT, "--max-new-tokens", "12",
+                                 "--eos-id", "1"])
+    assert longer.exit_code == 0 and len(longer.stdout) > len(result.stdout)  # --eos-id overrides
+
+
+def test_a_changed_tokenizer_file_is_refused(checkpoint, tmp_path):
+    folder, *_ = checkpoint
+    out = tmp_path / "onnx"
+    assert CliRunner().invoke(cli, ["export", "mamba", "--checkpoint", str(folder), "--out", str(out)]).exit_code == 0
+    path = out / "tokenizer.json"
+    path.write_text(path.read_text().replace("<unk>", "<UNK>"))
+    with pytest.raises(ArtifactError, match="tokenizer"):
+        rt.load(out)
+
+
+def test_streamed_text_never_splits_a_character(checkpoint):
+    from seqexport.runtime.tokenizer import HFTokenizer, TextStream
+
+    folder, tok, *_ = checkpoint
+    ours = HFTokenizer(folder / "tokenizer.json")
+    ids = tok.encode("über März Straße ✓").ids
+    stream = TextStream(ours)
+    pieces = [stream.push(i) for i in ids]
+    assert "".join(pieces) == "über März Straße ✓"
+    assert all("\ufffd" not in p for p in pieces)
