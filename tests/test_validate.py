@@ -216,3 +216,20 @@ def test_validate_fails_on_a_nan_weight(tmp_path):
     result = CliRunner().invoke(cli, ["validate", str(tmp_path / "nan"), "--steps", "4"])
     assert result.exit_code == 1, result.output
     assert "NaN/Inf" in result.output and "result: FAIL" in result.output
+
+
+def test_a_checkpoint_of_another_shape_is_refused_before_any_graph_runs(transformer_tiny, tmp_path):
+    from seqexport.models.transformer import TransformerConfig
+
+    from seqexport.checkpoints import build_preset, save_checkpoint
+
+    _, folder = transformer_tiny
+    other = build_preset("transformer", "tiny")
+    config = TransformerConfig(**{**other.config.to_dict(), "tgt_vocab_size": 272})
+    from seqexport.checkpoints.io import build_model
+
+    save_checkpoint(build_model("transformer", config), config, "transformer", tmp_path / "other")
+    result = CliRunner().invoke(cli, ["validate", str(folder), "--checkpoint", str(tmp_path / "other")])
+    assert result.exit_code == 2
+    assert "does not match the export" in result.output and "tgt_vocab_size 272 (the export has 100)" in result.output
+    assert "Gather" not in result.output

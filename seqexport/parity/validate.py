@@ -37,9 +37,16 @@ from seqexport.runtime.models import load as rt_load
 
 
 def eager_checkpoint(folder: Path, manifest: dict, checkpoint: str | None):
-    """The eager model the manifest names (sha256-checked), or the one --checkpoint names."""
+    """The eager model the manifest names (sha256-checked), or the one --checkpoint names
+    (which must have the exported model's shape: same config)."""
     if checkpoint:
-        return load_checkpoint(checkpoint, family=manifest["family"])
+        ckpt = load_checkpoint(checkpoint, family=manifest["family"])
+        ours = ckpt.config.to_dict()
+        differ = [f"{k} {ours.get(k)!r} (the export has {v!r})" for k, v in manifest["config"].items()
+                  if k in ours and ours[k] != v and k != "dropout"]
+        if differ:
+            raise CheckpointError(f"checkpoint {checkpoint} does not match the export {folder}: " + ", ".join(differ))
+        return ckpt
     source = manifest.get("source") or {}
     path = Path(source.get("checkpoint", ""))
     if not source.get("checkpoint"):

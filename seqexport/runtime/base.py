@@ -3,12 +3,13 @@ common part. Each family's runtime model (`seqexport/families/<name>/runtime.py`
 `RuntimeModel`; every graph I/O name comes from the specs stored in manifest.json.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from seqexport.errors import ArtifactError
+from seqexport.errors import ArtifactError, InputError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
 from seqexport.runtime.session import NP_DTYPES, Graph, shape_and_dtype, to_numpy
 from seqexport.runtime.tokenizer import load_tokenizer
@@ -57,7 +58,10 @@ class State:
 
 def tokens_2d(tokens) -> tuple[np.ndarray, bool]:
     """(b,) or (b, t) tokens -> (b, t) and whether the caller gave one token per row."""
-    a = np.asarray(tokens)
+    try:
+        a = np.asarray(tokens)
+    except (ValueError, OverflowError, TypeError) as e:  # ragged rows, ids beyond int64
+        raise InputError(f"tokens: expected a (batch,) or (batch, length) array of token ids: {e}") from None
     return (a[:, None], True) if a.ndim == 1 else (a, False)
 
 
@@ -66,8 +70,21 @@ def zero_state(spec: GraphSpec, batch: int, sizes: dict[str, int] | None = None,
     """Zeros for every state input of `spec` (a fresh sequence); `sizes` gives symbolic dims
     other than batch (e.g. past_len 0); inputs named in `skip` are left out."""
     sizes = {"batch": batch, **(sizes or {})}
-    return {t.name: np.zeros(tuple(sizes[d] if isinstance(d, str) else d for d in t.dims), NP_DTYPES[t.dtype])
-            for t in spec.state_inputs if t.name not in skip}
+    shapes = {t.name: (tuple(sizes[d] if isinstance(d, str) else d for d in t.dims), NP_DTYPES[t.dtype])
+              for t in spec.state_inputs if t.name not in skip}
+    need = sum(int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
+    if need > physical_memory():
+        raise InputError(f"batch_size {batch}: its state needs {need / 2**30:.3g} GiB; "
+                         f"this machine has {physical_memory() / 2**30:.3g} GiB of memory")
+    return {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
+
+
+def physical_memory() -> int:
+    """Bytes of RAM (a bound no state may pass; POSIX, else unbounded)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
 
 
 class RuntimeModel:
@@ -79,6 +96,7 @@ class RuntimeModel:
 
     family = ""  # the registry name, set by each family's model
     supports_beams = False  # beam search needs rows that can be reordered mid-decode
+    max_new_tokens_limit: int | None = None  # the most tokens one decode can make (a positional table)
 
     def __init__(self, folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None,
                  io_binding: bool | None = None, manifest: dict | None = None):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqexport.errors import InputError, UsageError
+from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
 
 
@@ -38,18 +38,37 @@ class SearchOptions:
     start_id: int | None = None  # transformer decoder start (default: tokenizer bos, else 1)
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise UsageError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise UsageError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise UsageError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.num_beams < 1:
-            raise UsageError(f"num_beams must be >= 1, got {self.num_beams}")
+        _integer("max_new_tokens", self.max_new_tokens, 1)
+        if not isinstance(self.do_sample, bool | np.bool_):
+            raise UsageError(f"do_sample must be True or False, got {self.do_sample!r}")
+        _real("temperature", self.temperature, "> 0", lambda v: v > 0)
+        _integer("top_k", self.top_k, 0)
+        _real("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
+        if self.seed is not None:
+            _integer("seed", self.seed, 0)
+        _integer("num_beams", self.num_beams, 1)
+        _real("length_penalty", self.length_penalty, "finite", lambda v: True)
+        for name in ("eos_id", "start_id"):
+            if getattr(self, name) is not None:
+                _integer(name, getattr(self, name), -1)  # -1: an eos that never matches
         if self.num_beams > 1 and self.do_sample:
             raise UsageError("beam search and sampling cannot be combined")
+
+
+def _integer(name: str, value, least: int, below: int = 2**63) -> None:
+    """A plain integer (not a bool, not a float that happens to be whole) in [least, below)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise UsageError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if not least <= value < below:
+        raise UsageError(f"{name} must be >= {least}" + (f" and < {below}" if below != 2**63 else "")
+                         + f", got {value}")
+
+
+def _real(name: str, value, rule: str, ok) -> None:
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise UsageError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not np.isfinite(value) or not ok(value):
+        raise UsageError(f"{name} must be {rule}, got {value}")
 
 
 def _eos(model, options: SearchOptions) -> int | None:
@@ -80,16 +99,31 @@ def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Gener
 
 
 def _as_rows(prompts) -> list[list[int]]:
+    """A batch of prompts (2-D integer array, or sequences of integers of any lengths) as lists
+    of Python ints; InputError naming the first element that is not a token id."""
     if isinstance(prompts, np.ndarray):
         if prompts.ndim != 2:
             raise InputError(f"prompts: expected a 2-D array (batch, length), got shape {prompts.shape}")
-        return [list(map(int, row)) for row in prompts]
-    rows = [list(map(int, p)) for p in prompts]
+        if prompts.dtype.kind not in "iu":
+            raise InputError(f"prompts: token ids must be integers, got dtype {prompts.dtype}")
+    elif isinstance(prompts, str | bytes) or not hasattr(prompts, "__iter__"):
+        raise InputError(f"prompts: expected a batch of token-id sequences, got {type(prompts).__name__}")
+    rows = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str | bytes) or not hasattr(p, "__iter__"):
+            raise InputError(f"prompts[{i}]: expected a sequence of token ids, got {p!r}")
+        row = []
+        for j, x in enumerate(p):
+            if isinstance(x, bool | np.bool_) or not isinstance(x, int | np.integer):
+                raise InputError(f"prompts[{i}][{j}]: token ids must be integers, got {x!r} ({type(x).__name__})")
+            if not 0 <= x < 2**63:
+                raise InputError(f"prompts[{i}][{j}]: token id {x} is negative or beyond int64")
+            row.append(int(x))
+        if not row:
+            raise InputError(f"prompts[{i}]: empty prompt; expected at least one token")
+        rows.append(row)
     if not rows:
         raise InputError("prompts: empty batch; expected at least one prompt")
-    for i, r in enumerate(rows):
-        if not r:
-            raise InputError(f"prompts[{i}]: empty prompt; expected at least one token")
     return rows
 
 
@@ -112,6 +146,10 @@ class Generator:
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
         rows = _as_rows(prompts)
+        limit = getattr(self.model, "max_new_tokens_limit", None)
+        if limit is not None and self.options.max_new_tokens > limit:
+            raise InputError(f"max_new_tokens {self.options.max_new_tokens} exceeds what the model can hold: "
+                             f"its decoder has {limit} positions")
         self._logits, self.state = self.model.begin(rows, self.options.start_id)
         self.sequences = [[] for _ in rows]
         self._done = np.zeros(len(rows), bool)
@@ -131,6 +169,9 @@ class Generator:
             raise UsageError("append_tokens() first")
         if self.is_done():
             raise UsageError("generation is done")
+        if not np.isfinite(self._logits).all():
+            raise ArtifactError(f"the model produced NaN/Inf logits after {self._steps} new tokens; "
+                                "run `seqexport validate` on this export")
         tokens = pick_tokens(self._logits, self.options, self.rng).astype(np.int64)
         tokens[self._done] = -1
         ended = tokens == self.eos if self.eos is not None else np.zeros_like(self._done)

@@ -182,7 +182,10 @@ def to_numpy(a) -> np.ndarray:
 
 def check_token_ids(name: str, ids: np.ndarray, vocab_size: int) -> np.ndarray:
     """2-D int64 token ids, non-empty, each in [0, vocab_size)."""
-    ids = np.asarray(ids)
+    try:
+        ids = np.asarray(ids)
+    except (ValueError, OverflowError, TypeError) as e:  # ragged rows, ids beyond int64
+        raise InputError(f"{name}: expected a (batch, length) array of token ids: {e}") from None
     if ids.dtype.kind not in "iu":
         raise InputError(f"{name}: token ids must be integers, got dtype {ids.dtype}")
     if ids.ndim != 2:

@@ -48,6 +48,10 @@ class TransformerModel(TransformerSteps, RuntimeModel):
     def pad_id(self) -> int:
         return self.config["pad_id"]
 
+    @property
+    def max_new_tokens_limit(self) -> int:
+        return self.config["max_len"]  # the start token and every fed token hold a position
+
     def start(self, src_ids, src_mask=None) -> State:
         """Run the encoder once; the state holds the cross K/V and an empty self-attention cache.
 
@@ -56,10 +60,16 @@ class TransformerModel(TransformerSteps, RuntimeModel):
         src = check_token_ids("src_ids", src_ids, self.config["src_vocab_size"])
         if src.shape[1] > self.config["max_len"]:
             raise InputError(f"src_ids: length {src.shape[1]} exceeds the positional table ({self.config['max_len']})")
-        mask = (src != self.pad_id) if src_mask is None else np.asarray(src_mask)
+        mask = (src != self.pad_id) if src_mask is None else tokens_2d(src_mask)[0]
         if mask.shape != src.shape:
             raise InputError(f"src_mask: shape {mask.shape} differs from src_ids {src.shape}")
+        if mask.dtype.kind not in "biu" or not np.isin(mask, (0, 1)).all():
+            bad = mask.flat[np.flatnonzero(~np.isin(mask, (0, 1)))[0]].item() if mask.dtype.kind in "biuf" else mask.dtype
+            raise InputError(f"src_mask: expected 0/1 (or bool) values, 1 = token, 0 = padding; got {bad!r}")
         mask = mask.astype(np.int64)
+        hidden = np.flatnonzero(mask.sum(1) == 0)
+        if hidden.size:
+            raise InputError(f"src_mask: row {int(hidden[0])} hides every source token; expected at least one 1")
         cross = self._fed("encoder", self._run("encoder", {INPUT_IDS: src, ATTENTION_MASK: mask}))
         arrays = {ENCODER_ATTENTION_MASK: mask, **cross,
                   **zero_state(self.specs["decoder"], src.shape[0], {"past_len": 0}, skip=cross.keys())}
