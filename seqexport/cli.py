@@ -69,7 +69,10 @@ def export():
 @click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True, help="Batch of the decodes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
-def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, report_path):
+@click.option("--min-top1", type=click.FloatRange(0, 1), help="int8 exports: teacher-forced top-1 agreement [0.95].")
+@click.option("--min-tokens", type=click.FloatRange(0, 1),
+              help="int8 exports: share of free-running tokens equal to eager's [0.75].")
+def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, report_path, min_top1, min_tokens):
     """Prove parity of an exported FOLDER with its eager model; exit 1 if any check fails.
 
     Checks every graph at several shapes, a teacher-forced decode against the eager
@@ -79,7 +82,8 @@ def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, repor
 
     check_output_path(report_path, "--report")
     report = run_validate(folder, checkpoint=checkpoint, provider=provider, atol=atol, rtol=rtol,
-                          steps=steps, batch=batch, seed=seed, log=lambda msg: click.echo(msg, err=True))
+                          steps=steps, batch=batch, seed=seed, log=lambda msg: click.echo(msg, err=True),
+                          min_top1=min_top1, min_tokens=min_tokens)
     click.echo(report.table())
     if report_path:
         with open(report_path, "w") as f:
@@ -143,6 +147,29 @@ def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fas
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2)
+
+
+@cli.command()
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder of the int8 copy.")
+@click.option("--mode", type=click.Choice(["dynamic"]), default="dynamic", show_default=True,
+              help="dynamic: int8 weights, activations quantised on the fly (no calibration data).")
+@click.option("--per-channel", is_flag=True, help="One int8 scale per output channel of each weight.")
+@click.option("--exclude", multiple=True, metavar="PATTERN",
+              help="Keep float32 the weight MatMuls whose module path or node name matches (glob; repeat).")
+@click.option("--include-head", is_flag=True, help="Quantise the output head too (kept float32 by default).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+def quantize(folder, out, mode, per_channel, exclude, include_head, overwrite):
+    """Write an int8 copy of an exported FOLDER (ONNX Runtime dynamic quantisation).
+
+    Norms, softmax, embeddings, the Mamba scan and its state, the output head and the
+    family's sensitive projections stay float32. `seqexport validate` judges the copy by
+    top-1 agreement with the float32 eager model.
+    """
+    from seqexport.export.quantize import quantize as run_quantize
+
+    run_quantize(folder, out, mode=mode, per_channel=per_channel, exclude=exclude, include_head=include_head,
+                 overwrite=overwrite, log=lambda msg: click.echo(msg, err=True))
 
 
 @cli.command()

@@ -95,5 +95,5 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
             c.get(entry, "data_sha256", where, "64 lowercase hex digits",
                   lambda v: isinstance(v, str) and SHA256.fullmatch(v))
             c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))
-    for key in ("source", "export_options", "parity", "versions"):
+    for key in ("source", "export_options", "parity", "versions", "quantization"):
         c.get(m, key, "", "an object", lambda v: v is None or isinstance(v, dict), optional=True)

@@ -41,6 +41,8 @@ class Family:
     # manifest is refused when one is missing or malformed
     config_fields: dict[str, int] = field(default_factory=dict)
     bundled: str | None = None  # trained checkpoint folder under models/pretrained, if any
+    # weight MatMuls that `seqexport quantize` keeps float32 (globs over eager module paths)
+    int8_keep_float: tuple[str, ...] = ()
     detect: Callable[[dict], bool] = lambda config: False  # a config.json without "family" is ours?
     export_options: tuple = ()  # click options of `seqexport export <name>` beyond the common ones
     # exported/<default name><suffix>: e.g. the Mamba scan lowering

@@ -40,6 +40,7 @@ class Report:
     checkpoint: str
     cases: list[Case] = field(default_factory=list)
     seconds: float = 0.0
+    rule: str = "float: every element within atol + rtol * |eager|"  # how outputs are judged
 
     CHECKS = ("graphs", "teacher_forced", "free_running")
     # What each check compares ONNX Runtime with (stated in the report).
@@ -75,13 +76,13 @@ class Report:
 
     def summary(self) -> dict:
         return {"passed": self.passed, "provider": self.provider, "eager_device": self.eager_device,
-                "atol": self.atol, "rtol": self.rtol, "steps": self.steps,
+                "atol": self.atol, "rtol": self.rtol, "rule": self.rule, "steps": self.steps,
                 "checks": {k: self.check_passed(k) for k in self.CHECKS},
                 "failures": self.failures()}
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("folder", "family", "dtype", "provider", "eager_device", "atol",
-                                           "rtol", "steps", "batch", "seed", "checkpoint", "seconds")}
+                                           "rtol", "rule", "steps", "batch", "seed", "checkpoint", "seconds")}
         d["passed"] = self.passed
         d["checks"] = {k: {"passed": self.check_passed(k), "reference": self.REFERENCES[k],
                            "cases": [c.to_dict() for c in self.cases if c.check == k]} for k in self.CHECKS}
@@ -90,7 +91,7 @@ class Report:
 
     def table(self) -> str:
         lines = [f"parity of {self.folder} ({self.family}, {self.dtype}) · ORT {self.provider} vs eager "
-                 f"{self.eager_device} · atol {self.atol:g} rtol {self.rtol:g}"]
+                 f"{self.eager_device} · atol {self.atol:g} rtol {self.rtol:g} · {self.rule}"]
         for check in self.CHECKS:
             lines.append(f"{check}: {'PASS' if self.check_passed(check) else 'FAIL'} "
                          f"(reference: {self.REFERENCES[check]})")

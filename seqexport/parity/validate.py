@@ -64,10 +64,13 @@ def eager_checkpoint(folder: Path, manifest: dict, checkpoint: str | None):
 
 def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol: float | None = None,
              rtol: float | None = None, steps: int = 20, batch: int = 2, seed: int = 0,
-             localize: bool = True, write_summary: bool = True, log=None) -> Report:
+             localize: bool = True, write_summary: bool = True, log=None, min_top1: float | None = None,
+             min_tokens: float | None = None) -> Report:
     """Run the three checks; the report is truthy when everything passed.
 
     `log` (e.g. stderr) hears each check as it ends, with its counts and the time taken.
+    An int8 export (`seqexport quantize`) is judged by `checks.Int8Rule`: `min_top1` and
+    `min_tokens` override its thresholds.
     """
     log = log or (lambda msg: None)
     started = time.perf_counter()
@@ -86,9 +89,15 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
                     steps, batch, seed, str(ckpt.path))
     log(f"validating {folder} ({manifest['family']}, {manifest['dtype']}) on {rt.provider} "
         f"against {ckpt.path or 'the preset weights'}")
-    runs = (("graphs", lambda: checks.graph_cases(rt, cases, rng, atol, rtol, device, localize)),
-            ("teacher_forced", lambda: [checks.teacher_forced(rt, cases, steps, atol, rtol, rng)]),
-            ("free_running", lambda: checks.free_running(rt, cases, steps, atol, rtol)))
+    int8 = None
+    if manifest.get("quantization"):
+        d = checks.Int8Rule()
+        int8 = checks.Int8Rule(d.min_top1 if min_top1 is None else min_top1,
+                               d.min_tokens if min_tokens is None else min_tokens)
+        report.rule = f"int8: top-1 >= {int8.min_top1:g}, free-running tokens >= {int8.min_tokens:g}"
+    runs = (("graphs", lambda: checks.graph_cases(rt, cases, rng, atol, rtol, device, localize, int8)),
+            ("teacher_forced", lambda: [checks.teacher_forced(rt, cases, steps, atol, rtol, rng, int8)]),
+            ("free_running", lambda: checks.free_running(rt, cases, steps, atol, rtol, int8)))
     for check, run in runs:
         t = time.perf_counter()
         found = run()

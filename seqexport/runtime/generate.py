@@ -15,6 +15,7 @@ and then steps the whole batch. Each call keeps its own state, so one loaded
 model serves concurrent calls from several threads.
 """
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -67,7 +68,11 @@ def _integer(name: str, value, least: int, below: int = 2**63) -> None:
 def _real(name: str, value, rule: str, ok) -> None:
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
         raise UsageError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not np.isfinite(value) or not ok(value):
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite or not ok(value):
         raise UsageError(f"{name} must be {rule}, got {value}")
 
 

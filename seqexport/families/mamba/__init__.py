@@ -24,6 +24,7 @@ FAMILY = Family(
     },
     config_fields=dict(vocab_size=1, d_model=1, n_layer=1, d_state=1, d_conv=1, expand=1),
     bundled="mamba-dates",
+    int8_keep_float=("*.mixer.x_proj", "*.mixer.dt_proj"),  # they make Δ, B and C of the scan
     detect=_detect,
     export_options=(
         click.option("--scan", type=click.Choice(LOWERINGS), default="loop", show_default=True,
