@@ -48,10 +48,11 @@ def main() -> None:
     models = {k: load(f, "cpu", threads=args.threads) for k, f in (("fp32", args.fp32), ("int8", args.int8))}
     rng = np.random.default_rng(0)
     bench = families.get(models["fp32"].family).bench
-    state = bench.decode_state(models["fp32"], 1, args.context, rng, bench.PROMPT_LEN[False])
+    context = min(args.context, bench.check_contexts(models["fp32"].config, None, (args.context, 16))[0])
+    state = bench.decode_state(models["fp32"], 1, context, rng, bench.PROMPT_LEN[False])
     tokens = rng.integers(1, models["fp32"].vocab_size, 1, dtype=np.int64)
     med = time_paired({k: (lambda m=m: m.step(tokens, state)) for k, m in models.items()}, args.repeats, 0.2)
-    print(f"step (batch 1, context {args.context}): fp32 {med['fp32'] * 1e3:.3f} ms, int8 {med['int8'] * 1e3:.3f} ms, "
+    print(f"step (batch 1, context {context}): fp32 {med['fp32'] * 1e3:.3f} ms, int8 {med['int8'] * 1e3:.3f} ms, "
           f"int8/fp32 {med['int8'] / med['fp32']:.2f}")
     print(f"size: fp32 {size_mb(args.fp32):.1f} MB, int8 {size_mb(args.int8):.1f} MB")
     report = validate(args.int8, steps=32, write_summary=False)
