@@ -1,18 +1,24 @@
 """`seqexport bench`, the scaling measurement and the lowering study in fast mode on tiny
-models: structure of the results, no timings asserted."""
+models: structure of the results; and the ratios made from medians, checked with medians
+made by hand (a ratio turned upside down, or taken against the slower eager, fails)."""
 
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import seqexport.bench
+import seqexport.bench.run as bench_run
+import seqexport.bench.scaling as bench_scaling
 from seqexport.bench.lowering_study import format_rows, study, study_scan
-from seqexport.bench.run import format_table, run_bench
+from seqexport.bench.run import _ms, format_table, run_bench
 from seqexport.bench.scaling import measure_scaling
+from seqexport.bench.timing import median_ratio, time_eager_and_ort
 from seqexport.cli import cli
 from seqexport.errors import UsageError
 from tests.conftest import UNROLLED_LEN
@@ -125,3 +131,114 @@ def test_no_family_names_in_the_generic_bench():
     """What differs per family comes from its bench module, never from a name comparison."""
     for path in Path(seqexport.bench.__file__).parent.glob("*.py"):
         assert not re.search(r"family ?[!=]= ?['\"]", path.read_text()), path
+
+
+# --- ratios from known medians ------------------------------------------------------------------
+
+
+def test_step_ratios_use_the_faster_eager():
+    """eager 4 ms at n threads, 2 ms at 1 thread, ORT 1 ms: ORT ÷ eager is 1 / 2."""
+    med = {"eager": 4e-3, "eager_1t": 2e-3, "eager_best": 2e-3, "ort": 1e-3, "ort_session": 0.5e-3,
+           "eager_lowering": 8e-3, "eager_lowering_1t": 16e-3, "eager_lowering_best": 8e-3}
+    out = _ms(med)
+    assert out["eager_ms"] == pytest.approx(4.0) and out["eager_1t_ms"] == pytest.approx(2.0)
+    assert out["ort_ms"] == pytest.approx(1.0) and out["ort_session_ms"] == pytest.approx(0.5)
+    assert out["ort_over_eager"] == pytest.approx(0.5)
+    assert out["ort_session_over_eager"] == pytest.approx(0.25)
+    assert out["ort_over_eager_lowering"] == pytest.approx(1 / 8)  # its own best: 8 ms at n threads
+
+
+def test_best_eager_is_the_faster_of_the_two_thread_counts():
+    """Real timing of functions whose cost is known: sleeps that depend on torch's thread count."""
+    def eager():  # 40 ms at 2 threads, 20 ms at 1
+        time.sleep(0.04 if torch.get_num_threads() > 1 else 0.02)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        med = time_eager_and_ort({"eager": eager, "ort": lambda: time.sleep(0.01),
+                                  "ort_session": lambda: time.sleep(0.005)}, threads=2, repeats=3, sample_s=0.0)
+    finally:
+        torch.set_num_threads(before)
+    assert med["eager"] == pytest.approx(0.04, abs=0.008)
+    assert med["eager_1t"] == pytest.approx(0.02, abs=0.008)
+    assert med["eager_best"] == med["eager_1t"]
+    assert _ms(med)["ort_over_eager"] == pytest.approx(0.5, abs=0.12)  # upside down: 2; the slower eager: 0.25
+
+
+def test_median_ratio_pairs_rounds():
+    """Per-round ratios 0.5, 0.25, 0.125, 9: median 0.375 (not 1 / their inverse's median, 1 / 3,
+    nor the ratio of the medians, 1 / 3)."""
+    assert median_ratio([1.0, 1.0, 1.0, 9.0], [2.0, 4.0, 8.0, 1.0]) == pytest.approx(0.375)
+    with pytest.raises(ValueError):
+        median_ratio([1.0, 2.0], [1.0])
+
+
+def _tiny_step_weight_bytes(c: dict) -> int:
+    """The weights one decoder step reads, counted from the shape: per layer the self-attention
+    (4 linears + norm), the cross-attention's W_q and fc (its K/V are cached) + norm, the
+    feed-forward (2 linears + norm); then fc_out. float32."""
+    d, f, v = c["d_model"], c["d_ff"], c["tgt_vocab_size"]
+    lin = lambda i, o: i * o + o  # noqa: E731
+    layer = 4 * lin(d, d) + 2 * d + 2 * lin(d, d) + 2 * d + lin(d, f) + lin(f, d) + 2 * d
+    return (c["num_layers"] * layer + lin(d, v)) * 4
+
+
+# medians by function name (seconds): steps, then generation ("eager_cache" present)
+STEP_MED = {"eager": 4e-3, "eager_1t": 2e-3, "ort": 1e-3, "ort_session": 0.5e-3}
+GEN_MED = {"eager_cache": 0.08, "eager_cache_1t": 0.1, "eager_nocache": 0.4, "eager_nocache_1t": 0.2,
+           "ort": 0.02}
+BANDWIDTH = {"bytes": 64 << 20, "torch_threads": 2, "numpy_gbs": 5.0, "torch_1t_gbs": 8.0, "torch_gbs": 10.0,
+             "gbs": 10.0}
+
+
+def test_run_bench_ratios_from_known_medians(transformer_tiny, monkeypatch):
+    """run_bench with the timer and the bandwidth replaced by known figures: every function
+    still runs once (real engines); each ratio is checked against the figures by hand."""
+    def known_medians(fns, threads, repeats, sample_s):
+        table = GEN_MED if "eager_cache" in fns else STEP_MED
+        out = {}
+        for name, fn in fns.items():
+            fn()
+            out[name] = table[name]
+            if name.startswith("eager"):  # what time_eager_and_ort returns
+                out[name + "_1t"] = table[name + "_1t"]
+                out[name + "_best"] = min(table[name], table[name + "_1t"])
+        return out
+
+    monkeypatch.setattr(bench_run, "time_eager_and_ort", known_medians)
+    monkeypatch.setattr(bench_run, "measure_bandwidth", lambda *a, **k: dict(BANDWIDTH))
+    ckpt, folder = transformer_tiny
+    result = run_bench(folder, provider="cpu", batches=(1, 2), fast=True)
+    weights = _tiny_step_weight_bytes(ckpt.config.to_dict())
+    assert result["step_weights"]["bytes"] == weights
+    bound_ms = weights / 10e9 * 1e3  # bytes ÷ 10 GB/s, in ms
+    assert result["step_weights"]["bound_ms"] == pytest.approx(bound_ms)
+    assert result["steps"]
+    for row in result["steps"]:
+        assert row["ort_over_eager"] == pytest.approx(0.5)  # 1 ms ÷ the 1-thread 2 ms
+        assert row["ort_session_over_eager"] == pytest.approx(0.25)
+        assert row["eager_best_ms"] == pytest.approx(2.0)
+        assert row["bound_ms"] == pytest.approx(bound_ms)
+        assert row["ort_over_bound"] == pytest.approx(1.0 / bound_ms)
+        assert row["ort_session_over_bound"] == pytest.approx(0.5 / bound_ms)
+        assert row["bound_with_state_ms"] == pytest.approx((weights + 2 * row["state_bytes"]) / 10e9 * 1e3)
+    for row in result["generation"]:
+        made = row["batch"] * row["new_tokens"]
+        assert row["ort_tps"] == pytest.approx(made / 0.02)
+        assert row["eager_cache_tps"] == pytest.approx(made / 0.08)
+        assert row["eager_nocache_1t_tps"] == pytest.approx(made / 0.2)
+        # tokens/s ratios: ORT makes 4x the tokens of the faster cached eager (0.08 s at n threads),
+        # 10x those of the faster uncached eager (0.2 s at 1 thread)
+        assert row["ort_over_eager_cache"] == pytest.approx(4.0)
+        assert row["ort_over_eager_nocache"] == pytest.approx(10.0)
+
+
+def test_scaling_bound_from_known_bandwidth(transformer_tiny, monkeypatch):
+    monkeypatch.setattr(bench_scaling, "measure_bandwidth", lambda *a, **k: dict(BANDWIDTH))
+    ckpt, folder = transformer_tiny
+    result = measure_scaling({"t": folder}, contexts=(4,), providers=["cpu"], repeats=1)
+    (m,) = result["models"]
+    weights = _tiny_step_weight_bytes(ckpt.config.to_dict())
+    assert m["step_weight_bytes"] == weights
+    assert m["bound_ms"] == pytest.approx(weights / 10e9 * 1e3)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import seqexport.runtime as rt
@@ -51,11 +51,25 @@ def assert_result_or_typed_error(fn):
     return out
 
 
+def assert_same_as_row_by_row(out, alone):
+    """Each row of a batch's logits and new state equals that row fed on its own (alone(i))."""
+    logits, new = out
+    for i in range(logits.shape[0]):
+        row_logits, row_state = alone(i)
+        np.testing.assert_allclose(logits[i : i + 1], row_logits, rtol=1e-5, atol=1e-5)
+        assert row_state.length == new.length
+        for name, value in new.arrays.items():
+            np.testing.assert_allclose(np.asarray(value)[i : i + 1], np.asarray(row_state.arrays[name]),
+                                       rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @SETTINGS
 @given(src=arrays(), tokens=arrays())
+@example(src=np.array([[5, 6, 7], [8, 0, 0], [9, 10, 11]]), tokens=np.array([3, 4, 5]))  # valid cases, always run
+@example(src=np.array([[5, 6], [0, 0]]), tokens=np.array([[3, 4, 5], [6, 7, 8]], np.int32))
 def test_transformer_runtime_property(tf, src, tokens):
     try:
         state = tf.start(src)
@@ -68,10 +82,13 @@ def test_transformer_runtime_property(tf, src, tokens):
         logits, new = out
         assert logits.shape[0] == src.shape[0] and logits.shape[-1] == 100
         assert new.length == (1 if tokens.ndim == 1 else tokens.shape[1])
+        assert_same_as_row_by_row(out, lambda i: tf.step(tokens[i : i + 1], tf.start(src[i : i + 1])))
 
 
 @SETTINGS
 @given(batch=st.one_of(st.integers(-2, 3), st.floats(0, 3), st.none()), tokens=arrays())
+@example(batch=3, tokens=np.array([3, 4, 5]))  # valid cases, always run
+@example(batch=2, tokens=np.array([[3, 4, 5, 6], [7, 8, 9, 10]]))
 def test_mamba_runtime_property(mb, batch, tokens):
     try:
         state = mb.start(batch)
@@ -79,8 +96,9 @@ def test_mamba_runtime_property(mb, batch, tokens):
         assert not (isinstance(batch, int) and batch >= 1)
         return
     out = assert_result_or_typed_error(lambda: mb.step(tokens, state))
-    if out is not None:
+    if out is not None:  # valid: the right shape, and the same as feeding the batch row by row
         assert out[0].shape[0] == batch and tokens.shape[0] == batch
+        assert_same_as_row_by_row(out, lambda i: mb.step(tokens[i : i + 1], mb.start(1)))
 
 
 def test_messages_name_input_given_and_expected(tf, mb):
@@ -172,34 +190,55 @@ def test_graph_file_faults(artifact):
 # --- export: atomic, interrupted ----------------------------------------------------------------
 
 
-def _export_then_interrupt(target, sig):
+def _snapshot(target):
+    """Every file under `target` (relative path -> bytes); None when the folder is gone."""
+    if not target.is_dir():
+        return None
+    return {str(p.relative_to(target)): p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()}
+
+
+def _export_then_interrupt(target, sig, before):
+    """Start an export over `target` and send `sig` once it is midway: its temporary folder holds a
+    graph, or (a writer that is not atomic) the target itself has changed. Polls without asserting,
+    so that the caller always gets to compare the target. Returns (process, interrupted midway)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "seqexport.cli", "export", "transformer", "--preset", "tiny", "--seed", "1",
          "--out", str(target), "--overwrite"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     deadline = time.time() + 120
-    while time.time() < deadline:  # wait until it is midway: its temporary folder holds a graph
-        tmps = list(target.parent.glob(f".{target.name}.tmp-*"))
-        if any(any(t.glob("*.onnx")) for t in tmps):
-            break
-        if proc.poll() is not None:
-            pytest.fail(f"export ended before it could be interrupted: {proc.stderr.read().decode()}")
-        time.sleep(0.05)
-    proc.send_signal(sig)
-    proc.wait(timeout=60)
-    return proc
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            tmps = list(target.parent.glob(f".{target.name}.tmp-*"))
+            if any(any(t.glob("*.onnx")) for t in tmps) or _snapshot(target) != before:
+                break
+            time.sleep(0.05)
+        midway = proc.poll() is None
+        if midway:
+            proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave the export running
+            proc.kill()
+            proc.wait()
+    return proc, midway
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_interrupted_export_leaves_earlier_export_intact(transformer_tiny, tmp_path, sig):
     target = tmp_path / "model"
     shutil.copytree(transformer_tiny[1], target)
-    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
-    proc = _export_then_interrupt(target, sig)
+    before = _snapshot(target)
+    assert before and "decoder.onnx" in before
+    proc, midway = _export_then_interrupt(target, sig, before)
+    # first, whatever happened: the earlier export, every file of it, byte for byte
+    after = _snapshot(target)
+    assert after is not None, "the earlier export was removed"
+    assert after.keys() == before.keys()
+    assert after == before, [k for k in before if after[k] != before[k]]
+    stderr = proc.stderr.read().decode()
+    assert midway, f"export ended before it could be interrupted: {stderr}"
     assert proc.returncode != 0
-    after = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
-    assert after == before  # the earlier export, untouched
     leftovers = list(tmp_path.glob(".model.*"))
     if sig == signal.SIGKILL:  # no chance to clean up; the next export to the target does
         from seqexport.export.atomic import remove_stale
@@ -256,7 +295,9 @@ def test_generate_cli_streams_ids(transformer_tiny):
     result = CliRunner().invoke(cli, ["generate", folder, "--ids", "5 9 13", "--max-new-tokens", "4"])
     assert result.exit_code == 0, result.output
     m = rt.load(folder)
-    assert result.output.split() == [str(t) for t in rt.generate(m, [[5, 9, 13]], rt.SearchOptions(max_new_tokens=4))[0]]
+    # the ids on stdout; the provider line goes to stderr
+    assert result.stdout.split() == [str(t) for t in rt.generate(m, [[5, 9, 13]], rt.SearchOptions(max_new_tokens=4))[0]]
+    assert "CPUExecutionProvider" in result.stderr
 
 
 def test_module_entry_point_runs():

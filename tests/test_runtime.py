@@ -110,25 +110,22 @@ def test_top_k_1_sampling_is_greedy(tf):
     assert k1 == greedy
 
 
-def test_beam_1_equals_greedy_and_beams_score_no_worse(tf):
+def test_beam_1_equals_greedy_and_beams_are_well_formed(tf):
+    """Beam search is checked against an exhaustive search in test_search.py (a wider beam
+    need not score better than greedy); here: one beam is greedy, and beam outputs are
+    sequences the model can produce."""
+    from seqexport.runtime.generate import beam_search
+
     model, m = tf
-    greedy = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=10, eos_id=EOS))
-    beam1 = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=10, eos_id=EOS, num_beams=1))
-    assert beam1 == greedy
-    beams = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=10, eos_id=EOS, num_beams=4,
-                                                     length_penalty=0.0))
+    greedy = [eager_greedy_transformer(model, p, 10) for p in PROMPTS]
+    one = rt.SearchOptions(max_new_tokens=10, eos_id=EOS, start_id=START, num_beams=1)
+    assert beam_search(m, PROMPTS, one) == greedy  # beam_search itself, not generate's greedy path
+    assert rt.generate(m, PROMPTS, one) == greedy
+    beams = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=10, eos_id=EOS, start_id=START,
+                                                     num_beams=4, length_penalty=0.0))
     assert len(beams) == len(PROMPTS)
-
-    def logprob(src, hyp):  # eager score of a full hypothesis, eos included when it stopped early
-        tgt = [START] + hyp
-        with torch.no_grad():
-            lp = torch.log_softmax(model(torch.tensor([src]), torch.tensor([tgt]),
-                                         tgt_mask=generate_mask(len(tgt)))[0], -1)
-        steps = hyp + ([EOS] if len(hyp) < 10 else [])
-        return sum(float(lp[i, t]) for i, t in enumerate(steps))
-
-    for src, g, b in zip(PROMPTS, greedy, beams):
-        assert logprob(src, b) >= logprob(src, g) - 1e-4
+    for b in beams:
+        assert len(b) <= 10 and all(0 <= t < 100 and t != EOS for t in b)
 
 
 def test_streaming_yields_the_generated_tokens(mb):

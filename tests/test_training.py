@@ -1,5 +1,6 @@
 """The byte tokenizer, the dates task, the training scripts and the bundled trained models."""
 
+import copy
 import datetime as dt
 import json
 import re
@@ -15,7 +16,7 @@ from seqexport.families.mamba.runtime import MambaSteps
 from seqexport.families.mamba.training import prompt_ids as mamba_prompt
 from seqexport.runtime.tokenizer import ByteTokenizer
 from seqexport.training.dates import FORMATS, WEEKDAYS, format_date, make_split, split_of
-from seqexport.training.train import decode
+from seqexport.training.train import decode, evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETRAINED = ROOT / "models" / "pretrained"
@@ -95,6 +96,14 @@ def test_dates_train_test_disjoint():
     assert all(split_of(dt.date.fromisoformat(iso)) == "test" for iso in test)
 
 
+def measured_exact_match(family, model, n, seed) -> float:
+    """Greedy-decode the first n held-out pairs of `seed` and count exact matches, here."""
+    pairs = make_split("test", n, seed=seed)
+    preds = decode(family, model, [x for x, _ in pairs])
+    assert len(preds) == n
+    return sum(p == y for p, (_, y) in zip(preds, pairs)) / n
+
+
 # ----------------------------------------------------------------- training
 
 
@@ -110,15 +119,16 @@ def test_training_script_runs(family, tmp_path):
     assert "step    20/20" in proc.stdout
     ckpt = load_checkpoint(out, family)
     raw = json.loads((out / "config.json").read_text())
-    assert raw["eval"]["n"] == 5 and raw["eval"]["split"] == "test"
-    assert 0.0 <= raw["eval"]["exact_match"] <= 1.0
+    assert raw["eval"]["n"] == 5 and raw["eval"]["split"] == "test" and raw["eval"]["seed"] == 0
+    # the recorded accuracy is the one the saved model has on those 5 held-out pairs
+    assert raw["eval"]["exact_match"] == measured_exact_match(family, ckpt.model, 5, raw["eval"]["seed"])
     assert ByteTokenizer.from_dict(raw["tokenizer"]) == ByteTokenizer()
     assert ckpt.family == family
     if family == "mamba":  # the runtime frames a prompt as the model was trained
         from seqexport.runtime.tokenizer import encode_prompt
 
         tok = ByteTokenizer()
-        assert encode_prompt(raw["tokenizer"], MambaSteps.prompt_frame, "x") == mamba_prompt("x", tok)
+        assert encode_prompt(tok, MambaSteps.prompt_frame, "x", raw["tokenizer"]) == mamba_prompt("x", tok)
 
 
 # --------------------------------------------------------- bundled models
@@ -149,8 +159,21 @@ def test_bundled_checkpoint_records(bundled):
 
 
 def test_bundled_greedy_matches_recorded_accuracy(bundled):
+    """Measured on the very pairs the record names (all n of them), not a sample."""
     family, ckpt, raw = bundled
-    pairs = make_split("test", 20, seed=raw["eval"]["seed"])
-    preds = decode(family, ckpt.model, [x for x, _ in pairs])
-    acc = sum(p == y for p, (_, y) in zip(preds, pairs)) / len(pairs)
-    assert abs(acc - raw["eval"]["exact_match"]) <= 0.05 + 1e-9, list(zip(preds, pairs))
+    rec = raw["eval"]
+    assert rec["exact_match"] == measured_exact_match(family, ckpt.model, rec["n"], rec["seed"])
+
+
+def test_evaluate_records_the_exact_match_it_measures():
+    """A bundled model with noise on its output layer gets some dates wrong: `evaluate` must
+    report the fraction right, on the pairs it names."""
+    ckpt = load_checkpoint(PRETRAINED / "transformer-dates", "transformer")
+    model = copy.deepcopy(ckpt.model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.decoder.fc_out.weight.add_(torch.randn_like(model.decoder.fc_out.weight) * 0.3)
+    measured = measured_exact_match("transformer", model, 100, seed=5)
+    assert 0.2 < measured < 0.95  # neither all right nor all wrong: a miscount would show
+    assert evaluate("transformer", model, 100, seed=5) == {"exact_match": measured, "n": 100, "split": "test",
+                                                           "seed": 5}

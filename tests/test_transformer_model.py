@@ -1,10 +1,13 @@
 """The study-notes Transformer: shapes of the notes' example, masks, checkpoint round trip."""
 
 import json
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from seqexport.models.transformer import (
+    MultiHeadAttention,
     SelfAttentionn,
     Transformer,
     TransformerConfig,
@@ -82,11 +85,110 @@ def test_src_padding_mask_ignores_pad_positions():
     torch.testing.assert_close(a, short, atol=1e-5, rtol=1e-5)
 
 
-def test_fully_masked_row_gives_no_nan():
+def sdpa_reference(mha: MultiHeadAttention, q, k, v, mask=None):
+    """MultiHeadAttention written with torch's scaled_dot_product_attention: the same
+    projections, heads split and merged here, boolean mask True = visible."""
+    b, tq, d = q.shape
+    h = mha.n_heads
+
+    def heads(x, lin):  # (b, t, d) -> (b, h, t, d / h)
+        return F.linear(x, lin.weight, lin.bias).reshape(b, x.shape[1], h, d // h).permute(0, 2, 1, 3)
+
+    Q, K, V = heads(q, mha.W_q), heads(k, mha.W_k), heads(v, mha.W_v)
+    out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)  # scale 1 / sqrt(d / h)
+    out = F.linear(out.permute(0, 2, 1, 3).reshape(b, tq, d), mha.fc.weight, mha.fc.bias)
+    return F.layer_norm(out + q, (d,), mha.norm.weight, mha.norm.bias, mha.norm.eps)
+
+
+def attention_weights_reference(mha: MultiHeadAttention, q, k, mask=None):
+    """softmax(Q K^T / sqrt(d_k)) in float64, hidden keys at -inf."""
+    b, tq, d = q.shape
+    h = mha.n_heads
+    Q = F.linear(q, mha.W_q.weight, mha.W_q.bias).reshape(b, tq, h, d // h).permute(0, 2, 1, 3).double()
+    K = F.linear(k, mha.W_k.weight, mha.W_k.bias).reshape(b, k.shape[1], h, d // h).permute(0, 2, 1, 3).double()
+    scores = Q @ K.transpose(-1, -2) / math.sqrt(d // h)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1)
+
+
+def _mha(seed=0, d=32, h=4):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d, h).eval()
+    with torch.no_grad():  # non-trivial norm parameters
+        mha.norm.weight.uniform_(0.5, 1.5)
+        mha.norm.bias.uniform_(-0.5, 0.5)
+    return mha
+
+
+def test_multi_head_attention_equals_torch_sdpa_unmasked_and_cross():
+    mha = _mha()
+    q, kv = torch.randn(3, 5, 32) * 2, torch.randn(3, 7, 32) * 2
+    with torch.no_grad():
+        for args in ((q, q, q), (q, kv, kv)):
+            out, w = mha(*args)
+            torch.testing.assert_close(out, sdpa_reference(mha, *args), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(w.double(), attention_weights_reference(mha, *args[:2]), atol=1e-6, rtol=1e-5)
+
+
+def test_multi_head_attention_equals_torch_sdpa_causal():
+    mha = _mha(1)
+    x = torch.randn(2, 6, 32) * 2
+    mask = generate_mask(6)
+    with torch.no_grad():
+        out, w = mha(x, x, x, mask)
+        torch.testing.assert_close(out, sdpa_reference(mha, x, x, x, mask), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(w.double(), attention_weights_reference(mha, x, x, mask), atol=1e-6, rtol=1e-5)
+    assert (w[..., ~mask] == 0).all()  # no weight on the future
+
+
+def test_multi_head_attention_equals_torch_sdpa_with_padding():
+    mha = _mha(2)
+    q = torch.randn(3, 4, 32) * 2
+    ids = torch.tensor([[5, 6, 7, 8, 9, 3], [5, 6, 0, 0, 0, 0], [4, 0, 0, 0, 0, 0]])
+    mem = torch.randn(3, 6, 32) * 2
+    mask = padding_mask(ids)  # (b, 1, 1, s)
+    with torch.no_grad():
+        out, w = mha(q, mem, mem, mask)
+        torch.testing.assert_close(out, sdpa_reference(mha, q, mem, mem, mask), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(w.double(), attention_weights_reference(mha, q, mem, mask), atol=1e-6, rtol=1e-5)
+        # self-attention over the padded sequence with causal and padding masks together
+        both = generate_mask(6)[None, None] & mask
+        out, _ = mha(mem, mem, mem, both)
+        torch.testing.assert_close(out, sdpa_reference(mha, mem, mem, mem, both), atol=1e-5, rtol=1e-5)
+
+
+def test_the_sdpa_reference_notices_a_missing_scale():
+    """The comparison can fail: without 1 / sqrt(d_k) the output is far from the reference."""
+    mha = _mha()
+    x = torch.randn(2, 5, 32) * 2
+    with torch.no_grad():
+        Q, K, V = (mha.split_heads(lin(x)) for lin in (mha.W_q, mha.W_k, mha.W_v))
+        unscaled = torch.softmax(Q @ K.transpose(-1, -2), -1) @ V
+        wrong = mha.norm(mha.fc(mha.merge_heads(unscaled)) + x)
+        assert (wrong - sdpa_reference(mha, x, x, x)).abs().max() > 1e-2
+
+
+def test_fully_masked_row_gives_uniform_weights_and_the_mean_of_v():
+    """A query that sees no key attends to all of them equally: weights 1 / t_k, output the
+    mean of V over the keys. Rows with visible keys are the plain softmax over those."""
     attn = SelfAttentionn()
-    q = torch.randn(1, 1, 2, 4)
-    out, w = attn(q, q, q, torch.zeros(1, 1, 2, 2, dtype=torch.bool))
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    mask = torch.ones(2, 1, 4, 5, dtype=torch.bool)
+    mask[0, :, 1] = False  # query 1 of batch row 0 sees nothing
+    mask[1, :, 3] = False  # query 3 of batch row 1 sees nothing
+    mask[1, :, 0, 2:] = False  # query 0 of batch row 1 sees keys 0 and 1 only
+    out, w = attn(q, k, v, mask)
     assert torch.isfinite(out).all() and torch.isfinite(w).all()
+    for b, i in ((0, 1), (1, 3)):
+        torch.testing.assert_close(w[b, :, i], torch.full((3, 5), 1 / 5), atol=0, rtol=1e-6)
+        torch.testing.assert_close(out[b, :, i], v[b].mean(-2), atol=1e-6, rtol=1e-5)
+    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(8)
+    expected = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    visible = mask.expand(2, 3, 4, 5).any(-1)  # rows with at least one visible key
+    torch.testing.assert_close(w.double()[visible], expected[visible], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.double()[visible], (expected @ v.double())[visible], atol=1e-5, rtol=1e-5)
 
 
 def test_checkpoint_round_trip(tmp_path):
