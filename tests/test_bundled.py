@@ -35,6 +35,6 @@ def test_generate_cli_text(bundled_exports):
         _, folder = bundled_exports(family)
         result = CliRunner().invoke(cli, ["generate", str(folder), "--text", "Friday, March 5th 2021"])
         assert result.exit_code == 0, result.output
-        assert result.output.strip() == "2021-03-05"
+        assert result.stdout.strip() == "2021-03-05"
     result = CliRunner().invoke(cli, ["generate", str(folder), "--text", "5 March 2021", "--text", "Mar 6, 21"])
-    assert result.output.split() == ["2021-03-05", "2021-03-06"]
+    assert result.stdout.split() == ["2021-03-05", "2021-03-06"]

@@ -231,12 +231,13 @@ def test_interrupted_export_leaves_earlier_export_intact(transformer_tiny, tmp_p
     before = _snapshot(target)
     assert before and "decoder.onnx" in before
     proc, midway = _export_then_interrupt(target, sig, before)
+    stderr = proc.stderr.read().decode()
+    what = f"interrupted midway: {midway}, exit code {proc.returncode}, stderr: {stderr[-2000:]}"
     # first, whatever happened: the earlier export, every file of it, byte for byte
     after = _snapshot(target)
-    assert after is not None, "the earlier export was removed"
-    assert after.keys() == before.keys()
-    assert after == before, [k for k in before if after[k] != before[k]]
-    stderr = proc.stderr.read().decode()
+    assert after is not None, f"the earlier export was removed; {what}"
+    assert after.keys() == before.keys(), what
+    assert after == before, f"changed: {[k for k in before if after[k] != before[k]]}; {what}"
     assert midway, f"export ended before it could be interrupted: {stderr}"
     assert proc.returncode != 0
     leftovers = list(tmp_path.glob(".model.*"))
