@@ -79,13 +79,19 @@ def test_signals_are_held_during_the_swap(earlier, monkeypatch):
         signal.signal(signal.SIGINT, old)
 
 
-def test_ctrl_c_during_an_export_is_one_line_and_exit_130(tmp_path):
-    target = tmp_path / "model"
+def export_under_way(target: Path) -> subprocess.Popen:
+    """An export to `target` in a subprocess, returned once its temporary folder exists."""
     proc = subprocess.Popen([sys.executable, "-m", "seqexport.cli", "export", "transformer", "--preset", "tiny",
                              "--out", str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob(".model.tmp-*")):
+    while time.time() < deadline and not list(target.parent.glob(f".{target.name}.tmp-*")):
         time.sleep(0.05)
+    return proc
+
+
+def test_ctrl_c_during_an_export_is_one_line_and_exit_130(tmp_path):
+    target = tmp_path / "model"
+    proc = export_under_way(target)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -117,11 +123,7 @@ def test_broken_pipe_is_silent(tmp_path, transformer_tiny):
 
 def test_sigterm_is_exit_143_and_cleans_up(tmp_path):
     target = tmp_path / "model"
-    proc = subprocess.Popen([sys.executable, "-m", "seqexport.cli", "export", "transformer", "--preset", "tiny",
-                             "--out", str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob(".model.tmp-*")):
-        time.sleep(0.05)
+    proc = export_under_way(target)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=120)
     assert proc.returncode == 143
