@@ -11,12 +11,13 @@ from here (on first use, so that this package never imports a family at start-up
 
 from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
+from seqexport.runtime.engine import Engine, QueueFull, Request
 from seqexport.runtime.generate import Generator, SearchOptions, beam_search, generate, stream
 from seqexport.runtime.models import load
 
 __all__ = [
-    "ArtifactError", "Generator", "InputError", "MambaModel", "RuntimeModel", "SearchOptions", "SeqexportError",
-    "State", "TransformerModel", "UsageError", "beam_search", "generate", "load", "stream",
+    "ArtifactError", "Engine", "Generator", "InputError", "MambaModel", "QueueFull", "Request", "RuntimeModel",
+    "SearchOptions", "SeqexportError", "State", "TransformerModel", "UsageError", "beam_search", "generate", "load", "stream",
 ]
 
 _FAMILY_MODELS = {"TransformerModel": "transformer", "MambaModel": "mamba"}  # names of seqexport 0.1

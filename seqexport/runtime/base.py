@@ -4,7 +4,7 @@ common part. Each family's runtime model (`seqexport/families/<name>/runtime.py`
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,9 @@ class State:
 
     arrays: dict[str, np.ndarray]
     length: int = 0
+    # Appended state (seqexport.runtime.kv_buffer): the one-item list shared by every state
+    # over the same buffers, naming the newest, the only one that may write into them in place.
+    writer: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -46,14 +49,19 @@ class State:
     def select(self, rows) -> "State":
         """The state of the given batch rows (in that order), e.g. to reorder beams."""
         rows = np.asarray(rows)
-        return State({k: to_numpy(v)[rows] for k, v in self.arrays.items()}, self.length)
+        return State({k: to_numpy(v)[rows] for k, v in self.arrays.items()}, self.length).owning()
+
+    def owning(self) -> "State":
+        """This state as the sole writer of its arrays (they are its own copies)."""
+        self.writer = [self]
+        return self
 
     @staticmethod
     def concat(states: list["State"]) -> "State":
         """One batch from several (e.g. Mamba prompts of different lengths prefilled apart)."""
         keys = states[0].arrays.keys()
         return State({k: np.concatenate([to_numpy(s.arrays[k]) for s in states]) for k in keys},
-                     max(s.length for s in states))
+                     max(s.length for s in states)).owning()
 
 
 def tokens_2d(tokens) -> tuple[np.ndarray, bool]:
@@ -115,6 +123,20 @@ class RuntimeModel:
             self.tokenizer = load_tokenizer(record, self.folder)
         except ArtifactError as e:
             raise ArtifactError(f"{self.folder / MANIFEST}: field 'tokenizer': {e}") from None
+
+    # serving: rows join and leave (engine). Defaults for families whose rows are independent
+    # along the batch (Mamba, RWKV); a family whose rows need padding or per-row lengths
+    # overrides join/take, or sets continuous_batching False (then the engine admits new
+    # requests only when the running batch is empty).
+    continuous_batching = True
+
+    def join(self, states: list[State]) -> State:
+        """The rows of several states as one batch, in order."""
+        return State.concat(states)
+
+    def take(self, state: State, rows) -> State:
+        """The state of these rows, in this order (finished requests leave)."""
+        return state.select(rows)
 
     def _run(self, graph: str, feeds: dict) -> dict:
         g = self.graphs[graph]

@@ -1,0 +1,312 @@
+"""Continuous batching over the explicit state: a request queue and one batched step at a time.
+
+    engine = Engine(model, max_rows=16)
+    req = engine.submit(prompt_ids, SearchOptions(max_new_tokens=20))
+    while engine.has_work():
+        engine.step()
+    req.tokens, req.finish_reason          # the ids generate() gives this prompt alone
+
+or `engine.start()` to run the steps on a background thread (submit from any thread; a
+request's `on_event` sees each token as it comes, then None when it ends).
+
+Each `step()` is one scheduling round, vLLM-style:
+1. leave: cancelled, timed-out and finished requests drop their rows (`model.take`);
+2. admit: waiting requests are prefilled one by one (`model.begin([prompt])`: a transformer's
+   encoder and start token, a Mamba's prefill graph) while the row and state caps allow, pick
+   their first token, and join the running batch (`model.join`);
+3. decode: one `model.step` over every running row; each row picks its next token.
+
+The engine never asks which family it runs: rows join and leave through the model's
+`join`/`take`, and a model whose rows cannot sit at different positions
+(`continuous_batching = False`) gets new requests only when the batch is empty.
+
+Reproducibility: generate() draws a batch's samples from one generator seeded once per call,
+so a sampled row's tokens depend on its batch-mates there. Here each request has its own
+`numpy.random.default_rng(seed)` and draws only its own row, which is exactly what
+generate() does for that prompt alone (a batch of one); so a seeded request gives the same
+tokens whatever else is running, and a greedy one gives generate()'s tokens.
+"""
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
+from seqexport.runtime.base import RuntimeModel, State
+from seqexport.runtime.generate import SearchOptions, _as_rows, _eos, pick_tokens
+
+FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
+
+
+class QueueFull(Exception):
+    """The engine holds `max_queue` waiting requests already; try again later."""
+
+
+@dataclass(eq=False)
+class Request:
+    """One prompt's generation. The engine thread writes it; read it after `done` is set
+    (or from `on_event`, which runs on the engine thread)."""
+
+    prompt: list[int]
+    options: SearchOptions
+    id: str
+    on_event: Callable[["Request", int | None], None] | None = None  # token, then None at the end
+    stop: Callable[[list[int]], bool] | None = None  # True: end here (e.g. a stop string appeared)
+    deadline: float | None = None  # time.monotonic() after which the request ends with "timeout"
+    tokens: list[int] = field(default_factory=list)  # generated ids (eos excluded)
+    token_times: list[float] = field(default_factory=list)  # time.monotonic() of each token
+    finish_reason: str | None = None  # one of FINISH_REASONS
+    error: Exception | None = None  # what went wrong, for finish_reason "error"
+    submitted: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self):
+        self._rng = np.random.default_rng(self.options.seed)  # generate()'s for a batch of one
+        self._picked = 0  # tokens picked so far, eos included (generate()'s step count)
+        self._next = -1  # the token the next decode step feeds
+        self._cancelled = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def cancel(self) -> None:
+        """End this request at the next step boundary (its row is freed); safe from any thread."""
+        self._cancelled = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+class Engine:
+    """Scheduler + batched step loop over one runtime model (knows nothing of HTTP)."""
+
+    def __init__(self, model: RuntimeModel, max_rows: int = 16, max_queue: int = 256,
+                 max_state_bytes: int | None = None, max_prompt_tokens: int | None = None):
+        for name, v in (("max_rows", max_rows), ("max_queue", max_queue)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UsageError(f"{name} must be a positive integer, got {v!r}")
+        self.model = model
+        self.max_rows = max_rows
+        self.max_queue = max_queue
+        self.max_state_bytes = max_state_bytes
+        self.max_prompt_tokens = max_prompt_tokens
+        self._waiting: deque[Request] = deque()
+        self._rows: list[Request] = []  # running requests, in the order of the state's rows
+        self._state: State | None = None
+        self._cond = threading.Condition()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0  # batched decode steps run
+        self.tokens_generated = 0
+
+    # --- what callers see ---
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def active_rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def state_bytes(self) -> int:
+        state = self._state
+        return state.nbytes if state is not None else 0
+
+    def has_work(self) -> bool:
+        return bool(self._rows or self._waiting)
+
+    def submit(self, prompt, options: SearchOptions | None = None, *, on_event=None, stop=None,
+               timeout: float | None = None, request_id: str | None = None) -> Request:
+        """Queue one prompt (token ids). Raises InputError/UsageError for a prompt or options
+        the model cannot take, QueueFull when `max_queue` requests already wait."""
+        options = options or SearchOptions()
+        if not isinstance(options, SearchOptions):
+            raise UsageError(f"options: expected SearchOptions, got {type(options).__name__}")
+        if options.num_beams > 1:
+            raise UsageError(f"num_beams {options.num_beams}: the engine does greedy or sampled decoding only")
+        (row,) = _as_rows([prompt])
+        if self.max_prompt_tokens is not None and len(row) > self.max_prompt_tokens:
+            raise InputError(f"prompt: {len(row)} tokens exceeds the limit of {self.max_prompt_tokens}")
+        limit = getattr(self.model, "max_new_tokens_limit", None)
+        if limit is not None and options.max_new_tokens > limit:
+            raise InputError(f"max_new_tokens {options.max_new_tokens} exceeds what the model can hold: "
+                             f"its decoder has {limit} positions")
+        if timeout is not None and not timeout > 0:
+            raise UsageError(f"timeout must be > 0 seconds, got {timeout!r}")
+        now = time.monotonic()
+        req = Request(row, options, request_id or f"req-{next(self._ids)}", on_event=on_event, stop=stop,
+                      deadline=None if timeout is None else now + timeout, submitted=now)
+        with self._cond:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue {self.max_queue})")
+            self._waiting.append(req)
+            self._cond.notify()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        req.cancel()
+        with self._cond:
+            self._cond.notify()
+
+    def run_until_done(self) -> None:
+        """Step until no request runs or waits (the caller's thread; not with start())."""
+        while self.has_work():
+            self.step()
+
+    # --- background thread ---
+
+    def start(self) -> "Engine":
+        """Run the step loop on a daemon thread until `close()`."""
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="seqexport-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the loop; every unfinished request ends with "cancelled"."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for req in [*self._rows, *self._waiting]:
+            self._finish(req, "cancelled")
+        self._rows, self._state = [], None
+        self._waiting.clear()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self.has_work():
+                    self._cond.wait()
+                if self._stopping:
+                    return
+            self.step()
+
+    # --- one scheduling round ---
+
+    def step(self) -> None:
+        """Leave, admit, decode (see the module docstring)."""
+        self._expire()
+        self._leave()
+        try:
+            self._admit()
+            self._decode()
+        except Exception as e:  # a batched run failed: its rows cannot go on, the engine can
+            for req in self._rows:
+                self._fail(req, e)
+            self._rows, self._state = [], None
+        self._leave()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            waiting = list(self._waiting)
+        for req in [*self._rows, *waiting]:
+            if req._cancelled:
+                self._finish(req, "cancelled")
+            elif req.deadline is not None and now > req.deadline:
+                self._finish(req, "timeout")
+        if any(r.finished for r in waiting):
+            with self._cond:
+                self._waiting = deque(r for r in self._waiting if not r.finished)
+
+    def _leave(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if not r.finished]
+        if len(keep) == len(self._rows):
+            return
+        self._state = self.model.take(self._state, keep) if keep else None
+        self._rows = [self._rows[i] for i in keep]
+
+    def _room(self, joining: list[State], running: int) -> bool:
+        if len(self._rows) >= self.max_rows:
+            return False
+        if running and not self.model.continuous_batching:
+            return False  # rows of this model must start together: wait for an empty batch
+        if self.max_state_bytes is not None and self._rows:
+            held = (self._state.nbytes if self._state is not None else 0) + sum(s.nbytes for s in joining)
+            return held + held / len(self._rows) <= self.max_state_bytes  # a newcomer: an average row
+        return True
+
+    def _admit(self) -> None:
+        joining: list[State] = []
+        running = len(self._rows)  # rows that were decoding before this round
+        while self._room(joining, running):
+            with self._cond:
+                if not self._waiting:
+                    break
+                req = self._waiting.popleft()
+            try:
+                logits, state = self.model.begin([req.prompt], req.options.start_id)
+            except SeqexportError as e:  # e.g. a source longer than the positional table
+                self._fail(req, e)
+                continue
+            self._pick(req, logits)
+            if not req.finished:
+                self._rows.append(req)
+                joining.append(state)
+        if joining:
+            self._state = self.model.join(([self._state] if self._state is not None else []) + joining)
+
+    def _decode(self) -> None:
+        if not self._rows:
+            return
+        tokens = np.array([r._next for r in self._rows], np.int64)  # (b,)
+        logits, self._state = self.model.step(tokens, self._state)  # (b, v)
+        self.steps += 1
+        for i, req in enumerate(self._rows):
+            self._pick(req, logits[i : i + 1])
+
+    def _pick(self, req: Request, logits: np.ndarray) -> None:
+        """Choose the request's next token from its (1, v) logits, as Generator does."""
+        if not np.isfinite(logits).all():
+            self._fail(req, ArtifactError(f"the model produced NaN/Inf logits after {req._picked} new tokens; "
+                                          "run `seqexport validate` on this export"))
+            return
+        token = int(pick_tokens(logits, req.options, req._rng)[0])
+        req._picked += 1
+        if token == _eos(self.model, req.options):
+            self._finish(req, "stop")
+            return
+        req.tokens.append(token)
+        req.token_times.append(time.monotonic())
+        self.tokens_generated += 1
+        self._emit(req, token)
+        if req.stop is not None and req.stop(req.tokens):
+            self._finish(req, "stop")
+        elif req._picked >= req.options.max_new_tokens:
+            self._finish(req, "length")
+        else:
+            req._next = token
+
+    def _fail(self, req: Request, error: Exception) -> None:
+        req.error = error
+        self._finish(req, "error")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.finished:
+            return
+        req.finish_reason = reason
+        self._emit(req, None)
+        req.done.set()
+
+    @staticmethod
+    def _emit(req: Request, token: int | None) -> None:
+        if req.on_event is None:
+            return
+        try:
+            req.on_event(req, token)
+        except Exception:  # a listener that is gone (e.g. a closed event loop) frees its row
+            req.on_event = None
+            req.cancel()

@@ -1,0 +1,187 @@
+"""The continuous-batching engine against generate() on each prompt alone (the reference):
+greedy tokens equal, seeded samples equal whatever shares the batch, rows join and leave
+mid-decode, caps hold, cancelled and timed-out requests free their rows."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import seqexport.runtime as rt
+from seqexport.errors import InputError, UsageError
+from seqexport.runtime.engine import Engine, QueueFull
+from seqexport.runtime.tokenizer import encode_prompt
+from seqexport.training.dates import make_split
+
+
+@pytest.fixture(scope="module")
+def mamba(mamba_exports):
+    """The tiny Mamba whose tokens depend on every part (no eos: runs to max_new_tokens)."""
+    return rt.load(mamba_exports("loop")[1], provider="cpu", threads=1)
+
+
+@pytest.fixture(scope="module")
+def dates(bundled_exports):
+    """The bundled trained Mamba (answers end with eos) and 32 held-out prompts."""
+    model = rt.load(bundled_exports("mamba")[1], provider="cpu", threads=1)
+    record = model.manifest["tokenizer"]
+    prompts = [encode_prompt(model.tokenizer, model.prompt_frame, x, record) for x, _ in make_split("test", 32, seed=1)]
+    return model, prompts
+
+
+def random_prompts(n, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, int(rng.integers(1, 40))).tolist() for _ in range(n)]
+
+
+def alone(model, prompts, options):
+    return [rt.generate(model, [p], o)[0] for p, o in zip(prompts, options)]
+
+
+def test_greedy_rows_of_mixed_lengths_get_their_generate_tokens(mamba):
+    prompts = random_prompts(32, mamba.vocab_size)
+    options = [rt.SearchOptions(max_new_tokens=1 + (7 * i) % 23) for i in range(32)]
+    engine = Engine(mamba, max_rows=8)
+    reqs = [engine.submit(p, o) for p, o in zip(prompts, options)]
+    most = 0
+    while engine.has_work():
+        engine.step()
+        most = max(most, engine.active_rows)
+    assert most == 8  # the cap was reached and held
+    assert [r.tokens for r in reqs] == alone(mamba, prompts, options)
+    assert all(r.finish_reason == "length" and len(r.tokens) == r.options.max_new_tokens for r in reqs)
+    assert engine.steps < sum(o.max_new_tokens for o in options) / 4  # rows shared steps
+
+
+def test_trained_model_rows_end_at_eos_and_new_ones_join_mid_decode(dates):
+    model, prompts = dates
+    options = rt.SearchOptions(max_new_tokens=16)
+    engine = Engine(model, max_rows=32)
+    reqs = [engine.submit(p, options) for p in prompts[:4]]
+    for _ in range(3):
+        engine.step()  # the first four are 3 tokens in
+    reqs += [engine.submit(p, options) for p in prompts[4:]]
+    engine.run_until_done()
+    expect = alone(model, prompts, [options] * len(prompts))
+    assert [r.tokens for r in reqs] == expect
+    assert all(r.finish_reason == "stop" for r in reqs)  # every answer ended with eos
+    texts = [model.tokenizer.decode(r.tokens) for r in reqs]
+    assert all(len(t) == 10 and t[4] == "-" for t in texts)  # YYYY-MM-DD
+
+
+def test_seeded_sampling_is_the_same_whatever_shares_the_batch(mamba):
+    prompts = random_prompts(12, mamba.vocab_size, seed=3)
+    options = [rt.SearchOptions(max_new_tokens=12, do_sample=True, seed=100 + i, temperature=1.3, top_k=40,
+                                top_p=0.9) for i in range(12)]
+    expect = alone(mamba, prompts, options)
+    # the same requests, batched in a different order and mixed with greedy and unseeded ones
+    engine = Engine(mamba, max_rows=5)
+    others = [engine.submit(p, rt.SearchOptions(max_new_tokens=9, do_sample=True)) for p in prompts[:3]]
+    reqs = {i: engine.submit(prompts[i], options[i]) for i in reversed(range(12))}
+    others.append(engine.submit(prompts[0], rt.SearchOptions(max_new_tokens=30)))
+    engine.run_until_done()
+    assert [reqs[i].tokens for i in range(12)] == expect
+    assert len(set(map(tuple, expect))) == 12  # seeds made different samples
+    assert all(len(o.tokens) for o in others)
+
+
+def test_background_thread_with_requests_arriving_while_others_run(dates):
+    model, prompts = dates
+    options = rt.SearchOptions(max_new_tokens=16)
+    seen: dict[str, list] = {}
+    lock = threading.Lock()
+
+    def on_event(req, token):
+        with lock:
+            seen.setdefault(req.id, []).append(token)
+
+    engine = Engine(model, max_rows=6).start()
+    try:
+        reqs = []
+        for p in prompts[:20]:
+            reqs.append(engine.submit(p, options, on_event=on_event))
+            time.sleep(0.002)
+        assert all(r.wait(60) for r in reqs)
+    finally:
+        engine.close()
+    assert [r.tokens for r in reqs] == alone(model, prompts[:20], [options] * 20)
+    assert all(seen[r.id] == [*r.tokens, None] for r in reqs)  # each token once, then the end
+
+
+def test_cancel_and_timeout_free_their_rows(mamba):
+    engine = Engine(mamba, max_rows=2)
+    long = rt.SearchOptions(max_new_tokens=200)
+    a = engine.submit([5, 6, 7], long)
+    b = engine.submit([8, 9], long, timeout=0.05)
+    c = engine.submit([10], rt.SearchOptions(max_new_tokens=5))
+    engine.step()
+    assert engine.active_rows == 2 and engine.queue_length == 1
+    engine.cancel(a)
+    engine.step()
+    assert a.finish_reason == "cancelled" and engine.active_rows == 2  # c took a's row
+    time.sleep(0.06)
+    engine.run_until_done()
+    assert b.finish_reason == "timeout" and 0 < len(b.tokens) < 200
+    assert c.tokens == rt.generate(mamba, [[10]], rt.SearchOptions(max_new_tokens=5))[0]
+    assert engine.active_rows == 0 and engine.state_bytes == 0
+
+
+def test_state_cap_and_queue_cap(mamba):
+    one_row = rt.Generator(mamba)  # measure one request's state
+    one_row.append_tokens([[5]])
+    row_bytes = one_row.state.nbytes
+    engine = Engine(mamba, max_rows=64, max_queue=10, max_state_bytes=3 * row_bytes)
+    reqs = [engine.submit([5 + i], rt.SearchOptions(max_new_tokens=4)) for i in range(10)]
+    with pytest.raises(QueueFull, match="max_queue 10"):
+        engine.submit([5], rt.SearchOptions())
+    most = 0
+    while engine.has_work():
+        engine.step()
+        most = max(most, engine.active_rows)
+        assert engine.state_bytes <= 3 * row_bytes
+    assert most == 3
+    assert [r.tokens for r in reqs] == alone(mamba, [[5 + i] for i in range(10)], [rt.SearchOptions(max_new_tokens=4)] * 10)
+
+
+def test_batch_synchronous_when_rows_cannot_join(mamba):
+    """continuous_batching False (old transformer decoders): newcomers wait for an empty batch."""
+    mamba.continuous_batching = False
+    try:
+        engine = Engine(mamba, max_rows=4)
+        starts = {}
+        reqs = [engine.submit([5 + i], rt.SearchOptions(max_new_tokens=3 + i)) for i in range(6)]
+        step = 0
+        while engine.has_work():
+            engine.step()
+            step += 1
+            for r in reqs:
+                if r.tokens and r.id not in starts:
+                    starts[r.id] = step
+    finally:
+        del mamba.continuous_batching
+    # a step admits (first token) then decodes (second): 6 tokens take steps 1-5
+    assert [starts[r.id] for r in reqs] == [1, 1, 1, 1, 6, 6]  # the second group after the longest
+    assert [r.tokens for r in reqs] == alone(mamba, [[5 + i] for i in range(6)],
+                                            [rt.SearchOptions(max_new_tokens=3 + i) for i in range(6)])
+
+
+def test_bad_requests_are_refused_with_the_value_named(mamba):
+    engine = Engine(mamba, max_prompt_tokens=8)
+    with pytest.raises(InputError, match="empty prompt"):
+        engine.submit([])
+    with pytest.raises(InputError, match="9 tokens exceeds the limit of 8"):
+        engine.submit(list(range(3, 12)))
+    with pytest.raises(InputError, match="token ids must be integers"):
+        engine.submit([1.5])
+    with pytest.raises(UsageError, match="num_beams"):
+        engine.submit([5], rt.SearchOptions(num_beams=2))
+    with pytest.raises(UsageError, match="max_rows"):
+        Engine(mamba, max_rows=0)
+    # a token id the model does not have: that request fails, the others go on
+    bad = engine.submit([5, mamba.vocab_size + 7])
+    good = engine.submit([5], rt.SearchOptions(max_new_tokens=3))
+    engine.run_until_done()
+    assert bad.finish_reason == "error" and isinstance(bad.error, InputError)
+    assert str(mamba.vocab_size + 7) in str(bad.error)
+    assert good.finish_reason == "length" and len(good.tokens) == 3
