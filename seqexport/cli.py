@@ -1,4 +1,4 @@
-"""`seqexport` command line: export, validate, generate, bench, inspect, demo.
+"""`seqexport` command line: export, validate, generate, bench, inspect, quantize, serve, bench-serve, demo.
 
 Each command is a short function over the public Python API. Errors a user can
 cause (seqexport.errors) print one line on stderr and exit 2; `--debug` shows
@@ -198,6 +198,85 @@ def demo(out, n, threads):
     from seqexport.demo import run_demo
 
     sys.exit(0 if run_demo(out, n, threads) else 1)
+
+
+def engine_options(f):
+    """The engine and server options `serve` and `bench-serve` share."""
+    for opt in reversed([
+        click.option("--max-rows", type=click.IntRange(min=1), default=16, show_default=True,
+                     help="Rows of the running batch (requests decoding together)."),
+        click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Waiting requests beyond which the server answers 503."),
+        click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=2048, show_default=True,
+                     help="Longer prompts are refused (400)."),
+        click.option("--max-state-mb", type=click.FloatRange(min=0, min_open=True),
+                     help="Cap on the running batch's cache/state memory, MiB [none]."),
+        click.option("--threads", type=click.IntRange(min=1), help="ONNX Runtime intra-op threads [ORT's default]."),
+        click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                     help="ONNX Runtime execution provider."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _engine_kwargs(kw: dict) -> dict:
+    mb = kw.pop("max_state_mb")
+    return {**kw, "max_state_bytes": None if mb is None else int(mb * 2**20)}
+
+
+@cli.command()
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on.")
+@click.option("--ray/--no-ray", "use_ray", default=True,
+              help="A Ray Serve deployment (default) or one plain uvicorn process.")
+@click.option("--address", help="Join this Ray cluster (e.g. auto, or ray://HEAD:10001) [a local Ray].")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Replicas, each with its own engine.")
+@click.option("--autoscale", metavar="MIN:MAX", help="Autoscale between MIN and MAX replicas (instead of --replicas).")
+@click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Ray CPUs reserved per replica.")
+@click.option("--model-name", help="The model id clients name [the folder's name].")
+@click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+              show_default=True, help="Seconds a request may take before it ends with 504.")
+@click.option("--config-out", type=click.Path(dir_okay=False),
+              help="Write a Ray Serve config file (for `serve deploy` on a cluster) and exit.")
+@engine_options
+def serve(folder, **kw):
+    """Serve an exported FOLDER over HTTP: OpenAI-style /v1/completions with continuous batching.
+
+    Also GET /v1/models, /health and /metrics (Prometheus). Needs the `serve` extra.
+    """
+    from seqexport.serve.run import serve_command
+
+    check_output_path(kw["config_out"], "--config-out")
+    serve_command(folder, log=lambda msg: click.echo(msg, err=True), **_engine_kwargs(kw))
+
+
+@cli.command("bench-serve")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--clients", "clients", type=click.IntRange(min=1), multiple=True,
+              help="Concurrent clients (repeat) [1 4 16 64].")
+@click.option("--requests", "n_requests", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests per figure.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Tokens each request generates (eos ignored).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every figure as JSON here.")
+@engine_options
+def bench_serve(folder, clients, n_requests, max_tokens, json_path, **kw):
+    """Time the engine on an exported FOLDER: continuous batching vs one at a time vs static batches.
+
+    Tokens/s, time to first token and per-token latency (p50/p99) at each client count.
+    """
+    from seqexport.serve.bench import format_table, run_bench_serve
+
+    check_output_path(json_path, "--json")
+    result = run_bench_serve(folder, clients=clients or (1, 4, 16, 64), n_requests=n_requests,
+                             max_tokens=max_tokens, log=lambda msg: click.echo(msg, err=True), **_engine_kwargs(kw))
+    click.echo(format_table(result))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
 
 
 def main():

@@ -1,0 +1,13 @@
+"""Serving: an OpenAI-style HTTP server over the runtime's continuous-batching engine
+(`seqexport.runtime.engine`), run as a Ray Serve deployment or one plain uvicorn process.
+
+    protocol  the completions request checked field by field; response and SSE bodies
+    text      output text with stop strings held back until they cannot match
+    metrics   Prometheus metrics of one server
+    app       ServeConfig, ServingHost (model + engine), build_app (FastAPI)
+    ray_app   the Ray Serve deployment and its config file
+    run       what `seqexport serve` does
+    bench     what `seqexport bench-serve` measures
+
+Needs the `serve` extra (ray[serve], which brings FastAPI, uvicorn, prometheus-client).
+"""

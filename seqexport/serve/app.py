@@ -1,0 +1,238 @@
+"""The HTTP server over one engine: OpenAI-style completions (SSE when streaming), models,
+health, Prometheus metrics. The same app runs under plain uvicorn or as a Ray Serve replica.
+
+    host = ServingHost(ServeConfig("exported/mamba-dates"))   # loads the model, starts the engine
+    app = build_app(host)                                     # a FastAPI app
+
+Every answer to bad input is a 4xx JSON body naming the field (`error.param`); a full queue
+is 503 with Retry-After; a request past its timeout is 504; a client that goes away frees
+its row at the next step boundary.
+"""
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from seqexport.errors import InputError, SeqexportError, UsageError
+from seqexport.runtime.engine import Engine, QueueFull
+from seqexport.runtime.generate import SearchOptions
+from seqexport.runtime.models import load
+from seqexport.runtime.tokenizer import encode_prompt
+from seqexport.serve.metrics import CONTENT_TYPE, ServerMetrics
+from seqexport.serve.protocol import (
+    CompletionParams,
+    HTTPError,
+    chunk_body,
+    completion_body,
+    parse_completion,
+    sse,
+    usage,
+)
+from seqexport.serve.text import TextOutput
+
+DISCONNECT_POLL_S = 0.5  # how often a waiting non-streaming request checks its client
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What one server (or one Ray Serve replica) runs; plain values, so Ray can ship it."""
+
+    folder: str
+    model_name: str | None = None  # the `model` clients name [the folder's name]
+    provider: str = "auto"  # ONNX Runtime execution provider: auto, cpu, cuda
+    threads: int | None = None  # ORT intra-op threads [ORT's default]
+    max_rows: int = 16  # rows of the running batch
+    max_queue: int = 256  # waiting requests beyond which the server answers 503
+    max_prompt_tokens: int = 2048  # longer prompts are refused (400)
+    max_state_bytes: int | None = None  # cap on the running batch's cache/state memory
+    request_timeout: float = 300.0  # seconds from submit to the last token (504 after)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ServingHost:
+    """One model and its engine (running on a background thread), plus the server's metrics."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.model = load(config.folder, provider=config.provider, threads=config.threads)
+        self.engine = Engine(self.model, max_rows=config.max_rows, max_queue=config.max_queue,
+                             max_state_bytes=config.max_state_bytes,
+                             max_prompt_tokens=config.max_prompt_tokens).start()
+        self.metrics = ServerMetrics(self.engine)
+        self.name = config.model_name or Path(config.folder).resolve().name
+        self.created = int(time.time())
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def prompt_ids(self, params: CompletionParams) -> list[int]:
+        if isinstance(params.prompt, list):
+            return params.prompt
+        tok = self.model.tokenizer
+        if tok is None:
+            raise HTTPError(400, "prompt: this model has no tokenizer; send the prompt as a list of token ids",
+                            "prompt")
+        return encode_prompt(tok, self.model.prompt_frame, params.prompt, self.model.manifest.get("tokenizer"))
+
+    def options(self, params: CompletionParams) -> SearchOptions:
+        limit = getattr(self.model, "max_new_tokens_limit", None)
+        if limit is not None and params.max_tokens > limit:
+            raise HTTPError(400, f"max_tokens: {params.max_tokens} exceeds what the model can hold "
+                                 f"({limit} positions)", "max_tokens")
+        sample = not params.greedy
+        try:
+            return SearchOptions(max_new_tokens=params.max_tokens, do_sample=sample,
+                                 temperature=params.temperature if sample else 1.0,
+                                 top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+                                 eos_id=-1 if params.ignore_eos else None)
+        except UsageError as e:
+            raise HTTPError(400, str(e)) from None
+
+    def submit(self, params: CompletionParams, listener: "Listener"):
+        ids = self.prompt_ids(params)
+        options = self.options(params)
+        try:
+            return self.engine.submit(ids, options, on_event=listener.on_event, stop=listener.stop,
+                                      timeout=self.config.request_timeout), ids
+        except QueueFull as e:
+            self.metrics.rejected.labels("503").inc()
+            raise HTTPError(503, f"server busy: {e}", kind="server_busy", headers={"Retry-After": "1"}) from None
+        except InputError as e:
+            raise HTTPError(400, f"prompt: {e}", "prompt") from None
+
+
+class Listener:
+    """One request's engine events as an asyncio queue: (token, text piece), then (None, rest).
+    `on_event` and `stop` run on the engine thread."""
+
+    def __init__(self, host: ServingHost, stops: list[str], loop: asyncio.AbstractEventLoop):
+        self.host, self.loop = host, loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.text = TextOutput(host.model.tokenizer, stops)
+
+    def on_event(self, req, token: int | None) -> None:
+        if token is None:
+            self.host.metrics.on_end(req)
+            item = (None, self.text.flush())
+        else:
+            self.host.metrics.on_token(req)
+            item = (token, self.text.push(token))
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def stop(self, tokens) -> bool:
+        return self.text.stopped
+
+
+def end_error(req) -> HTTPError | None:
+    """The HTTP error for a request that ended without finishing its text, else None."""
+    if req.finish_reason == "error":
+        if isinstance(req.error, SeqexportError):  # the model refused this prompt
+            return HTTPError(400, f"prompt: {req.error}", "prompt")
+        return HTTPError(500, f"the model failed on this request: {req.error}", kind="server_error")
+    if req.finish_reason == "timeout":
+        return HTTPError(504, f"request timed out after {req.deadline - req.submitted:g} s "
+                              f"({len(req.tokens)} tokens generated); retry, or ask for fewer max_tokens",
+                         kind="timeout")
+    if req.finish_reason == "cancelled":
+        return HTTPError(503, "the server is shutting down; retry", kind="server_busy", headers={"Retry-After": "1"})
+    return None
+
+
+def build_app(host: ServingHost) -> FastAPI:
+    app = FastAPI(title="seqexport", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Request, e: HTTPError):
+        if e.status < 500:
+            host.metrics.rejected.labels(str(e.status)).inc()
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.get("/health")
+    async def health():
+        e = host.engine
+        return {"status": "ok", "model": host.name, "family": host.model.family, "pid": os.getpid(),
+                "active_rows": e.active_rows, "queue_length": e.queue_length}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": host.name, "object": "model", "created": host.created,
+                                            "owned_by": "seqexport"}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(host.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        params = parse_completion(await request.body())
+        if params.model is not None and params.model != host.name:
+            raise HTTPError(404, f"model: {params.model!r} is not served here; this server has {host.name!r}",
+                            "model", kind="not_found_error")
+        listener = Listener(host, params.stop, asyncio.get_running_loop())
+        req, ids = host.submit(params, listener)
+        host.metrics.prompt_tokens.inc(len(ids))
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        watch = asyncio.create_task(_watch_client(request, req))  # a caller that hangs up frees the row
+        streaming = False
+        try:
+            first = await listener.queue.get()  # the first token, or why there is none
+            if first[0] is None and (err := end_error(req)) is not None:
+                raise err
+            if params.stream:  # from here the stream's own end (or cancellation) frees the row
+                streaming = True
+                return StreamingResponse(_stream(host, req, listener, first, rid, len(ids), params),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            pieces, item = [first[1]], first
+            while item[0] is not None:
+                item = await listener.queue.get()
+                pieces.append(item[1])
+        finally:
+            watch.cancel()
+            if not req.finished and not streaming:
+                host.engine.cancel(req)
+        if (err := end_error(req)) is not None:
+            raise err
+        return completion_body(rid, host.name, "".join(pieces), list(req.tokens), req.finish_reason, len(ids))
+
+    return app
+
+
+async def _watch_client(request: Request, req) -> None:
+    """Cancel the request once its client has gone away (checked every DISCONNECT_POLL_S)."""
+    while not req.finished:
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        if await request.is_disconnected():
+            req.cancel()
+            return
+
+
+async def _stream(host, req, listener, first, rid, prompt_tokens, params):
+    created = int(time.time())
+    try:
+        item = first
+        while True:
+            token, piece = item
+            if token is None:
+                break
+            yield sse(chunk_body(rid, host.name, created, piece, [token]))
+            item = await listener.queue.get()
+        err = end_error(req)
+        if err is not None:
+            yield sse(err.body())
+        else:
+            yield sse(chunk_body(rid, host.name, created, piece, [], req.finish_reason))
+            if params.include_usage:
+                yield sse({"id": rid, "object": "text_completion", "created": created, "model": host.name,
+                           "choices": [], "usage": usage(prompt_tokens, len(req.tokens))})
+        yield sse("[DONE]")
+    finally:
+        if not req.finished:
+            host.engine.cancel(req)  # the client disconnected mid-stream: free the row

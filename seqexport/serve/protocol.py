@@ -1,0 +1,206 @@
+"""The OpenAI completions request, checked field by field, and the JSON the server answers.
+
+    params = parse_completion(body_bytes)      # HTTPError 400 naming the field, or params
+    completion_body(...) / chunk_body(...)     # the response and the stream's chunks
+
+Follows the OpenAI `/v1/completions` API (as vLLM and TGI do) so its clients work unchanged;
+fields we do not implement are accepted only at their neutral value (e.g. n = 1), others are
+refused with the field named. Extensions, as in vLLM: `top_k`, `ignore_eos`; each choice
+also carries `token_ids` (what generate() would return).
+"""
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+
+class HTTPError(Exception):
+    """An error answer: status, message, the request field at fault (OpenAI's `param`)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+@dataclass
+class CompletionParams:
+    prompt: str | list[int]
+    model: str | None = None
+    max_tokens: int = 16  # OpenAI's default
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1, vLLM's spelling): off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the counts
+    ignore_eos: bool = False  # vLLM extension: generate max_tokens tokens whatever comes
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+# fields of the OpenAI API we accept only at the value that changes nothing
+NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, 0), "presence_penalty": (0,),
+           "frequency_penalty": (0,), "suffix": (None, ""), "logit_bias": (None, {})}
+IGNORED = {"user"}  # accepted and not used
+MAX_STOPS = 4  # as OpenAI
+
+
+def _bad(param: str, message: str) -> HTTPError:
+    return HTTPError(400, f"{param}: {message}", param)
+
+
+def _integer(body: dict, name: str, least: int, default, allow_none=False):
+    v = body.get(name, default)
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(name, f"expected an integer >= {least}, got {json.dumps(v)}")
+    if v < least or v >= 2**63:
+        raise _bad(name, f"expected an integer >= {least}" + (" below 2**63" if v >= 2**63 else "") + f", got {v}")
+    return v
+
+
+def _number(body: dict, name: str, default: float, rule: str, ok) -> float:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _bad(name, f"expected a number {rule}, got {json.dumps(v)}")
+    if not math.isfinite(v) or not ok(v):
+        raise _bad(name, f"expected a number {rule}, got {v}")
+    return float(v)
+
+
+def _flag(body: dict, name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise _bad(name, f"expected true or false, got {json.dumps(v)}")
+    return v
+
+
+def _prompt(v) -> str | list[int]:
+    """A string or a list of token ids; a batch of one ([str] or [[ids]]) is unwrapped."""
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str | list):
+        v = v[0]
+    if isinstance(v, str):
+        if not v:
+            raise _bad("prompt", "empty string; expected text or a list of token ids")
+        return v
+    if isinstance(v, list):
+        if not v:
+            raise _bad("prompt", "empty list; expected text or a list of token ids")
+        for i, x in enumerate(v):
+            if isinstance(x, str | list):
+                raise _bad("prompt", "several prompts in one request; send one request per prompt")
+            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**63:
+                raise _bad("prompt", f"element {i}: expected a token id (integer >= 0), got {json.dumps(x)}")
+        return v
+    raise _bad("prompt", f"expected a string or a list of token ids, got {json.dumps(v)}")
+
+
+def _stop(v) -> list[str]:
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _bad("stop", f"expected a string or a list of strings, got {json.dumps(v)}")
+    if len(stops) > MAX_STOPS:
+        raise _bad("stop", f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+    if any(not s for s in stops):
+        raise _bad("stop", "empty stop string")
+    return stops
+
+
+def _same(a, b) -> bool:
+    """JSON equality without Python's True == 1."""
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    if isinstance(b, int | float):
+        return isinstance(a, int | float) and a == b
+    return a == b
+
+
+def parse_completion(raw: bytes) -> CompletionParams:
+    """The request body -> CompletionParams; HTTPError 400 naming the first bad field."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HTTPError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise HTTPError(400, f"request body: expected a JSON object, got {type(body).__name__}")
+    known = {"prompt", "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+             "stream_options", "ignore_eos"} | NEUTRAL.keys() | IGNORED
+    for name in body:
+        if name not in known:
+            raise _bad(name, f"unknown field; expected one of {sorted(known)}")
+    for name, values in NEUTRAL.items():
+        if name in body and not any(_same(body[name], v) for v in values):
+            raise _bad(name, f"not supported here except {' or '.join(json.dumps(v) for v in values)}; "
+                             f"got {json.dumps(body[name])}")
+    if "prompt" not in body:
+        raise _bad("prompt", "missing; expected text or a list of token ids")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", f"expected a string, got {json.dumps(model)}")
+    top_k = body.get("top_k", 0)
+    top_k = 0 if top_k == -1 and not isinstance(top_k, bool) else _integer(body, "top_k", 0, 0)
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise _bad("stream_options", f"expected {{\"include_usage\": true|false}}, got {json.dumps(options)}")
+    params = CompletionParams(
+        prompt=_prompt(body["prompt"]),
+        model=model,
+        max_tokens=_integer(body, "max_tokens", 1, 16) if body.get("max_tokens") is not None else 16,
+        temperature=_number(body, "temperature", 1.0, ">= 0", lambda v: v >= 0),
+        top_p=_number(body, "top_p", 1.0, "in (0, 1]", lambda v: 0 < v <= 1),
+        top_k=top_k,
+        seed=_integer(body, "seed", 0, None, allow_none=True),
+        stop=_stop(body.get("stop")),
+        stream=_flag(body, "stream"),
+        include_usage=_flag(options or {}, "include_usage"),
+        ignore_eos=_flag(body, "ignore_eos"),
+    )
+    if params.include_usage and not params.stream:
+        raise _bad("stream_options", "only with stream: true")
+    return params
+
+
+def completion_body(rid: str, model: str, text: str, token_ids: list[int], finish_reason: str,
+                    prompt_tokens: int, created: int | None = None) -> dict:
+    return {
+        "id": rid, "object": "text_completion", "created": created or int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                     "token_ids": token_ids}],
+        "usage": usage(prompt_tokens, len(token_ids)),
+    }
+
+
+def chunk_body(rid: str, model: str, created: int, text: str, token_ids: list[int],
+               finish_reason: str | None = None) -> dict:
+    return {
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                     "token_ids": token_ids}],
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def sse(payload: dict | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()

@@ -1,0 +1,70 @@
+"""The server as a Ray Serve deployment: each replica loads the model and runs its own engine.
+
+    app = application(ServeConfig(folder), replicas=2)     # a bound Ray Serve application
+    serve.run(app, name="seqexport", route_prefix="/")
+
+`build(args)` is the same application for a Serve config file (`import_path:
+seqexport.serve.ray_app:build`), which `seqexport serve --config-out` writes for
+`serve deploy` on a multi-node cluster.
+"""
+
+from ray import serve
+
+from seqexport.errors import UsageError
+from seqexport.serve.app import ServeConfig, ServingHost, build_app
+
+APP_NAME = "seqexport"
+DEPLOYMENT = "SeqexportServer"
+
+
+@serve.ingress()
+class SeqexportServer:
+    """One replica: the model, an engine on a background thread, the FastAPI app over them."""
+
+    def __init__(self, config: dict):
+        self.host = ServingHost(ServeConfig(**config))
+
+    def __serve_build_asgi_app__(self):
+        return build_app(self.host)
+
+
+def deployment_options(config: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None = None,
+                       replica_cpus: float = 1.0) -> dict:
+    """Options of the deployment; every replica takes as many requests at once as its engine
+    holds rows and queue (Ray Serve's default of 5 would cap the batch)."""
+    options = {"name": DEPLOYMENT, "ray_actor_options": {"num_cpus": replica_cpus},
+               "max_ongoing_requests": config.max_rows + config.max_queue,
+               "health_check_period_s": 2, "health_check_timeout_s": 10,
+               "logging_config": {"log_level": "WARNING", "enable_access_log": False}}
+    if autoscale is not None:
+        low, high = autoscale
+        if not 0 <= low <= high or high < 1:
+            raise UsageError(f"--autoscale {low}:{high}: expected 0 <= MIN <= MAX and MAX >= 1")
+        options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high,
+                                         "target_ongoing_requests": config.max_rows}
+    else:
+        options["num_replicas"] = replicas
+    return options
+
+
+def application(config: ServeConfig, **kwargs):
+    return serve.deployment(SeqexportServer, **deployment_options(config, **kwargs)).bind(config.to_dict())
+
+
+def build(args: dict):
+    """Application builder for a Serve config file: `args` holds the ServeConfig fields."""
+    return serve.deployment(SeqexportServer, name=DEPLOYMENT).bind(ServeConfig(**args).to_dict())
+
+
+def config_file(config: ServeConfig, host: str, port: int, **kwargs) -> dict:
+    """A Ray Serve config (`serve deploy FILE` / `serve run FILE`) for this server."""
+    options = deployment_options(config, **kwargs)
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": host, "port": port},
+        "applications": [{
+            "name": APP_NAME, "route_prefix": "/", "import_path": "seqexport.serve.ray_app:build",
+            "args": config.to_dict(),
+            "deployments": [options],
+        }],
+    }
