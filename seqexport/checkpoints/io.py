@@ -3,7 +3,8 @@
 `pytorch_model.bin` is also read, always with `torch.load(weights_only=True)`, so
 a pickle that carries code is refused. Mamba checkpoints are also read in the
 original state-spaces and the Hugging Face layouts (see `families/mamba/layouts.py`):
-each family's `checkpoints` module reads its layouts.
+each family's `checkpoints` module reads its layouts. A bare weights file with no config.json
+(BlinkDL's RWKV-7 `.pth`) is read by the family that recognises its tensor names.
 """
 
 import hashlib
@@ -64,7 +65,7 @@ def build_model(family: str, config) -> nn.Module:
 
 def checkpoint_extra(ckpt: "Checkpoint", key: str):
     """A record config.json carries beside the model config ("tokenizer", "eval"), or None."""
-    if ckpt.path is None:
+    if ckpt.path is None or not Path(ckpt.path).is_dir():  # a preset, or a bare weights file
         return None
     return json.loads((Path(ckpt.path) / CONFIG_FILE).read_text()).get(key)
 
@@ -73,8 +74,9 @@ def checkpoint_sha256(path: str | Path) -> str:
     """One digest over config.json and the weights file, to notice a changed checkpoint."""
     path = Path(path)
     h = hashlib.sha256()
-    for name in (CONFIG_FILE, _weights_file(path).name):
-        with open(path / name, "rb") as f:
+    files = [path] if path.is_file() else [path / CONFIG_FILE, _weights_file(path)]
+    for name in files:
+        with open(name, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
@@ -106,6 +108,8 @@ def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     missing, unexpected and mis-shaped keys).
     """
     path = Path(path)
+    if path.is_file():
+        return load_weights_file(path, family)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} is not a folder (expected config.json + model.safetensors)")
     raw = read_json_object(path / CONFIG_FILE, CheckpointError, f"checkpoint {str(path)!r} has no {CONFIG_FILE}")
@@ -118,15 +122,43 @@ def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
         state = families.get(found).checkpoints.convert_state_dict(state, config)
     except ValueError as e:
         raise CheckpointError(f"weights in {path} do not fit their config.json: {e}") from None
-    model = build_model(found, config)
+    return _checkpoint(found, config, state, path)
+
+
+def _checkpoint(family: str, config, state: dict[str, torch.Tensor], path: Path) -> Checkpoint:
+    model = build_model(family, config)
     check_state_dict(model, state, where=str(path))
     model.load_state_dict(state, strict=True)
     model.float().eval()
-    return Checkpoint(found, config, model, path, checkpoint_sha256(path))
+    return Checkpoint(family, config, model, path, checkpoint_sha256(path))
+
+
+def load_weights_file(path: Path, family: str | None = None) -> Checkpoint:
+    """A bare weights file without config.json (e.g. BlinkDL's RWKV-7 `.pth`): the family that
+    recognises its tensor names (`Family.detect_weights`) infers the config from their shapes."""
+    state = read_weights_file(path)
+    found = [f for f in families.REGISTRY.values() if f.detect_weights(set(state))]
+    if family is not None:
+        found = [f for f in found if f.name == family]
+    if len(found) != 1:
+        which = f"a {family} model" if family else f"a model of one of {families.names()}"
+        raise CheckpointError(f"checkpoint {str(path)!r} is a bare weights file whose tensor names are not "
+                              f"those of {which}; give a folder with config.json + model.safetensors")
+    parts = found[0].checkpoints
+    try:
+        config = parts.config_from_weights(state)
+        state = parts.convert_state_dict(state, config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path} as a {found[0].name} checkpoint: {e}") from None
+    return _checkpoint(found[0].name, config, state, path)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    weights = _weights_file(path)
+    return read_weights_file(_weights_file(path))
+
+
+def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file, or a torch pickle read with weights_only=True (never code)."""
     try:
         if weights.suffix == ".safetensors":
             return load_file(str(weights))

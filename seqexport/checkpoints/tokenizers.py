@@ -9,6 +9,7 @@ tokenizer_config.json and special_tokens_map.json (token strings looked up in th
 import json
 from pathlib import Path
 
+from seqexport import families
 from seqexport.checkpoints.io import Checkpoint, checkpoint_extra
 from seqexport.errors import ArtifactError, CheckpointError
 from seqexport.runtime.tokenizer import HFTokenizer
@@ -23,14 +24,15 @@ def checkpoint_tokenizer(ckpt: Checkpoint, vocab_size: int | None = None) -> dic
     """The manifest record of the checkpoint's tokenizer, or None. An "hf" record carries
     "source" (the file to copy); CheckpointError when the tokenizer does not fit the model
     (more tokens than `vocab_size`, or special ids outside it)."""
+    default = families.get(ckpt.family).default_tokenizer(ckpt.config.to_dict())  # e.g. RWKV World
     if ckpt.path is None:
-        return None
+        return default
     own = checkpoint_extra(ckpt, "tokenizer")
     if own:
         return own
     path = Path(ckpt.path) / HF_FILE
     if not path.is_file():
-        return None
+        return default
     try:
         tok = HFTokenizer(path)
     except ArtifactError as e:

@@ -7,7 +7,8 @@ from seqexport import families
 from seqexport.export import DEFAULT_OPSET
 
 _common = [
-    click.option("--checkpoint", type=click.Path(), help="Checkpoint folder (config.json + weights)."),
+    click.option("--checkpoint", type=click.Path(),
+                 help="Checkpoint folder (config.json + weights), or a bare weights file a family reads."),
     click.option("--out", type=click.Path(file_okay=False), help="Output folder [exported/<name>]."),
     click.option("--opset", type=click.IntRange(17, 23), default=DEFAULT_OPSET, show_default=True,
                  help="ONNX opset."),
@@ -20,7 +21,7 @@ _common = [
 
 def default_name(family, ckpt, preset):
     """exported/<name>: the preset's or the checkpoint folder's name, led by the family."""
-    name = preset if preset else ckpt.path.name
+    name = preset if preset else (ckpt.path.stem if ckpt.path.is_file() else ckpt.path.name)  # a .pth file
     return name if name.startswith(family) else f"{family}-{name}"
 
 

@@ -44,6 +44,11 @@ class Family:
     # weight MatMuls that `seqexport quantize` keeps float32 (globs over eager module paths)
     int8_keep_float: tuple[str, ...] = ()
     detect: Callable[[dict], bool] = lambda config: False  # a config.json without "family" is ours?
+    # a bare weights file (no config.json, e.g. BlinkDL's RWKV .pth) is ours, by its tensor names?
+    # (then `checkpoints.config_from_weights(state)` infers the config from the shapes)
+    detect_weights: Callable[[set[str]], bool] = lambda keys: False
+    # the tokenizer record of a checkpoint that carries none (config fields -> record or None)
+    default_tokenizer: Callable[[dict], dict | None] = lambda config: None
     export_options: tuple = ()  # click options of `seqexport export <name>` beyond the common ones
     # exported/<default name><suffix>: e.g. the Mamba scan lowering
     out_suffix: Callable[[dict], str] = lambda options: ""

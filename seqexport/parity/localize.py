@@ -66,9 +66,10 @@ def _tensors(out) -> list[torch.Tensor]:
 
 
 def _layer_of(path: str) -> str:
+    """The outermost numbered module of a path (`layers.1` of Mamba, `blocks.0` of RWKV)."""
     parts = path.split(".")
     for i, p in enumerate(parts[:-1]):
-        if p == "layers" and parts[i + 1].isdigit():
+        if p in ("layers", "blocks") and parts[i + 1].isdigit():
             return ".".join(parts[: i + 2])
     return ""
 

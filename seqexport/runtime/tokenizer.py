@@ -22,7 +22,7 @@ from typing import Protocol
 
 from seqexport.errors import ArtifactError, InputError
 
-TYPES = ("byte", "hf")
+TYPES = ("byte", "hf", "rwkv")  # "rwkv": the RWKV World tokenizer (seqexport.runtime.rwkv_tokenizer)
 
 
 class Tokenizer(Protocol):
@@ -165,7 +165,11 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
         if record["type"] == "byte":
             return ByteTokenizer.from_dict(record)
         if folder is None:
-            raise ArtifactError("an 'hf' tokenizer record needs the folder holding its file")
+            raise ArtifactError(f"a {record['type']!r} tokenizer record needs the folder holding its file")
+        if record["type"] == "rwkv":
+            from seqexport.runtime.rwkv_tokenizer import RwkvWorldTokenizer
+
+            return RwkvWorldTokenizer.from_record(record, folder)
         ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
         return HFTokenizer(Path(folder) / record["file"], file=record["file"], **ids)
     except (KeyError, TypeError, ValueError) as e:

@@ -1,11 +1,12 @@
 """The Mamba selective scan in ONNX: three lowerings (torch side in `lowerings`, their ONNX
-translations in `onnx_functions`). This module joins the two for `torch.onnx.export`."""
+translations in `onnx_functions`), and the RWKV-7 WKV recurrence as a chunked Scan (torch side
+in `wkv_lowering`, ONNX in `wkv_onnx`). This module joins each pair for `torch.onnx.export`."""
 
 import torch
 
 from seqexport.export.scan.lowerings import CHUNK, LOWERINGS, check_lowering, scan_for
 
-__all__ = ["CHUNK", "LOWERINGS", "custom_translation_table", "scan_for"]
+__all__ = ["CHUNK", "LOWERINGS", "custom_translation_table", "scan_for", "wkv_translation_table"]
 
 
 def custom_translation_table(lowering: str) -> dict | None:
@@ -18,3 +19,10 @@ def custom_translation_table(lowering: str) -> dict | None:
     if lowering == "loop":
         return {torch.ops.seqexport.selective_scan_chunked.default: onnx_functions.scan_chunked}
     return {torch.ops.seqexport.selective_scan_doubling.default: onnx_functions.scan_doubling}
+
+
+def wkv_translation_table() -> dict:
+    """What `torch.onnx.export(custom_translation_table=...)` needs for the RWKV-7 WKV Scan."""
+    from seqexport.export.scan import wkv_lowering, wkv_onnx  # noqa: F401 (registers the op); onnxscript only now
+
+    return {torch.ops.seqexport.wkv7_chunked.default: wkv_onnx.wkv7_chunked}

@@ -1,0 +1,101 @@
+"""RWKV-7 -> prefill.onnx (the WKV recurrence as one chunked Scan) + step.onnx, with explicit
+state.
+
+Both graphs take and return every layer's (att_shift, wkv_state, ffn_shift); zeros start a
+fresh sequence. The step graph is the model's one-token `step`: no loop in it.
+"""
+
+import numpy as np
+import torch
+from torch import nn
+
+from seqexport.export import DEFAULT_OPSET
+from seqexport.export.common import (
+    dynamic_shapes_for,
+    export_graph,
+    model_in_dtype,
+    step,
+    write_artifact,
+)
+from seqexport.export.scan import wkv_translation_table
+from seqexport.export.scan.wkv_lowering import wkv7_chunked
+from seqexport.families.rwkv.specs import graph_specs
+from seqexport.models.rwkv import RwkvLM, wkv7_ref
+from seqexport.parity.inputs import random_inputs
+from seqexport.specs import GraphSpec
+
+
+def specs_for(config, dtype: str = "float32") -> dict[str, GraphSpec]:
+    return graph_specs(config.to_dict(), dtype)
+
+
+def _layers(flat):
+    """[att0, wkv0, ffn0, att1, ...] -> [(att0, wkv0, ffn0), (att1, ...), ...]"""
+    return [tuple(flat[3 * i: 3 * i + 3]) for i in range(len(flat) // 3)]
+
+
+def _flat(state):
+    return tuple(t for layer in state for t in layer)
+
+
+class PrefillGraph(nn.Module):
+    """(input_ids (b, l), *state) -> logits (b, l, v), *new state; the WKV is the chunked Scan."""
+
+    def __init__(self, model: RwkvLM, scan=wkv7_ref):
+        super().__init__()
+        self.model, self.scan = model, scan
+
+    def forward(self, input_ids, *state):
+        logits, new_state = self.model(input_ids, _layers(state), scan=self.scan)
+        return (logits, *_flat(new_state))
+
+
+class StepGraph(nn.Module):
+    """(input_ids (b, 1), *state) -> logits (b, 1, v), *new state."""
+
+    def __init__(self, model: RwkvLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, *state):
+        logits, new_state = self.model.step(input_ids, _layers(state))
+        return (logits[:, None], *_flat(new_state))
+
+
+def wrapper(model: RwkvLM, graph: str, scan=wkv7_ref) -> nn.Module:
+    """The module each graph is traced from (validate compares with it, with the reference)."""
+    return PrefillGraph(model, scan) if graph == "prefill" else StepGraph(model)
+
+
+def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
+    """Inputs for tracing; sizes >= 2 and different from each other so no dim is specialised."""
+    arrays = random_inputs(spec, dict(batch=2, seq_len=length), np.random.default_rng(0), state_scale=0.1)
+    # the WKV state stays float32 whatever the model dtype (DESIGN §4)
+    return tuple(torch.from_numpy(arrays[t.name]).to(dtype) if t.role == "state" and t.dtype != "float32"
+                 else torch.from_numpy(arrays[t.name]) for t in spec.inputs)
+
+
+def export_rwkv(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dtype: str = "float32",
+                overwrite: bool = False, tokenizer: dict | None = None):
+    """Write prefill.onnx, step.onnx and manifest.json for a loaded RWKV-7 checkpoint."""
+    specs = specs_for(ckpt.config, dtype)
+    model = model_in_dtype(ckpt.model, dtype)
+    tdtype = next(model.parameters()).dtype
+    prefill_args = example_inputs(specs["prefill"], tdtype, 19)
+    step_args = example_inputs(specs["step"], tdtype, 1)
+
+    def build(tmp):
+        with torch.no_grad():
+            with step("exporting prefill (WKV: chunked Scan)"):
+                export_graph(wrapper(model, "prefill", wkv7_chunked), prefill_args, specs["prefill"],
+                             tmp / "prefill.onnx", opset, dynamic_shapes_for(specs["prefill"], varargs_from=1),
+                             wkv_translation_table())
+            with step("exporting step"):
+                export_graph(wrapper(model, "step"), step_args, specs["step"], tmp / "step.onnx", opset,
+                             dynamic_shapes_for(specs["step"], varargs_from=1))
+
+    return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
+                          options={}, tokenizer=tokenizer)
+
+
+export = export_rwkv

@@ -1,0 +1,62 @@
+"""An RWKV-7 LM at run time (numpy + onnxruntime): prefill and step graphs over explicit state.
+
+    model = seqexport.runtime.load("exported/rwkv-tiny")
+    state = model.start(batch_size)                # zero token shifts and WKV states
+    logits, state = model.step(prompt_ids, state)  # several tokens go through the prefill graph
+"""
+
+import numpy as np
+
+from seqexport.errors import InputError
+from seqexport.families.rwkv.specs import INPUT_IDS, LOGITS
+from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
+from seqexport.runtime.session import check_token_ids
+
+
+class RwkvSteps:
+    """What generation does with any RWKV-7 that has start/step (ONNX or eager)."""
+
+    family = "rwkv"
+    supports_beams = False
+    prompt_frame = {"bos": True, "suffix": "", "eos": False}
+
+    def begin(self, rows: list[list[int]], start_id: int | None = None) -> tuple[np.ndarray, State]:
+        """Prefill the prompts; rows of equal length go together (no padding ever enters the
+        recurrent state), then the states join in order. Returns logits (b, v) and the state."""
+        by_len: dict[int, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_len.setdefault(len(r), []).append(i)
+        states, logits, order = [], [], []
+        for _, idx in sorted(by_len.items()):
+            lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)))
+            states.append(st)
+            logits.append(lg[:, -1])
+            order += idx
+        inverse = np.argsort(order)
+        return np.concatenate(logits)[inverse], State.concat(states).select(inverse)
+
+
+class RwkvModel(RwkvSteps, RuntimeModel):
+    @property
+    def vocab_size(self) -> int:
+        return self.config["vocab_size"]
+
+    def start(self, batch_size: int) -> State:
+        """Zero token shifts and WKV states for `batch_size` fresh sequences."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise InputError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        return State(zero_state(self.specs["step"], int(batch_size)), 0)
+
+    def step(self, tokens, state: State) -> tuple[np.ndarray, State]:
+        """Feed tokens (b,) or (b, t); return logits (b, vocab) or (b, t, vocab) and the new
+        state. One token goes through the step graph, several through the prefill graph."""
+        ids, squeeze = tokens_2d(tokens)
+        ids = check_token_ids("tokens", ids, self.vocab_size)
+        graph = "step" if ids.shape[1] == 1 else "prefill"
+        out = self._run(graph, {INPUT_IDS: ids, **state.arrays})
+        state = State(self._feed_back(graph, out, state.arrays), state.length + ids.shape[1])
+        logits = out[LOGITS]
+        return (logits[:, 0] if squeeze else logits), state
+
+
+Model = RwkvModel
