@@ -11,9 +11,9 @@ request's `on_event` sees each token as it comes, then None when it ends).
 
 Each `step()` is one scheduling round, vLLM-style:
 1. leave: cancelled, timed-out and finished requests drop their rows (`model.take`);
-2. admit: waiting requests are prefilled one by one (`model.begin([prompt])`: a transformer's
-   encoder and start token, a Mamba's prefill graph) while the row and state caps allow, pick
-   their first token, and join the running batch (`model.join`);
+2. admit: waiting requests, as many as the row and state caps allow, are prefilled together
+   (`model.begin(prompts)`: a transformer's encoder and start token, a Mamba's prefill graph
+   for each prompt length), pick their first token, and join the running batch (`model.join`);
 3. decode: one `model.step` over every running row; each row picks its next token.
 
 The engine never asks which family it runs: rows join and leave through the model's
@@ -229,35 +229,51 @@ class Engine:
         self._state = self.model.take(self._state, keep) if keep else None
         self._rows = [self._rows[i] for i in keep]
 
-    def _room(self, joining: list[State], running: int) -> bool:
-        if len(self._rows) >= self.max_rows:
+    def _room(self, pending: int, running: int) -> bool:
+        """Whether one more waiting request may join, `pending` others already joining."""
+        if len(self._rows) + pending >= self.max_rows:
             return False
         if running and not self.model.continuous_batching:
             return False  # rows of this model must start together: wait for an empty batch
-        if self.max_state_bytes is not None and self._rows:
-            held = (self._state.nbytes if self._state is not None else 0) + sum(s.nbytes for s in joining)
-            return held + held / len(self._rows) <= self.max_state_bytes  # a newcomer: an average row
+        if self.max_state_bytes is not None:
+            if not self._rows:
+                return pending == 0  # nothing to measure a row by: one newcomer, measured next round
+            held = self._state.nbytes
+            return held + held / len(self._rows) * (pending + 1) <= self.max_state_bytes  # average rows
         return True
 
     def _admit(self) -> None:
-        joining: list[State] = []
+        newcomers: list[Request] = []
         running = len(self._rows)  # rows that were decoding before this round
-        while self._room(joining, running):
+        while self._room(len(newcomers), running):
             with self._cond:
                 if not self._waiting:
                     break
-                req = self._waiting.popleft()
-            try:
-                logits, state = self.model.begin([req.prompt], req.options.start_id)
-            except SeqexportError as e:  # e.g. a source longer than the positional table
-                self._fail(req, e)
-                continue
-            self._pick(req, logits)
-            if not req.finished:
-                self._rows.append(req)
-                joining.append(state)
+                newcomers.append(self._waiting.popleft())
+        groups: dict[int | None, list[Request]] = {}
+        for req in newcomers:
+            groups.setdefault(req.options.start_id, []).append(req)
+        joining = [s for start_id, group in groups.items() for s in self._begin(group, start_id)]
         if joining:
             self._state = self.model.join(([self._state] if self._state is not None else []) + joining)
+
+    def _begin(self, group: list[Request], start_id: int | None) -> list[State]:
+        """Prefill newcomers together (one `begin`), pick their first tokens; the state of
+        those that go on. A prompt the model refuses fails alone."""
+        try:
+            logits, state = self.model.begin([r.prompt for r in group], start_id)  # (k, v)
+        except SeqexportError as e:  # e.g. a source longer than the positional table
+            if len(group) == 1:
+                self._fail(group[0], e)
+                return []
+            return [s for r in group for s in self._begin([r], start_id)]  # find the one at fault
+        for i, req in enumerate(group):
+            self._pick(req, logits[i : i + 1])
+        keep = [i for i, r in enumerate(group) if not r.finished]
+        self._rows += [group[i] for i in keep]
+        if not keep:
+            return []
+        return [state if len(keep) == len(group) else self.model.take(state, keep)]
 
     def _decode(self) -> None:
         if not self._rows:

@@ -1,0 +1,133 @@
+"""What `seqexport bench-serve` measures: the same requests served three ways, side by side in
+one run, at each number of concurrent clients.
+
+- continuous: the engine (continuous batching); each client submits a request, waits for it,
+  submits the next (a closed loop), so `clients` requests are in flight at once;
+- one at a time: each request alone through generate(), one after another;
+- static: wait for a full batch of `clients` requests, run generate() on it to the end.
+
+Every request generates `max_tokens` tokens (eos ignored) so all three do the same work.
+Figures: tokens/s over the wall time; time to first token (request start -> its first
+token; queueing included) and per-token latency (gap between a request's tokens), p50/p99.
+"""
+
+import threading
+import time
+
+import numpy as np
+
+from seqexport.runtime.engine import Engine
+from seqexport.runtime.generate import SearchOptions, generate
+from seqexport.runtime.models import load
+from seqexport.runtime.tokenizer import encode_prompt
+
+
+def bench_prompts(model, n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of 8-40 tokens: the date task's inputs for a model with a tokenizer, else random ids."""
+    rng = np.random.default_rng(seed)
+    if model.tokenizer is not None:
+        record = model.manifest.get("tokenizer")
+        words = ["Friday", "March", "5th", "2021", "12", "Oct", "1999", "Sunday", "the", "of", "July", "1 May 2003"]
+        texts = [" ".join(rng.choice(words, int(rng.integers(2, 6)))) for _ in range(n)]
+        return [encode_prompt(model.tokenizer, model.prompt_frame, t, record) for t in texts]
+    vocab = getattr(model, "vocab_size", 256)
+    return [rng.integers(3, vocab, int(rng.integers(8, 41))).tolist() for _ in range(n)]
+
+
+def _figures(wall: float, tokens: int, ttft: list[float], gaps: list[float]) -> dict:
+    def q(xs, p):
+        return float(np.percentile(xs, p) * 1e3) if xs else float("nan")
+
+    return {"tokens_per_s": tokens / wall, "ttft_p50_ms": q(ttft, 50), "ttft_p99_ms": q(ttft, 99),
+            "token_p50_ms": q(gaps, 50), "token_p99_ms": q(gaps, 99), "wall_s": wall, "tokens": tokens}
+
+
+def continuous(engine: Engine, prompts, options: SearchOptions, clients: int) -> dict:
+    todo = iter(prompts)
+    lock = threading.Lock()
+    done = []
+
+    def client():
+        while True:
+            with lock:
+                p = next(todo, None)
+            if p is None:
+                return
+            req = engine.submit(p, options)
+            req.wait()
+            done.append(req)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ttft = [r.token_times[0] - r.submitted for r in done]
+    gaps = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
+    return _figures(wall, sum(len(r.tokens) for r in done), ttft, gaps)
+
+
+def batched(model, prompts, options: SearchOptions, batch: int) -> dict:
+    """generate() on batches of `batch` prompts, one batch after another (batch 1: one at a time)."""
+    ttft, gaps, tokens = [], [], 0
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        group = prompts[i : i + batch]
+        t0 = time.perf_counter()
+        times: list[float] = []
+        out = generate(model, group, options, on_token=lambda _, times=times: times.append(time.perf_counter()))
+        tokens += sum(map(len, out))
+        ttft += [times[0] - t0] * len(group)
+        gaps += [b - a for a, b in zip(times, times[1:])] * len(group)  # every row waits each step
+    return _figures(time.perf_counter() - start, tokens, ttft, gaps)
+
+
+def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_tokens: int = 32,
+                    provider: str = "auto", threads: int | None = None, log=None, **engine_options) -> dict:
+    log = log or (lambda msg: None)
+    model = load(folder, provider=provider, threads=threads)
+    prompts = bench_prompts(model, n_requests)
+    options = SearchOptions(max_new_tokens=max_tokens, eos_id=-1)  # eos ignored: equal work
+    generate(model, prompts[:2], options)  # warm up ORT's kernels
+    for name in ("max_rows", "max_queue"):  # set per client count below
+        engine_options.pop(name, None)
+    result = {"folder": str(folder), "family": model.family, "provider": model.provider, "threads": threads,
+              "requests": n_requests, "max_tokens": max_tokens, "rows": {}}
+    log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests x {max_tokens} tokens")
+    result["one_at_a_time"] = batched(model, prompts, options, 1)
+    for c in clients:
+        engine = Engine(model, max_rows=c, max_queue=max(n_requests, 1), **engine_options).start()
+        try:
+            cont = continuous(engine, prompts, options, c)
+        finally:
+            engine.close()
+        static = batched(model, prompts, options, c)
+        result["rows"][c] = {"continuous": cont, "static": static}
+        log(f"{c} clients: continuous {cont['tokens_per_s']:.0f} tok/s, static {static['tokens_per_s']:.0f} tok/s")
+    base = result["one_at_a_time"]["tokens_per_s"]
+    single = result["rows"].get(1, {}).get("continuous", {}).get("token_p50_ms")
+    for row in result["rows"].values():
+        row["speedup_vs_one_at_a_time"] = row["continuous"]["tokens_per_s"] / base
+        if single:
+            row["token_p50_vs_one_client"] = row["continuous"]["token_p50_ms"] / single
+    return result
+
+
+def format_table(result: dict) -> str:
+    one = result["one_at_a_time"]
+    lines = [f"{result['family']} {result['folder']} ({result['provider']}, threads {result['threads']}): "
+             f"{result['requests']} requests x {result['max_tokens']} tokens",
+             f"one at a time (generate): {one['tokens_per_s']:.0f} tok/s, first token p50 {one['ttft_p50_ms']:.1f} ms, "
+             f"per token p50 {one['token_p50_ms']:.2f} ms",
+             f"{'clients':>7} | {'mode':<10} | {'tok/s':>7} | {'ttft p50':>8} | {'ttft p99':>8} | {'tok p50':>7} | "
+             f"{'tok p99':>7} | vs 1-at-a-time | tok p50 vs 1 client"]
+    for c, row in result["rows"].items():
+        for mode in ("continuous", "static"):
+            f = row[mode]
+            extra = (f"{row['speedup_vs_one_at_a_time']:>14.1f}x | {row.get('token_p50_vs_one_client', float('nan')):.2f}x"
+                     if mode == "continuous" else f"{f['tokens_per_s'] / one['tokens_per_s']:>14.1f}x |")
+            lines.append(f"{c:>7} | {mode:<10} | {f['tokens_per_s']:>7.0f} | {f['ttft_p50_ms']:>7.1f}ms | "
+                         f"{f['ttft_p99_ms']:>7.1f}ms | {f['token_p50_ms']:>5.2f}ms | {f['token_p99_ms']:>5.2f}ms | {extra}")
+    return "\n".join(lines)

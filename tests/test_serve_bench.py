@@ -1,0 +1,23 @@
+"""`seqexport bench-serve` end to end on a tiny model: every mode does the same work (the
+token counts come from the requests, not from the timings)."""
+
+import json
+
+from click.testing import CliRunner
+
+from seqexport.cli import cli
+
+
+def test_bench_serve_runs_the_three_modes_on_the_same_requests(mamba_exports, tmp_path):
+    _, folder = mamba_exports("loop")
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "1", "--clients", "3",
+                                      "--requests", "7", "--max-tokens", "5", "--threads", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["one_at_a_time"]["tokens"] == 35
+    for clients in ("1", "3"):
+        row = data["rows"][clients]
+        assert row["continuous"]["tokens"] == row["static"]["tokens"] == 35
+        assert row["speedup_vs_one_at_a_time"] > 0
+    assert "continuous" in result.stdout and "one at a time" in result.stdout
