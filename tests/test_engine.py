@@ -30,6 +30,17 @@ def dates(bundled_exports):
     return model, prompts
 
 
+@pytest.fixture(scope="module")
+def rwkv(tmp_path_factory):
+    """The tiny RWKV-7 preset: a family the engine was not written for, through the same API."""
+    from seqexport.checkpoints.presets import build_preset
+    from seqexport.families.rwkv.export import export_rwkv
+
+    out = tmp_path_factory.mktemp("export") / "rwkv-tiny"
+    export_rwkv(build_preset("rwkv", "tiny", seed=0), "tiny", out)
+    return rt.load(out, provider="cpu", threads=1)
+
+
 def random_prompts(n, vocab, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(3, vocab, int(rng.integers(1, 40))).tolist() for _ in range(n)]
@@ -39,17 +50,19 @@ def alone(model, prompts, options):
     return [rt.generate(model, [p], o)[0] for p, o in zip(prompts, options)]
 
 
-def test_greedy_rows_of_mixed_lengths_get_their_generate_tokens(mamba):
-    prompts = random_prompts(32, mamba.vocab_size)
-    options = [rt.SearchOptions(max_new_tokens=1 + (7 * i) % 23) for i in range(32)]
-    engine = Engine(mamba, max_rows=8)
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_greedy_rows_of_mixed_lengths_get_their_generate_tokens(family, request):
+    model = request.getfixturevalue(family)
+    prompts = random_prompts(32, min(model.vocab_size, 1000))
+    options = [rt.SearchOptions(max_new_tokens=1 + (7 * i) % 23, eos_id=-1) for i in range(32)]
+    engine = Engine(model, max_rows=8)
     reqs = [engine.submit(p, o) for p, o in zip(prompts, options)]
     most = 0
     while engine.has_work():
         engine.step()
         most = max(most, engine.active_rows)
     assert most == 8  # the cap was reached and held
-    assert [r.tokens for r in reqs] == alone(mamba, prompts, options)
+    assert [r.tokens for r in reqs] == alone(model, prompts, options)
     assert all(r.finish_reason == "length" and len(r.tokens) == r.options.max_new_tokens for r in reqs)
     assert engine.steps < sum(o.max_new_tokens for o in options) / 4  # rows shared steps
 
