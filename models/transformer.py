@@ -107,6 +107,26 @@ class MultiHeadAttention(nn.Module):
         out, _ = self.attention(Q, K, V, mask)
         return self.norm(self.fc(self.merge_heads(out)) + x)  # (b, t, d)
 
+    def attend_cached(self, x, past_kv, new_kv, past_visible, causal):
+        """`attend` over a preallocated cache plus the new positions, without concatenating
+        them (a step then reads the cache once and copies none of it).
+
+        x (b, t, d); past_kv (K, V) each (b, h, c, k), slot j of row r valid where
+        past_visible (b, 1, 1, c) is True; new_kv (K, V) each (b, h, t, k) of x itself;
+        causal (t, t): new position i sees new positions 0..i. Equal to `attend` over the
+        concatenation of the valid slots and the new positions.
+        """
+        Q = self.split_heads(self.W_q(x))  # (b, h, t, k)
+        scale = math.sqrt(self.d_k)
+        fill = torch.finfo(Q.dtype).min
+        past = torch.matmul(Q, past_kv[0].transpose(-2, -1)) / scale  # (b, h, t, c)
+        new = torch.matmul(Q, new_kv[0].transpose(-2, -1)) / scale  # (b, h, t, t)
+        scores = torch.cat([past.masked_fill(~past_visible, fill), new.masked_fill(~causal, fill)], dim=-1)
+        attn = self.attention.softmax(scores)  # (b, h, t, c + t)
+        c = past_kv[0].shape[2]
+        out = torch.matmul(attn[..., :c], past_kv[1]) + torch.matmul(attn[..., c:], new_kv[1])  # (b, h, t, k)
+        return self.norm(self.fc(self.merge_heads(out)) + x)  # (b, t, d)
+
     def project_kv(self, x):
         """K and V of `x` (b, t, d), split into heads: each (b, h, t, k)."""
         return self.split_heads(self.W_k(x)), self.split_heads(self.W_v(x))
@@ -172,6 +192,16 @@ class DecoderLayer(nn.Module):
         out = self.cross_attn.attend(out, *cross_kv, memory_mask)
         return self.ffn(out), (K, V)
 
+    def step_cached(self, x, cache_kv, cross_kv, past_visible, causal, memory_mask):
+        """`step` against a preallocated cache: cache_kv (K, V) each (b, h, c, k) with the
+        valid slots of each row marked by past_visible (b, 1, 1, c); causal (t, t) over the t
+        new positions. Returns the output (b, t, d) and the new positions' own (K, V), each
+        (b, h, t, k), for the caller to write into the cache (never written here)."""
+        new_kv = self.self_attn.project_kv(x)  # (b, h, t, k) each
+        out = self.self_attn.attend_cached(x, cache_kv, new_kv, past_visible, causal)
+        out = self.cross_attn.attend(out, *cross_kv, memory_mask)
+        return self.ffn(out), new_kv
+
 
 class PositionalEncoding(nn.Module):
     """Sinusoidal table pe (max_len, d) added to the (unscaled) embeddings."""
@@ -188,6 +218,10 @@ class PositionalEncoding(nn.Module):
     def forward(self, x, start=0):
         # x (b, t, d); positions start..start+t-1 (start > 0 when decoding with a cache)
         return x + self.pe[start : start + x.size(1)]
+
+    def at(self, x, positions):
+        # x (b, t, d); positions (b, t): each row's own positions (rows at different points)
+        return x + self.pe[positions]
 
 
 class LayerStack(nn.Module):
@@ -278,6 +312,37 @@ class Transformer(nn.Module):
             x, kv = layer.step(x, kv, ckv, causal, cross_mask)
             new_cache.append(kv)
         return dec.fc_out(x), new_cache  # (b, t, v)
+
+    def allocate_cache_buffer(self, batch, capacity, dtype=torch.float32, device=None):
+        """A zeroed preallocated self-attention cache: list over layers of (K, V), each
+        (b, h, capacity, k), for `decode_step_cached` (no slot valid yet)."""
+        c = self.config
+        return [tuple(torch.zeros(batch, c.n_heads, capacity, c.head_dim, dtype=dtype, device=device)
+                      for _ in range(2)) for _ in range(c.num_layers)]
+
+    def decode_step_cached(self, tgt, memory_mask, cross_kv, cache, lengths):
+        """`decode_step` over a preallocated cache whose rows may sit at different positions:
+        what continuous batching and an in-place cache both need.
+
+        tgt (b, t) ids; memory_mask (b, s); cross_kv from `cross_kv`; cache list over layers
+        of (K, V) buffers, each (b, h, c, k), of which row r's slots 0 .. lengths[r] - 1 are
+        valid (the rest are ignored, whatever they hold); lengths (b,) int64. Row r's new
+        tokens take positions lengths[r] .. lengths[r] + t - 1. Returns logits (b, t, v) and
+        per layer the new positions' (K, V), each (b, h, t, k): writing them into slots
+        lengths[r] .. lengths[r] + t - 1 makes the cache of the next step.
+        """
+        dec = self.decoder
+        t, c = tgt.shape[1], cache[0][0].shape[2]
+        positions = lengths[:, None] + torch.arange(t, device=tgt.device)  # (b, t)
+        x = dec.pe.at(dec.embedding(tgt), positions)  # (b, t, d)
+        past_visible = (torch.arange(c, device=tgt.device)[None, :] < lengths[:, None])[:, None, None, :]  # (b, 1, 1, c)
+        causal = generate_mask(t).to(tgt.device)  # (t, t)
+        cross_mask = memory_mask[:, None, None, :]  # (b, 1, 1, s)
+        new_kv = []
+        for layer, kv, ckv in zip(dec.layers, cache, cross_kv, strict=True):
+            x, kv = layer.step_cached(x, kv, ckv, past_visible, causal, cross_mask)
+            new_kv.append(kv)
+        return dec.fc_out(x), new_kv  # (b, t, v)
 
 
 def generate_mask(size):

@@ -86,10 +86,11 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
         for kind in ("inputs", "outputs"):
             c.get(entry, kind, where, "a list of {name, dtype, dims} with known dtypes and dim names",
                   lambda v: isinstance(v, list) and v and all(_tensor_ok(t) for t in v))
-        c.get(entry, "feeds", where, "a list of [output, state input] pairs",
-              lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2
-                                                    and all(isinstance(x, str) for x in f) for f in v),
-              optional=True)
+        for key in ("feeds", "appends"):
+            c.get(entry, key, where, "a list of [output, state input] pairs",
+                  lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2
+                                                        and all(isinstance(x, str) for x in f) for f in v),
+                  optional=True)
         if "data_file" in entry:
             c.get(entry, "data_file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
             c.get(entry, "data_sha256", where, "64 lowercase hex digits",

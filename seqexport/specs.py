@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 DTYPES = ("int64", "float32", "float16")
 # What an input holds, so that inputs can be built from the spec alone: token ids in
-# [0, vocab_size), a 0/1 mask, or state (cache) fed back from an output of a step.
-ROLES = ("tokens", "mask", "state", "")
+# [0, vocab_size), a 0/1 mask, state (cache) fed back from an output of a step, or per-row
+# lengths: how many slots along past_len of each row's appended state are valid.
+ROLES = ("tokens", "mask", "state", "lengths", "")
 # Symbolic dims a graph may declare; anything else in a spec is a typo.
 DIM_NAMES = ("batch", "src_len", "tgt_len", "past_len", "past_len + tgt_len", "seq_len")
 
@@ -61,10 +62,23 @@ class GraphSpec:
     # (output, state input): after a run, each output becomes that state input of the next
     # step (of this graph or another graph of the same model).
     feeds: tuple[tuple[str, str], ...] = ()
+    # (output, state input): each output holds only the new positions, which the caller
+    # writes into that state input (a preallocated buffer along past_len) at each row's
+    # `lengths` input; the buffer is never copied whole (see seqexport.runtime.kv_buffer).
+    appends: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        for out, _ in self.feeds:
+        for out, _ in self.feeds + self.appends:
             self.output(out)  # KeyError for a typo
+        for _, inp in self.appends:
+            self.input(inp)
+        if self.appends and self.lengths is None:
+            raise ValueError(f"graph {self.name!r}: appended state needs an input with role 'lengths'")
+
+    @property
+    def lengths(self) -> TensorSpec | None:
+        """The input giving each row's valid slots of the appended state, if any."""
+        return next((t for t in self.inputs if t.role == "lengths"), None)
 
     @property
     def state_inputs(self) -> list[TensorSpec]:
@@ -85,11 +99,14 @@ class GraphSpec:
         return _find(self.outputs, name, self.name)
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
             "feeds": [list(f) for f in self.feeds],
         }
+        if self.appends:
+            d["appends"] = [list(f) for f in self.appends]
+        return d
 
     @classmethod
     def from_dict(cls, name: str, d: dict, legacy_vocab: int = 2) -> "GraphSpec":
@@ -99,7 +116,8 @@ class GraphSpec:
         outputs = tuple(TensorSpec.from_dict(t) for t in d["outputs"])
         if "feeds" not in d:  # an artifact written before feeds and roles were recorded
             return _legacy_spec(name, inputs, outputs, legacy_vocab)
-        return cls(name, inputs, outputs, tuple(tuple(f) for f in d["feeds"]))
+        return cls(name, inputs, outputs, tuple(tuple(f) for f in d["feeds"]),
+                   tuple(tuple(f) for f in d.get("appends", ())))
 
 
 def _find(tensors, name, graph):

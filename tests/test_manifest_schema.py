@@ -53,7 +53,11 @@ def _unknown_family(m):
 
 
 def _feed_to_nowhere(m):
-    m["graphs"]["decoder"]["feeds"][0][0] = "present.99.decoder.key"
+    m["graphs"]["encoder"]["feeds"][0][0] = "present.99.encoder.key"
+
+
+def _append_to_nowhere(m):
+    m["graphs"]["decoder"]["appends"][0][1] = "past_key_values.99.decoder.key"
 
 
 CASES = {
@@ -66,8 +70,9 @@ CASES = {
     "file outside the folder": (_escape, "expected a file name inside the exported folder"),
     "absolute file": (_absolute, "expected a file name inside the exported folder"),
     "unknown dim": (_bad_dims, "'graphs.encoder.inputs' is"),
-    "unknown family": (_unknown_family, "'family' is 'lstm'; expected one of ['transformer', 'mamba']"),
+    "unknown family": (_unknown_family, "'family' is 'lstm'; expected one of ['transformer', 'mamba', 'rwkv']"),
     "feed naming no output": (_feed_to_nowhere, "malformed graph spec"),
+    "append naming no input": (_append_to_nowhere, "malformed graph spec"),
 }
 
 

@@ -37,27 +37,38 @@ def run_encoder(enc, src):
     return dict(zip(names, outs))
 
 
-def decoder_feed(config, enc_out, src, tgt, self_past):
-    feed = {S.INPUT_IDS: tgt.numpy(), S.ENCODER_ATTENTION_MASK: (src != 0).long().numpy()}
+def decoder_feed(config, enc_out, src, tgt, cache, lengths):
+    feed = {S.INPUT_IDS: tgt.numpy(), S.ENCODER_ATTENTION_MASK: (src != 0).long().numpy(),
+            S.PAST_LENGTHS: np.asarray(lengths, np.int64)}
     for i in range(config.num_layers):
         for kv in ("key", "value"):
             feed[S.past_kv(i, "encoder", kv)] = enc_out[S.present_kv(i, "encoder", kv)]
-            feed[S.past_kv(i, "decoder", kv)] = self_past[(i, kv)]
+            feed[S.past_kv(i, "decoder", kv)] = cache[(i, kv)]
     return feed
 
 
-def empty_past(config, batch):
-    return {(i, kv): np.zeros((batch, config.n_heads, 0, config.head_dim), np.float32)
+def empty_past(config, batch, capacity=32, seed=0):
+    """A cache buffer of `capacity` slots holding garbage: no slot is valid yet, and the graph
+    must ignore whatever the slots past each row's length hold."""
+    rng = np.random.default_rng(seed)
+    return {(i, kv): rng.standard_normal((batch, config.n_heads, capacity, config.head_dim)).astype(np.float32)
             for i in range(config.num_layers) for kv in ("key", "value")}
 
 
-def run_decoder(dec, config, enc_out, src, tgt, self_past):
-    outs = dec.run(None, decoder_feed(config, enc_out, src, tgt, self_past))
-    names = [o.name for o in dec.get_outputs()]
-    out = dict(zip(names, outs))
-    present = {(i, kv): out[S.present_kv(i, "decoder", kv)]
-               for i in range(config.num_layers) for kv in ("key", "value")}
-    return out[S.LOGITS], present
+def run_decoder(dec, config, enc_out, src, tgt, cache, lengths=None):
+    """One decoder call; returns the logits, the cache with the new K/V written at each row's
+    length (the test's own bookkeeping, not the runtime's) and the new lengths."""
+    lengths = np.zeros(tgt.shape[0], np.int64) if lengths is None else np.asarray(lengths, np.int64)
+    outs = dec.run(None, decoder_feed(config, enc_out, src, tgt, cache, lengths))
+    out = dict(zip([o.name for o in dec.get_outputs()], outs))
+    cache = {k: v.copy() for k, v in cache.items()}
+    t = tgt.shape[1]
+    for (i, kv), buf in cache.items():
+        new = out[S.present_kv(i, "decoder", kv)]
+        assert new.shape == (tgt.shape[0], config.n_heads, t, config.head_dim)  # only the new positions
+        for r, n in enumerate(lengths):
+            buf[r, :, n : n + t] = new[r]
+    return out[S.LOGITS], cache, lengths + t
 
 
 def test_graphs_are_valid_and_dynamic(transformer_tiny):
@@ -102,11 +113,11 @@ def test_decoder_with_past_matches_full_forward(sessions, batch, past_len, tgt_l
     src = torch.randint(1, config.src_vocab_size, (batch, 7))
     tgt = torch.randint(1, config.tgt_vocab_size, (batch, past_len + tgt_len))
     enc_out = run_encoder(enc, src)
-    past = empty_past(config, batch)
+    past, lengths = empty_past(config, batch), None
     if past_len:
-        _, past = run_decoder(dec, config, enc_out, src, tgt[:, :past_len], past)
-    logits, present = run_decoder(dec, config, enc_out, src, tgt[:, past_len:], past)
-    assert present[(0, "key")].shape == (batch, config.n_heads, past_len + tgt_len, config.head_dim)
+        _, past, lengths = run_decoder(dec, config, enc_out, src, tgt[:, :past_len], past)
+    logits, _, lengths = run_decoder(dec, config, enc_out, src, tgt[:, past_len:], past, lengths)
+    assert (lengths == past_len + tgt_len).all()
     ref = eager_logits(model, src, tgt)[:, past_len:]
     np.testing.assert_allclose(logits, ref, atol=ATOL, rtol=0)
 
@@ -117,13 +128,13 @@ def test_greedy_decode_20_steps_matches_full_forward_each_step(sessions):
     src = torch.randint(1, config.src_vocab_size, (2, 11))
     enc_out = run_encoder(enc, src)
     tokens = torch.ones(2, 1, dtype=torch.long)  # a start token
-    past = empty_past(config, 2)
+    past, lengths = empty_past(config, 2), None
     for _ in range(20):
-        logits, past = run_decoder(dec, config, enc_out, src, tokens[:, -1:], past)
+        logits, past, lengths = run_decoder(dec, config, enc_out, src, tokens[:, -1:], past, lengths)
         ref = eager_logits(model, src, tokens)[:, -1]
         np.testing.assert_allclose(logits[:, -1], ref, atol=ATOL, rtol=0)
         tokens = torch.cat([tokens, torch.from_numpy(logits[:, -1].argmax(-1))[:, None]], dim=1)
-    assert past[(1, "value")].shape[2] == 20
+    assert (lengths == 20).all()
 
 
 def test_padded_batch_rows_equal_rows_alone(sessions):
@@ -136,12 +147,37 @@ def test_padded_batch_rows_equal_rows_alone(sessions):
         src[r, : len(row)] = row
     tgt = torch.randint(1, config.tgt_vocab_size, (3, 4))
     enc_out = run_encoder(enc, src)
-    _, past = run_decoder(dec, config, enc_out, src, tgt[:, :2], empty_past(config, 3))
-    batch_logits, _ = run_decoder(dec, config, enc_out, src, tgt[:, 2:], past)
+    _, past, lengths = run_decoder(dec, config, enc_out, src, tgt[:, :2], empty_past(config, 3))
+    batch_logits, _, _ = run_decoder(dec, config, enc_out, src, tgt[:, 2:], past, lengths)
     for r, row in enumerate(rows):
         alone_src = row[None]
         alone_enc = run_encoder(enc, alone_src)
-        _, p = run_decoder(dec, config, alone_enc, alone_src, tgt[r : r + 1, :2], empty_past(config, 1))
-        alone, _ = run_decoder(dec, config, alone_enc, alone_src, tgt[r : r + 1, 2:], p)
+        _, p, n = run_decoder(dec, config, alone_enc, alone_src, tgt[r : r + 1, :2], empty_past(config, 1, seed=r))
+        alone, _, _ = run_decoder(dec, config, alone_enc, alone_src, tgt[r : r + 1, 2:], p, n)
         np.testing.assert_allclose(batch_logits[r], alone[0], atol=ATOL, rtol=0)
         np.testing.assert_allclose(alone[0], eager_logits(model, alone_src, tgt[r : r + 1])[0, 2:], atol=ATOL)
+
+
+def test_rows_at_different_positions_share_one_call(sessions):
+    """Continuous batching at the graph: rows with 0, 3 and 17 valid slots of one buffer, each
+    fed its next token in one call, equal each row's full forward alone."""
+    model, config, enc, dec = sessions
+    torch.manual_seed(13)
+    src = torch.randint(1, config.src_vocab_size, (3, 6))
+    enc_out = run_encoder(enc, src)
+    positions = [0, 3, 17]
+    tgt = torch.randint(1, config.tgt_vocab_size, (3, max(positions) + 1))
+    cache = empty_past(config, 3, capacity=24, seed=5)
+    for r, n in enumerate(positions):  # fill row r's first n slots from its own prefix, alone
+        if n:
+            row_out = {k: v[r : r + 1] for k, v in enc_out.items()}
+            row_cache = {k: v[r : r + 1] for k, v in cache.items()}
+            _, row_cache, _ = run_decoder(dec, config, row_out, src[r : r + 1], tgt[r : r + 1, :n], row_cache)
+            for k in cache:
+                cache[k][r] = row_cache[k][0]
+    step = torch.stack([tgt[r, n] for r, n in enumerate(positions)])[:, None]  # (3, 1)
+    logits, _, lengths = run_decoder(dec, config, enc_out, src, step, cache, positions)
+    assert lengths.tolist() == [1, 4, 18]
+    for r, n in enumerate(positions):
+        ref = eager_logits(model, src[r : r + 1], tgt[r : r + 1, : n + 1])[0, -1]
+        np.testing.assert_allclose(logits[r, 0], ref, atol=ATOL, rtol=0)

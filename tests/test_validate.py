@@ -165,27 +165,27 @@ def test_inspect_lists_graphs_and_parity(transformer_tiny):
 
 
 class OffByOneCausalDecoder(torch.nn.Module):
-    """A copy of the export wrapper DecoderGraph whose in-graph causal mask is off by one: query i
-    also sees key i + 1. A one-token step has no key i + 1, so only multi-token steps show it."""
+    """A copy of the export wrapper DecoderGraph whose in-graph causal mask is off by one: new
+    position i also sees new position i + 1. A one-token step has no position i + 1, so only
+    multi-token steps show it."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, encoder_attention_mask, *past):
+    def forward(self, input_ids, encoder_attention_mask, past_lengths, *past):
         dec = self.model.decoder
         n = len(dec.layers)
         cross = [(past[2 * i], past[2 * i + 1]) for i in range(n)]
         cache = [(past[2 * n + 2 * i], past[2 * n + 2 * i + 1]) for i in range(n)]
-        t, past_len = input_ids.shape[1], cache[0][0].shape[2]
-        x = dec.pe(dec.embedding(input_ids), start=past_len)
-        q_pos = torch.arange(t) + past_len
-        k_pos = torch.arange(past_len + t)
-        causal = k_pos[None, :] <= q_pos[:, None] + 1  # the fault
+        t, c = input_ids.shape[1], cache[0][0].shape[2]
+        x = dec.pe.at(dec.embedding(input_ids), past_lengths[:, None] + torch.arange(t))
+        visible = (torch.arange(c)[None, :] < past_lengths[:, None])[:, None, None, :]
+        causal = torch.arange(t)[None, :] <= torch.arange(t)[:, None] + 1  # the fault
         presents = []
         for layer, kv, ckv in zip(dec.layers, cache, cross):
-            x, kv = layer.step(x, kv, ckv, causal, encoder_attention_mask[:, None, None, :])
-            presents += kv
+            x, new = layer.step_cached(x, kv, ckv, visible, causal, encoder_attention_mask[:, None, None, :])
+            presents += new
         return (dec.fc_out(x), *presents)
 
 

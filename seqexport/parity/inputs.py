@@ -17,7 +17,8 @@ def random_inputs(spec: GraphSpec, sizes: dict[str, int], rng: np.random.Generat
     """One array per input of `spec`; `sizes` gives every symbolic dim (batch, src_len, ...).
 
     Token ids are drawn from [1, vocab_size) (0 is the transformer's pad id); with `pad_rows`,
-    row r of a mask hides its last 2r positions (at least one stays visible); states are
+    row r of a mask hides its last 2r positions (at least one stays visible) and row r of a
+    lengths input counts 3r fewer valid slots than past_len (at least 0); states are
     standard normal times `state_scale`, or zeros (a fresh sequence).
     """
     out = {}
@@ -31,6 +32,10 @@ def random_inputs(spec: GraphSpec, sizes: dict[str, int], rng: np.random.Generat
                 for r in range(1, shape[0]):
                     mask[r, max(1, shape[1] - 2 * r):] = 0
             out[t.name] = mask
+        elif t.role == "lengths":  # valid slots per row: all of past_len, later rows 3r fewer (pad_rows)
+            past = sizes["past_len"]
+            rows = np.arange(shape[0])
+            out[t.name] = np.maximum(past - 3 * rows, 0).astype(np.int64) if pad_rows else np.full(shape, past, np.int64)
         elif zero_state:
             out[t.name] = np.zeros(shape, NP_DTYPES[t.dtype])
         else:

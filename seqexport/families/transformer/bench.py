@@ -1,6 +1,6 @@
 """What `seqexport bench` times of a transformer export (see `seqexport.bench.cases`): the
-cached decoder step (tgt_len 1) at each past length — eager `decode_step` vs the decoder
-graph — and greedy generation from random sources. It has no prefill to time: the encoder
+cached decoder step (tgt_len 1) at each past length — eager `decode_step_cached` vs the
+decoder graph — and greedy generation from random sources. It has no prefill to time: the encoder
 runs once per source."""
 
 import numpy as np
@@ -14,9 +14,11 @@ from seqexport.families.transformer.specs import (
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     KV,
+    PAST_LENGTHS,
     past_kv,
 )
 from seqexport.parity.inputs import random_inputs
+from seqexport.runtime import kv_buffer
 from seqexport.runtime.base import State
 from seqexport.runtime.session import NP_DTYPES
 
@@ -44,19 +46,27 @@ def check_contexts(config: dict, contexts, defaults=(), notes: list[str] | None 
 
 
 def _self_kv(rt) -> set[str]:
-    """The decoder's own feeds: the self-attention K/V, the part of the state that grows."""
-    return {inp for _, inp in rt.specs["decoder"].feeds}
+    """The decoder's own state: the self-attention K/V, the part of the state that grows
+    (appended into a buffer, or fed back whole by a decoder that concatenates)."""
+    spec = rt.specs["decoder"]
+    return {inp for _, inp in spec.appends + spec.feeds}
 
 
 def _step_feeds(rt, batch: int, past: int, rng: np.random.Generator, prompt_len: int) -> dict[str, np.ndarray]:
     """Every decoder input as after `past` steps: the real mask and cross K/V of a random source
-    of `prompt_len` tokens, random self K/V (the step costs the same whatever they hold)."""
-    sizes = dict(batch=batch, src_len=prompt_len, past_len=past, tgt_len=1)
+    of `prompt_len` tokens, random self K/V (the step costs the same whatever they hold) — in a
+    buffer of the capacity the runtime would hold, `past` slots valid, for a decoder that
+    appends; exactly `past` positions for an older one that concatenates."""
+    appends = rt.specs["decoder"].lengths is not None
+    capacity = kv_buffer.capacity_for(past + 1, rt.config["max_len"]) if appends else past
+    sizes = dict(batch=batch, src_len=prompt_len, past_len=capacity, tgt_len=1)
     src = random_inputs(rt.specs["encoder"], sizes, rng, pad_rows=False)
     start = rt.start(src[INPUT_IDS], src[ATTENTION_MASK]).numpy()  # host copies (IO binding)
     grows = _self_kv(rt)
     feeds = random_inputs(rt.specs["decoder"], sizes, rng, pad_rows=False)
-    return feeds | {k: v for k, v in start.arrays.items() if k not in grows}
+    if appends:
+        feeds[PAST_LENGTHS] = np.full(batch, past, np.int64)
+    return feeds | {k: v for k, v in start.arrays.items() if k not in grows and k != PAST_LENGTHS}
 
 
 def decode_state(rt, batch: int, context: int, rng: np.random.Generator, prompt_len: int = 32) -> State:
@@ -71,21 +81,42 @@ def _eager_step(model, feeds: dict[str, np.ndarray]):
     cross = [tuple(t[past_kv(i, "encoder", x)] for x in KV) for i in range(n)]
     cache = [tuple(t[past_kv(i, "decoder", x)] for x in KV) for i in range(n)]
     ids, mask = t[INPUT_IDS], t[ENCODER_ATTENTION_MASK]
+    if PAST_LENGTHS in t:
+        return lambda: model.decode_step_cached(ids, mask, cross, cache, t[PAST_LENGTHS])
     return lambda: model.decode_step(ids, mask, cross, cache)
 
 
 def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator):
-    """The decoder step at each batch and past length: eager, runtime step, bare session."""
+    """The decoder step at each batch and past length: eager, runtime step, bare session.
+    `self_kv_bytes` counts the valid self K/V (what a step must read), not the buffer's spare slots."""
     grows = _self_kv(rt)
     for batch in batches:
         for past in contexts:
             feeds = _step_feeds(rt, batch, past, rng, prompt_len)
             tokens, state = split_feeds(feeds, past)
+            kv = State({k: state.arrays[k] for k in grows})
+            slots = next(iter(kv.arrays.values())).shape[2]  # (b, h, past_len, k)
             row = {"batch": batch, "context": past, "state_bytes": state.nbytes,
-                   "self_kv_bytes": State({k: state.arrays[k] for k in grows}).nbytes}
-            fns = {"eager": _eager_step(model, feeds), "ort": lambda tokens=tokens, state=state: rt.step(tokens, state),
+                   "self_kv_bytes": kv.nbytes * past // max(slots, 1)}
+            fns = {"eager": _eager_step(model, feeds), "ort": _runtime_step(rt, tokens, state.owning(), past),
                    "ort_session": bare_session(rt, "decoder", feeds)}
             yield Case(f"decoder step: batch {batch}, past {past}", row, fns)
+
+
+def _runtime_step(rt, tokens, state: State, past: int):
+    """The runtime's step at a fixed context, as in a decode: each call steps the newest state
+    (the cache is written in place, never copied) and then rewinds it to `past` valid slots."""
+    newest = [state]
+
+    def run():
+        _, newest[0] = rt.step(tokens, newest[0])
+        lengths = newest[0].arrays.get(PAST_LENGTHS)
+        if lengths is not None:
+            lengths[:] = past
+        else:  # a decoder that concatenates: step the same state again
+            newest[0] = state
+
+    return run
 
 
 def prefill_cases(rt, model, batches, contexts, rng, notes: list[str]):

@@ -1,8 +1,9 @@
 """The eager transformer behind the runtime's step API: the one eager decoder that validate,
 bench, the demo and training evaluation drive with `seqexport.runtime.generate`.
 
-cache=True: the encoder once, then the model's own `decode_step` with its KV cache (the
-state holds numpy arrays under the decoder graph's input names, as at run time).
+cache=True: the encoder once, then the model's own `decode_step_cached` with its KV cache
+(the state holds numpy arrays under the decoder graph's input names, the cache as the same
+appended buffer as at run time).
 cache=False: the reference — the model's full `forward` over the whole target prefix at
 every step, no cache at all.
 """
@@ -11,8 +12,15 @@ import numpy as np
 import torch
 
 from seqexport.families.transformer.runtime import TransformerSteps
-from seqexport.families.transformer.specs import ENCODER_ATTENTION_MASK, KV, past_kv
+from seqexport.families.transformer.specs import (
+    ENCODER_ATTENTION_MASK,
+    KV,
+    PAST_LENGTHS,
+    graph_specs,
+    past_kv,
+)
 from seqexport.models.transformer import Transformer, generate_mask
+from seqexport.runtime import kv_buffer
 from seqexport.runtime.base import State, tokens_2d
 
 # State keys of the no-cache reference (not graph inputs: it feeds the whole prefix each step).
@@ -24,11 +32,17 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 class EagerTransformer(TransformerSteps):
-    def __init__(self, model: Transformer, tokenizer=None, cache: bool = True, device="cpu"):
+    def __init__(self, model: Transformer, tokenizer=None, cache: bool = True, device="cpu", appended: bool = True):
+        """appended=False: the cache concatenated and returned whole each step (`decode_step`),
+        as the decoder of artifacts exported before `past_lengths` does."""
         self.model, self.tokenizer, self.cache, self.device = model.eval(), tokenizer, cache, device
+        self.appended = appended
         self.config = model.config
         self.vocab_size, self.pad_id = self.config.tgt_vocab_size, self.config.pad_id
         self.n = self.config.num_layers
+        self.max_new_tokens_limit = self.config.max_len
+        spec = graph_specs(self.config.to_dict())["decoder"]
+        self._axes = {inp: kv_buffer.axis_of(spec.input(inp).dims) for _, inp in spec.appends}
 
     def _t(self, a) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
@@ -42,12 +56,16 @@ class EagerTransformer(TransformerSteps):
             return State({SRC: src, SRC_MASK: mask, TGT: np.zeros((src.shape[0], 0), np.int64)}, 0)
         memory = self.model.encoder(self._t(src), self._t(mask)[:, None, None, :])  # (b, s, d)
         arrays = {ENCODER_ATTENTION_MASK: mask}
-        caches = (("encoder", self.model.cross_kv(memory)),
-                  ("decoder", self.model.allocate_inference_cache(src.shape[0], device=self.device)))
-        for which, kvs in caches:
+        if self.appended:
+            capacity = kv_buffer.capacity_for(1, self.max_new_tokens_limit)
+            cache = self.model.allocate_cache_buffer(src.shape[0], capacity, device=self.device)
+            arrays[PAST_LENGTHS] = np.zeros(src.shape[0], np.int64)
+        else:
+            cache = self.model.allocate_inference_cache(src.shape[0], device=self.device)
+        for which, kvs in (("encoder", self.model.cross_kv(memory)), ("decoder", cache)):
             for i, kv in enumerate(kvs):
                 arrays |= {past_kv(i, which, x): _np(t) for x, t in zip(KV, kv)}
-        return State(arrays, 0)
+        return State(arrays, 0).owning()
 
     @torch.inference_mode()
     def step(self, tokens, state: State):
@@ -60,15 +78,18 @@ class EagerTransformer(TransformerSteps):
                                     tgt_mask=generate_mask(tgt.shape[1]).to(self.device))[:, -ids.shape[1]:])
             new = State(state.arrays | {TGT: tgt}, tgt.shape[1])
         else:
-            a = state.arrays
+            a, writer = self._writable(state, ids.shape[1]) if self.appended else (state.arrays, None)
             cross = [tuple(self._t(a[past_kv(i, "encoder", x)]) for x in KV) for i in range(self.n)]
             cache = [tuple(self._t(a[past_kv(i, "decoder", x)]) for x in KV) for i in range(self.n)]
-            out, cache = self.model.decode_step(self._t(ids), self._t(a[ENCODER_ATTENTION_MASK]), cross, cache)
+            mask = self._t(a[ENCODER_ATTENTION_MASK])
+            if self.appended:
+                out, new_kv = self.model.decode_step_cached(self._t(ids), mask, cross, cache, self._t(a[PAST_LENGTHS]))
+            else:
+                out, new_kv = self.model.decode_step(self._t(ids), mask, cross, cache)
             logits = _np(out)
-            arrays = dict(a)
-            for i, kv in enumerate(cache):
-                arrays |= {past_kv(i, "decoder", x): _np(t) for x, t in zip(KV, kv)}
-            new = State(arrays, state.length + ids.shape[1])
+            written = {past_kv(i, "decoder", x): _np(t) for i, kv in enumerate(new_kv) for x, t in zip(KV, kv)}
+            new = (self._appended(a, writer, written, ids.shape[1]) if self.appended
+                   else State(a | written, state.length + ids.shape[1]))
         return (logits[:, -1] if squeeze else logits), new
 
 

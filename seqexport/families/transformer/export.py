@@ -1,8 +1,9 @@
 """Transformer -> encoder.onnx + decoder.onnx with an explicit KV cache.
 
 The encoder graph also emits every decoder layer's cross-attention K/V, computed once per
-source. The decoder graph is the model's `decode_step`: it serves the first step (past_len 0)
-and every later one; its positions start at past_len. The wrappers only flatten the model's
+source. The decoder graph is the model's `decode_step_cached`: it serves the first step and
+every later one, over a preallocated cache of which each row's first past_lengths[r] slots are
+valid; row r's positions start at past_lengths[r]. The wrappers only flatten the model's
 cache lists into graph inputs and outputs, in spec order.
 """
 
@@ -41,10 +42,28 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """(input_ids, encoder_attention_mask, *past K/V) -> logits, present self-attention K/V.
+    """(input_ids, encoder_attention_mask, past_lengths, *past K/V) -> logits, the new
+    positions' self-attention K/V (the runtime writes them into the cache buffer).
 
-    `past` is flat, in spec order: cross K/V of layers 0..n-1, then self K/V of 0..n-1.
+    `past` is flat, in spec order: cross K/V of layers 0..n-1, then the self K/V buffers of 0..n-1.
     """
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, encoder_attention_mask, past_lengths, *past):
+        n = len(self.model.decoder.layers)
+        cross = [(past[2 * i], past[2 * i + 1]) for i in range(n)]
+        cache = [(past[2 * n + 2 * i], past[2 * n + 2 * i + 1]) for i in range(n)]
+        logits, new = self.model.decode_step_cached(input_ids, encoder_attention_mask, cross, cache, past_lengths)
+        return (logits, *(t for kv in new for t in kv))
+
+
+class ConcatDecoderGraph(nn.Module):
+    """The decoder of artifacts exported before `past_lengths`: (input_ids,
+    encoder_attention_mask, *past K/V) -> logits, the whole present K/V (past + new,
+    concatenated). Kept so that `validate` can still check such an artifact."""
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -58,9 +77,11 @@ class DecoderGraph(nn.Module):
         return (logits, *(t for kv in cache for t in kv))
 
 
-def wrapper(model: Transformer, graph: str) -> nn.Module:
-    """The module each graph is traced from: validate compares with it and localises in it."""
-    return {"encoder": EncoderGraph, "decoder": DecoderGraph}[graph](model)
+def wrapper(model: Transformer, graph: str, appended: bool = True) -> nn.Module:
+    """The module each graph is traced from: validate compares with it and localises in it.
+    appended=False: the decoder of an artifact that concatenates its cache."""
+    decoder = DecoderGraph if appended else ConcatDecoderGraph
+    return {"encoder": EncoderGraph, "decoder": decoder}[graph](model)
 
 
 def example_inputs(specs: dict[str, GraphSpec], dtype: torch.dtype) -> dict[str, tuple]:
@@ -84,7 +105,7 @@ def export_transformer(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OP
 
     def build(tmp):
         with torch.no_grad():
-            for graph, varargs_from in (("encoder", None), ("decoder", 2)):
+            for graph, varargs_from in (("encoder", None), ("decoder", 3)):
                 with step(f"exporting {graph}"):
                     export_graph(wrapper(model, graph), args[graph], specs[graph], tmp / f"{graph}.onnx", opset,
                                  dynamic_shapes_for(specs[graph], varargs_from=varargs_from))

@@ -3,6 +3,11 @@
     model = seqexport.runtime.load("exported/transformer-tiny")
     state = model.start(src_ids)                   # runs the encoder
     logits, state = model.step(tokens, state)      # state.arrays: graph input name -> array
+
+The self-attention cache is a preallocated buffer written in place (seqexport.runtime.kv_buffer):
+a step reads it once and copies none of it, and rows at different positions (continuous
+batching) share one decoder call. An artifact whose decoder predates `past_lengths`
+(concatenating the cache) runs unchanged, with rows that stay in step.
 """
 
 import numpy as np
@@ -13,9 +18,11 @@ from seqexport.families.transformer.specs import (
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     LOGITS,
+    PAST_LENGTHS,
 )
+from seqexport.runtime import kv_buffer
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
-from seqexport.runtime.session import check_token_ids
+from seqexport.runtime.session import check_token_ids, to_numpy
 
 
 class TransformerSteps:
@@ -38,8 +45,56 @@ class TransformerSteps:
         state = self.start(src, mask)
         return self.step(np.full(len(rows), start_id, np.int64), state)
 
+    # --- the self-attention cache as an appended buffer (kv_buffer) -------------------------
+    # Both the ONNX model and the eager one keep it so; each sets `_axes` (buffer input ->
+    # its past_len axis) and has `max_new_tokens_limit` (the positional table).
+
+    def _check_room(self, length: int, t: int) -> None:
+        if length + t > self.max_new_tokens_limit:
+            raise InputError(f"tokens: context of {length + t} exceeds the positional table "
+                             f"({self.max_new_tokens_limit} positions)")
+
+    def _writable(self, state: State, t: int) -> tuple[dict, list]:
+        """The arrays a step of t tokens may write its new K/V into, and their writer list: the
+        state's own buffers when it is their newest state, else copies (stepping an older state
+        again must not change what its successors hold); grown when t more do not fit."""
+        lengths = to_numpy(state.arrays[PAST_LENGTHS])
+        buffers = {name: to_numpy(state.arrays[name]) for name in self._axes}
+        name, buf = next(iter(buffers.items()))
+        capacity = buf.shape[self._axes[name]]
+        if lengths.ndim != 1 or lengths.size != buf.shape[0] or lengths.min() < 0 or lengths.max() > capacity:
+            raise InputError(f"{PAST_LENGTHS}: expected one count per row in [0, {capacity}] "
+                             f"(the cache's slots), got {lengths.tolist()}")
+        need = int(lengths.max()) + t
+        self._check_room(need - t, t)
+        if need > capacity:
+            buffers = kv_buffer.resized(buffers, self._axes, kv_buffer.capacity_for(need, self.max_new_tokens_limit))
+        elif state.writer is None or state.writer[0] is not state:
+            buffers = {k: v.copy() for k, v in buffers.items()}
+        else:
+            return state.arrays, state.writer
+        return state.arrays | buffers, [None]
+
+    def _appended(self, arrays: dict, writer: list, new: dict[str, np.ndarray], t: int) -> State:
+        """The next state: the new positions written into the buffers, the lengths advanced."""
+        lengths = arrays[PAST_LENGTHS]
+        kv_buffer.write_new(arrays, self._axes, new, lengths)
+        state = State(arrays | {PAST_LENGTHS: lengths + t}, int(lengths.max()) + t, writer)
+        writer[0] = state
+        return state
+
 
 class TransformerModel(TransformerSteps, RuntimeModel):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        spec = self.specs["decoder"]
+        # A decoder with per-row lengths (appended cache) or an older one that concatenates.
+        self.buffered = spec.lengths is not None
+        self.continuous_batching = self.buffered  # rows may join at any step boundary
+        self._axes = {inp: kv_buffer.axis_of(spec.input(inp).dims) for _, inp in spec.appends}
+        self._appends = spec.appends
+        self._cross = [inp for _, inp in self.specs["encoder"].feeds]
+
     @property
     def vocab_size(self) -> int:
         return self.config["tgt_vocab_size"]
@@ -71,23 +126,90 @@ class TransformerModel(TransformerSteps, RuntimeModel):
         if hidden.size:
             raise InputError(f"src_mask: row {int(hidden[0])} hides every source token; expected at least one 1")
         cross = self._fed("encoder", self._run("encoder", {INPUT_IDS: src, ATTENTION_MASK: mask}))
+        b = src.shape[0]
+        capacity = kv_buffer.capacity_for(1, self.config["max_len"]) if self.buffered else 0
         arrays = {ENCODER_ATTENTION_MASK: mask, **cross,
-                  **zero_state(self.specs["decoder"], src.shape[0], {"past_len": 0}, skip=cross.keys())}
-        return State(arrays, 0)
+                  **zero_state(self.specs["decoder"], b, {"past_len": capacity}, skip=cross.keys())}
+        if self.buffered:
+            arrays[PAST_LENGTHS] = np.zeros(b, np.int64)
+        return State(arrays, 0).owning()
 
     def step(self, tokens, state: State) -> tuple[np.ndarray, State]:
         """Feed tokens (b,) or (b, t); return logits (b, vocab) or (b, t, vocab) and the new state."""
         ids, squeeze = tokens_2d(tokens)
         ids = check_token_ids("tokens", ids, self.vocab_size)
-        if state.length + ids.shape[1] > self.config["max_len"]:
-            raise InputError(
-                f"tokens: context of {state.length + ids.shape[1]} exceeds the positional table "
-                f"({self.config['max_len']} positions)"
-            )
-        out = self._run("decoder", {INPUT_IDS: ids, **state.arrays})
-        logits = out[LOGITS]
-        new = State(self._feed_back("decoder", out, state.arrays), state.length + ids.shape[1])
-        return (logits[:, 0] if squeeze else logits), new
+        if not self.buffered:
+            self._check_room(state.length, ids.shape[1])
+            out = self._run("decoder", {INPUT_IDS: ids, **state.arrays})
+            new = State(self._feed_back("decoder", out, state.arrays), state.length + ids.shape[1])
+            return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
+        arrays, writer = self._writable(state, ids.shape[1])
+        out = self._run("decoder", {INPUT_IDS: ids, **arrays})
+        new = self._appended(arrays, writer, {inp: to_numpy(out[o]) for o, inp in self._appends}, ids.shape[1])
+        return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
+
+    # --- serving: rows join and leave --------------------------------------------------------
+
+    def join(self, states: list[State]) -> State:
+        """One batch from several states (rows at any positions, sources of any length):
+        sources padded (and masked) to the longest, cache buffers to the largest."""
+        if not states:
+            raise InputError("join: expected at least one state")
+        return join_rows(states, self._cross, self._axes if self.buffered else None)
+
+    def take(self, state: State, rows) -> State:
+        """These rows, in this order; the source and the cache trimmed to what they still use."""
+        return trim_rows(state.select(rows), self._cross, self._axes if self.buffered else None,
+                         self.max_new_tokens_limit)
+
+
+def _pad(a: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """`a` zero-padded along `axis` to `size`."""
+    if a.shape[axis] == size:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return np.pad(a, widths)
+
+
+def join_rows(states: list[State], cross: list[str], axes: dict[str, int] | None) -> State:
+    """The rows of several transformer states as one batch: sources zero-padded and masked to
+    the longest (cross K/V (b, h, s, k)), cache buffers zero-padded to the largest capacity.
+    `axes` None: a decoder that concatenates, whose rows must then be at one position."""
+    states = [s.numpy() for s in states]
+    src = max(s.arrays[ENCODER_ATTENTION_MASK].shape[1] for s in states)
+    sizes = {ENCODER_ATTENTION_MASK: (1, src)} | {name: (2, src) for name in cross}  # name -> (axis, size)
+    if axes is None:
+        lengths = {s.length for s in states}
+        if len(lengths) > 1:
+            raise InputError(f"join: rows at positions {sorted(lengths)} cannot share one decoder call: this "
+                             "artifact's decoder predates past_lengths (export it again for continuous batching)")
+    else:
+        capacity = max(s.arrays[name].shape[axis] for s in states for name, axis in axes.items())
+        sizes |= {name: (axis, capacity) for name, axis in axes.items()}
+    arrays = {key: np.concatenate([_pad(s.arrays[key], *sizes[key]) if key in sizes else s.arrays[key]
+                                   for s in states])
+              for key in states[0].arrays}
+    return State(arrays, max(s.length for s in states)).owning()
+
+
+def trim_rows(state: State, cross: list[str], axes: dict[str, int] | None, limit: int) -> State:
+    """A state after rows left: the source cut to the last column any row still uses and a
+    cache buffer more than twice as large as its rows need cut down (copies; `state` is fresh)."""
+    arrays = dict(state.arrays)
+    mask = arrays[ENCODER_ATTENTION_MASK]
+    used = int(np.flatnonzero(mask.any(0))[-1]) + 1 if mask.size else 0
+    if used < mask.shape[1]:
+        arrays[ENCODER_ATTENTION_MASK] = np.ascontiguousarray(mask[:, :used])
+        for name in cross:
+            arrays[name] = np.ascontiguousarray(arrays[name][:, :, :used])
+    if axes:
+        lengths = arrays[PAST_LENGTHS]
+        capacity = kv_buffer.capacity_for(max(int(lengths.max(initial=0)), 1), limit)
+        name, axis = next(iter(axes.items()))
+        if arrays[name].shape[axis] > 2 * capacity:
+            arrays |= kv_buffer.resized({k: arrays[k] for k in axes}, axes, capacity)
+    return State(arrays, int(arrays[PAST_LENGTHS].max(initial=0)) if axes else state.length).owning()
 
 
 Model = TransformerModel

@@ -1,7 +1,12 @@
 """Graph I/O of the encoder-decoder Transformer: encoder.onnx and decoder.onnx (DESIGN §4).
 
-Per decoder layer i, the cross-attention ("encoder") and self-attention ("decoder") K/V;
-graph inputs carry the past, outputs the present. Torch-free: the runtime reads it.
+Per decoder layer i, the cross-attention ("encoder") and self-attention ("decoder") K/V.
+The self-attention cache is a preallocated buffer (b, h, past_len, k) of which row r's first
+`past_lengths[r]` slots are valid; the decoder returns only the new positions' K/V, which
+the runtime writes into the buffer in place (`appends`; seqexport.runtime.kv_buffer). Rows
+may sit at different positions: row r's new tokens take positions past_lengths[r] onwards.
+Artifacts exported before `past_lengths` (a decoder that concatenates and returns the whole
+cache) still load and run, batch-synchronously. Torch-free: the runtime reads it.
 """
 
 from seqexport.specs import INPUT_IDS, LOGITS, GraphSpec, TensorSpec
@@ -9,10 +14,11 @@ from seqexport.specs import INPUT_IDS, LOGITS, GraphSpec, TensorSpec
 ATTENTION_MASK = "attention_mask"
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"
 ENCODER_HIDDEN_STATES = "encoder_hidden_states"
+PAST_LENGTHS = "past_lengths"  # (batch,) valid self-attention cache slots of each row
 KV = ("key", "value")
 
 __all__ = ["ATTENTION_MASK", "ENCODER_ATTENTION_MASK", "ENCODER_HIDDEN_STATES", "INPUT_IDS", "LOGITS",
-           "graph_specs", "past_kv", "present_kv"]
+           "PAST_LENGTHS", "graph_specs", "past_kv", "present_kv"]
 
 
 def past_kv(i: int, which: str, kv: str) -> str:
@@ -46,13 +52,14 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
         inputs=(
             TensorSpec(INPUT_IDS, "int64", ("batch", "tgt_len"), "tokens", config["tgt_vocab_size"]),
             TensorSpec(ENCODER_ATTENTION_MASK, "int64", ("batch", "src_len"), "mask"),
+            TensorSpec(PAST_LENGTHS, "int64", ("batch",), "lengths"),
         )
         + tuple(cross(past_kv(i, "encoder", x), "state") for i in layers for x in KV)
         + tuple(TensorSpec(past_kv(i, "decoder", x), dtype, ("batch", h, "past_len", k), "state")
                 for i in layers for x in KV),
         outputs=(TensorSpec(LOGITS, dtype, ("batch", "tgt_len", config["tgt_vocab_size"])),)
-        + tuple(TensorSpec(present_kv(i, "decoder", x), dtype, ("batch", h, "past_len + tgt_len", k))
+        + tuple(TensorSpec(present_kv(i, "decoder", x), dtype, ("batch", h, "tgt_len", k))
                 for i in layers for x in KV),
-        feeds=tuple((present_kv(i, "decoder", x), past_kv(i, "decoder", x)) for i in layers for x in KV),
+        appends=tuple((present_kv(i, "decoder", x), past_kv(i, "decoder", x)) for i in layers for x in KV),
     )
     return {"encoder": encoder, "decoder": decoder}

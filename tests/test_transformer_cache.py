@@ -1,0 +1,125 @@
+"""The transformer's self-attention cache as an appended buffer (seqexport.runtime.kv_buffer):
+written in place, grown when full, never changed under an earlier state, rows at different
+positions in one call (join/take) — each checked against the unmodified eager model's full
+forward. And an artifact exported before `past_lengths` (its decoder concatenates) still runs
+and validates."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from seqexport.models.transformer import generate_mask, padding_mask
+
+import seqexport.runtime as rt
+from seqexport.checkpoints.io import load_checkpoint
+from seqexport.cli import cli
+from seqexport.errors import InputError
+from seqexport.families.transformer.specs import PAST_LENGTHS, past_kv
+
+CONCAT_ARTIFACT = Path(__file__).parent / "data" / "transformer-tiny-concat-cache"
+
+
+def full_forward_last(model, src: list[int], tgt: list[int]) -> np.ndarray:
+    """Logits (v,) of the last target position: the whole sequence through `forward`, no cache."""
+    s, t = torch.tensor([src]), torch.tensor([tgt])
+    with torch.no_grad():
+        mask = padding_mask(s)
+        return model(s, t, src_mask=mask, tgt_mask=generate_mask(t.shape[1]), memory_mask=mask)[0, -1].numpy()
+
+
+@pytest.fixture(scope="module")
+def loaded(transformer_tiny):
+    ckpt, out = transformer_tiny
+    return ckpt.model, rt.load(out)
+
+
+def test_branching_from_an_earlier_state_changes_nothing_it_holds(loaded):
+    """Stepping one state twice (two continuations) must not write into what the first one holds."""
+    model, m = loaded
+    src = [4, 9, 13]
+    _, s0 = m.begin([src], start_id=1)
+    _, s1 = m.step([7], s0)  # s0 -> s1 writes slot 1 in place
+    _, s2 = m.step([8], s0)  # s0 again: must copy, not overwrite slot 1 under s1
+    after1, _ = m.step([5], s1)
+    after2, _ = m.step([5], s2)
+    np.testing.assert_allclose(after1[0], full_forward_last(model, src, [1, 7, 5]), atol=1e-4)
+    np.testing.assert_allclose(after2[0], full_forward_last(model, src, [1, 8, 5]), atol=1e-4)
+
+
+def test_the_cache_grows_past_its_capacity_and_matches_the_full_forward(loaded):
+    model, m = loaded
+    src, tgt = [3, 5, 8, 13, 21], list(np.random.default_rng(0).integers(1, 100, 150))
+    logits, state = m.begin([src], start_id=1)
+    first_capacity = state.arrays[past_kv(0, "decoder", "key")].shape[2]
+    for n in (1, 60, 89):  # chunks crossing the buffer's capacity
+        chunk, tgt = tgt[:n], tgt[n:]
+        logits, state = m.step(np.array([chunk]), state)
+    fed = [1] + [int(x) for x in np.random.default_rng(0).integers(1, 100, 150)]
+    assert state.arrays[PAST_LENGTHS].tolist() == [151] and state.length == 151
+    assert state.arrays[past_kv(1, "decoder", "value")].shape[2] > 151 > first_capacity
+    np.testing.assert_allclose(logits[0, -1], full_forward_last(model, src, fed), atol=1e-4)
+
+
+def test_join_and_take_rows_at_different_positions(loaded):
+    """Rows with sources of 2, 7 and 4 tokens at positions 6, 1 and 3 share one call; after a
+    row leaves, the rest go on unchanged; each row equals its own full forward."""
+    model, m = loaded
+    rng = np.random.default_rng(1)
+    rows = [(list(rng.integers(1, 100, n)), [1] + list(rng.integers(1, 100, p - 1))) for n, p in ((2, 6), (7, 1), (4, 3))]
+    states = []
+    for src, tgt in rows:
+        _, st = m.begin([src], start_id=1)
+        if len(tgt) > 1:
+            _, st = m.step(np.array([tgt[1:]]), st)
+        states.append(st)
+    joined = m.join(states)
+    assert joined.arrays[PAST_LENGTHS].tolist() == [6, 1, 3]
+    nxt = rng.integers(1, 100, 3)
+    logits, joined = m.step(nxt, joined)
+    for r, (src, tgt) in enumerate(rows):
+        tgt.append(int(nxt[r]))
+        np.testing.assert_allclose(logits[r], full_forward_last(model, src, tgt), atol=1e-4)
+    left = m.take(joined, [2, 0])  # the 7-token source leaves: sources trimmed to 4
+    assert left.arrays["encoder_attention_mask"].shape == (2, 4)
+    nxt = rng.integers(1, 100, 2)
+    logits, _ = m.step(nxt, left)
+    for i, r in enumerate((2, 0)):
+        src, tgt = rows[r]
+        np.testing.assert_allclose(logits[i], full_forward_last(model, src, tgt + [int(nxt[i])]), atol=1e-4)
+
+
+def test_lengths_beyond_the_cache_are_refused(loaded):
+    _, m = loaded
+    _, state = m.begin([[4, 5]], start_id=1)
+    capacity = state.arrays[past_kv(0, "decoder", "key")].shape[2]
+    bad = rt.State(state.arrays | {PAST_LENGTHS: np.array([capacity + 1])}, capacity + 1)
+    with pytest.raises(InputError, match=r"past_lengths: expected one count per row in \[0, \d+\]"):
+        m.step([3], bad)
+
+
+def test_an_artifact_whose_decoder_concatenates_runs_and_validates(tmp_path):
+    """Exported before past_lengths (tests/data, made by the seqexport of that time): it loads,
+    decodes what the full forward gives, joins rows only at one position, and validates."""
+    folder = tmp_path / "old"
+    shutil.copytree(CONCAT_ARTIFACT, folder)
+    m = rt.load(folder)
+    assert not m.continuous_batching and m.specs["decoder"].lengths is None
+    model = load_checkpoint(folder / "checkpoint").model
+    prompts = [[5, 6, 7, 8], [9, 3]]
+    got = rt.generate(m, prompts, rt.SearchOptions(max_new_tokens=5, start_id=1, eos_id=-1))
+    for src, tokens in zip(prompts, got):
+        tgt = [1]
+        for tok in tokens:
+            assert tok == int(full_forward_last(model, src, tgt).argmax())
+            tgt.append(tok)
+    _, a = m.begin([prompts[0]], start_id=1)
+    _, b = m.begin([prompts[1]], start_id=1)
+    assert m.join([a, b]).arrays["encoder_attention_mask"].shape == (2, 4)  # same position: joins
+    _, a2 = m.step([3], a)
+    with pytest.raises(InputError, match="predates past_lengths"):
+        m.join([a2, b])
+    result = CliRunner().invoke(cli, ["validate", str(folder), "--steps", "4"])
+    assert result.exit_code == 0, result.output
