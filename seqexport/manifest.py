@@ -65,6 +65,9 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
             verify_file(folder, name, g["file"], g["sha256"], g["bytes"])
             if "data_file" in g:
                 verify_file(folder, name, g["data_file"], g["data_sha256"], g["data_bytes"])
+        weights = m.get("weights")
+        if weights:
+            verify_file(folder, "weights", weights["file"], weights["sha256"], weights["bytes"])
         tok = m.get("tokenizer") or {}
         if "file" in tok:
             verify_file(folder, "tokenizer", tok["file"], tok["sha256"], tok["bytes"])
@@ -72,15 +75,16 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
 
 
 def verify_file(folder: Path, graph: str, file: str, sha: str, size: int) -> None:
+    what = "shared weights" if graph == "weights" else f"graph {graph!r}"
     path = folder / file
     if not path.is_file():
-        raise ArtifactError(f"graph {graph!r}: file {path} is missing")
+        raise ArtifactError(f"{what}: file {path} is missing")
     actual = path.stat().st_size
     if actual != size:
-        raise ArtifactError(f"graph {graph!r}: {path} has {actual} bytes, the manifest says {size} (truncated or replaced)")
+        raise ArtifactError(f"{what}: {path} has {actual} bytes, the manifest says {size} (truncated or replaced)")
     digest = sha256_file(path)
     if digest != sha:
-        raise ArtifactError(f"graph {graph!r}: sha256 of {path} is {digest[:12]}…, the manifest says {sha[:12]}… (file altered)")
+        raise ArtifactError(f"{what}: sha256 of {path} is {digest[:12]}…, the manifest says {sha[:12]}… (file altered)")
 
 
 def graph_specs(manifest: dict) -> dict[str, GraphSpec]:
@@ -117,6 +121,10 @@ def describe(folder, m: dict) -> str:
     options = {k: v for k, v in (m.get("export_options") or {}).items() if v is not None}
     if options:
         lines.append("export options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
+    weights = m.get("weights")
+    if weights:
+        lines.append(f"weights: {weights['file']} ({weights['bytes'] / 1e6:.2f} MB, {len(weights['tensors'])} "
+                     "tensors, shared by every graph)")
     for name, g in m["graphs"].items():
         size = g["bytes"] + g.get("data_bytes", 0)
         lines.append(f"  {name}: {g['file']} ({size / 1e6:.2f} MB)")

@@ -14,6 +14,7 @@ from seqexport.errors import ArtifactError
 from seqexport.specs import DIM_NAMES, DTYPES, ROLES
 
 EXPORT_DTYPES = ("float32", "float16")  # what an export's weights may be
+WEIGHT_DTYPES = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}  # bytes each
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -56,6 +57,17 @@ def _tensor_ok(t) -> bool:
             and (t.get("vocab_size") is None or _int(1)(t["vocab_size"])))
 
 
+def _stored_ok(t, size: int) -> bool:
+    """A tensor's place in the weights file: inside it, its length that of its dtype and dims."""
+    if not (isinstance(t, dict) and _int(0)(t.get("offset")) and _int(0)(t.get("length"))
+            and t.get("dtype") in WEIGHT_DTYPES and isinstance(t.get("dims"), list) and all(map(_int(0), t["dims"]))):
+        return False
+    count = 1
+    for d in t["dims"]:
+        count *= d
+    return t["length"] == count * WEIGHT_DTYPES[t["dtype"]] and t["offset"] + t["length"] <= size
+
+
 def check_manifest(m: dict, folder: Path, path: Path) -> None:
     """Raise ArtifactError for the first field of `m` that is missing or malformed."""
     c = _Check(path)
@@ -96,5 +108,14 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
             c.get(entry, "data_sha256", where, "64 lowercase hex digits",
                   lambda v: isinstance(v, str) and SHA256.fullmatch(v))
             c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))
+    weights = c.get(m, "weights", "", "null or an object (file, sha256, bytes, tensors)",
+                    lambda v: v is None or isinstance(v, dict), optional=True)
+    if weights:  # one external-data file every graph reads its weights from
+        c.get(weights, "file", "weights", "a file name inside the exported folder", lambda v: _inside(folder, v))
+        c.get(weights, "sha256", "weights", "64 lowercase hex digits",
+              lambda v: isinstance(v, str) and SHA256.fullmatch(v))
+        size = c.get(weights, "bytes", "weights", "a byte count (integer >= 0)", _int(0))
+        c.get(weights, "tensors", "weights", "an object: name -> {offset, length, dtype, dims} inside the file",
+              lambda v: isinstance(v, dict) and all(_stored_ok(t, size) for t in v.values()))
     for key in ("source", "export_options", "parity", "versions", "quantization"):
         c.get(m, key, "", "an object", lambda v: v is None or isinstance(v, dict), optional=True)

@@ -141,10 +141,10 @@ def test_damaged_step_graph_fails_free_running(mamba_exports, tmp_path):
     _, folder = mamba_exports("loop")
 
     def favour_token_50(w):  # the random tiny model echoes its last token; make the step graph prefer 50
-        w[50] = 3 * w.sum(0)
+        w[:, 50] = 3 * w.sum(1)  # w: the tied head transposed, (d_model, vocab), as the graphs store it
         return w
 
-    bad = damaged_copy(folder, tmp_path, "step", "model.lm_head.weight", edit=favour_token_50)
+    bad = damaged_copy(folder, tmp_path, "step", "model.backbone.embedding.weight.T", edit=favour_token_50)
     report = validate(bad, steps=12, write_summary=False)
     assert not report.check_passed("teacher_forced")
     free = [c for c in report.cases if c.check == "free_running"]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -25,6 +26,8 @@ from seqexport.jsonfile import read_json_object
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# model.safetensors metadata: parameters kept in the weights file of the export around it
+REFS_KEY = "seqexport.weights_refs"
 
 
 @dataclass(frozen=True)
@@ -82,20 +85,33 @@ def checkpoint_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(model: nn.Module, config, family: str, path: str | Path, extra: dict | None = None) -> Path:
+def save_checkpoint(model: nn.Module, config, family: str, path: str | Path, extra: dict | None = None,
+                    shared=None) -> Path:
     """Write config.json + model.safetensors; tied weights are stored once.
 
-    `extra` adds records beside the config (e.g. "tokenizer", "eval" accuracy).
+    `extra` adds records beside the config (e.g. "tokenizer", "eval" accuracy). `shared`: the
+    weights file of the export this checkpoint sits in (`export.weights.Weights`, one folder
+    up). Each parameter it holds bit for bit, as is or transposed, is recorded as a reference
+    into it (in the safetensors metadata, so the checkpoint's sha256 covers it) instead of a
+    second copy; the others are stored as usual.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors, seen = {}, set()
+    tensors, refs, seen = {}, {}, set()
     for name, t in model.state_dict().items():
         if t.data_ptr() in seen:  # tied (e.g. lm_head = embedding): the loader restores it
             continue
         seen.add(t.data_ptr())
-        tensors[name] = t.detach().contiguous().cpu()
-    save_file(tensors, str(path / "model.safetensors"), metadata={"family": family})
+        t = t.detach().contiguous().cpu()
+        found = shared.find(t.numpy()) if shared is not None else None
+        if found is None:
+            tensors[name] = t
+        else:
+            refs[name] = shared.index[found[0]] | {"tensor": found[0], "transposed": found[1], "shape": list(t.shape)}
+    metadata = {"family": family}
+    if refs:
+        metadata[REFS_KEY] = json.dumps({"file": f"../{shared.file}", "sha256": shared.sha256, "tensors": refs})
+    save_file(tensors, str(path / "model.safetensors"), metadata=metadata)
     (path / CONFIG_FILE).write_text(json.dumps({"family": family, **config.to_dict(), **(extra or {})}, indent=2) + "\n")
     return path
 
@@ -161,7 +177,7 @@ def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
     """A safetensors file, or a torch pickle read with weights_only=True (never code)."""
     try:
         if weights.suffix == ".safetensors":
-            return load_file(str(weights))
+            return load_file(str(weights)) | _read_refs(weights)
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, RuntimeError, EOFError) as e:
         raise CheckpointError(f"cannot read weights {weights}: {e}") from None
@@ -175,6 +191,26 @@ def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{weights} does not hold a flat mapping of names to tensors")
+    return state
+
+
+def _read_refs(weights: Path) -> dict[str, torch.Tensor]:
+    """The parameters a checkpoint inside an export keeps in the export's weights file."""
+    with safe_open(str(weights), "pt") as f:
+        refs = (f.metadata() or {}).get(REFS_KEY)
+    if refs is None:
+        return {}
+    try:
+        refs = json.loads(refs)
+        data = np.memmap(weights.parent / refs["file"], dtype=np.uint8, mode="r")
+        state = {}
+        for name, r in refs["tensors"].items():
+            a = data[r["offset"]: r["offset"] + r["length"]].view(np.dtype(r["dtype"])).reshape(r["dims"])
+            if r["transposed"]:
+                a = a.T  # stored as the graphs multiply with it
+            state[name] = torch.from_numpy(np.array(a).reshape(r["shape"]))
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"cannot read the weights {weights} refers to in its export: {e}") from None
     return state
 
 

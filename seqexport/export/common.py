@@ -18,6 +18,7 @@ import seqexport
 from seqexport.checkpoints.io import Checkpoint, checkpoint_sha256, save_checkpoint
 from seqexport.errors import ExportError
 from seqexport.export.atomic import atomic_folder
+from seqexport.export.weights import WEIGHTS_FILE, Weights, share_weights
 from seqexport.manifest import graph_entry, sha256_file, write_manifest
 from seqexport.specs import GraphSpec
 
@@ -25,6 +26,8 @@ TWO_GB = 2**31
 # torch.onnx logs a warning per missing torchvision op on every export: noise for our users.
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# Graphs exported inside `write_artifact` wait here to be saved together, sharing one weights file.
+_pending: list | None = None
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -73,6 +76,9 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
         )
     model = program.model_proto
     _name_dims_as_spec(model, spec)
+    if _pending is not None:  # inside write_artifact: saved there with the other graphs' weights
+        _pending.append((spec.name, Path(path), model, module))
+        return model
     # Over the 2 GB protobuf limit the weights go to a side file (ByteSize itself fails there).
     weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
     large = weights > TWO_GB - (256 << 20)
@@ -108,12 +114,31 @@ def _name_dims_as_spec(model: onnx.ModelProto, spec: GraphSpec) -> None:
                     raise ExportError(f"{spec.name}:{t.name} has dim {d.dim_value}, the spec says {want_dim}")
 
 
-def source_record(ckpt: Checkpoint, preset: str | None, folder: Path) -> dict:
-    """Where validate and bench find the eager model again; a preset's weights go in the folder."""
+def source_record(ckpt: Checkpoint, preset: str | None, folder: Path, weights: Weights | None = None) -> dict:
+    """Where validate and bench find the eager model again; a preset's weights go in the folder
+    (those the shared weights file holds as they are or transposed, by reference: see
+    `checkpoints.io.save_checkpoint`)."""
     if preset is None:
         return {"checkpoint": str(Path(ckpt.path).resolve()), "sha256": ckpt.sha256, "preset": None}
-    save_checkpoint(ckpt.model, ckpt.config, ckpt.family, folder / "checkpoint")
+    save_checkpoint(ckpt.model, ckpt.config, ckpt.family, folder / "checkpoint", shared=weights)
     return {"checkpoint": "checkpoint", "sha256": checkpoint_sha256(folder / "checkpoint"), "preset": preset}
+
+
+def save_graphs(tmp: Path, pending: list) -> Weights | None:
+    """Save graphs exported together: one weights file (see `export.weights`), then check each."""
+    if not pending:
+        return None
+    models = {name: model for name, _, model, _ in pending}
+    params = {name: {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+              for name, _, _, module in pending}
+    with step("naming and sharing the weights"):
+        weights = share_weights(models, params)
+        weights.write(tmp / WEIGHTS_FILE)
+    with step("saving and checking the graphs"):
+        for _, path, model, _ in pending:
+            onnx.save_model(model, str(path))
+            onnx.checker.check_model(str(path), full_check=True)
+    return weights
 
 
 def copy_tokenizer(record: dict | None, folder: Path) -> dict | None:
@@ -139,10 +164,17 @@ def write_artifact(out: str | Path, overwrite: bool, ckpt: Checkpoint, preset: s
     out = Path(out)
     family, config = ckpt.family, ckpt.config
     started = time.perf_counter()
+    global _pending
     with atomic_folder(out, overwrite) as tmp:
-        source = source_record(ckpt, preset, tmp)
         tokenizer = copy_tokenizer(tokenizer, tmp)
-        build(tmp)
+        _pending = []
+        try:
+            build(tmp)
+            pending = _pending
+        finally:
+            _pending = None
+        weights = save_graphs(tmp, pending)
+        source = source_record(ckpt, preset, tmp, weights)
         graphs = {name: graph_entry(tmp, spec, f"{name}.onnx") for name, spec in specs.items()}
         write_manifest(tmp, {
             "family": family,
@@ -151,14 +183,17 @@ def write_artifact(out: str | Path, overwrite: bool, ckpt: Checkpoint, preset: s
             "dtype": dtype,
             "tokenizer": tokenizer,
             "graphs": graphs,
+            "weights": weights.record() if weights else None,
             "source": source,
             "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
                          "seqexport": seqexport.__version__},
             "export_options": options,
             "export_seconds": round(time.perf_counter() - started, 2),
         })
-    total = sum(g["bytes"] + g.get("data_bytes", 0) for g in graphs.values())
+    total = sum(g["bytes"] + g.get("data_bytes", 0) for g in graphs.values()) + (weights.size if weights else 0)
     sizes = ", ".join(f"{g['file']} {(g['bytes'] + g.get('data_bytes', 0)) / 1e6:.1f} MB" for g in graphs.values())
+    if weights:
+        sizes += f", {weights.file} {weights.size / 1e6:.1f} MB"
     progress(f"exported {family} to {out}: {sizes} (total {total / 1e6:.1f} MB), opset {opset}, "
              f"{dtype}, {time.perf_counter() - started:.1f} s")
     return out

@@ -143,7 +143,8 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
         source = dict(manifest.get("source") or {})
         if source.get("checkpoint") and not Path(source["checkpoint"]).is_absolute():
             source["checkpoint"] = str((folder / source["checkpoint"]).resolve())  # validate's eager model
-        new = {k: v for k, v in manifest.items() if k not in ("format", "format_version", "parity")}
+        # the int8 graphs hold their weights inline: no shared weights file
+        new = {k: v for k, v in manifest.items() if k not in ("format", "format_version", "parity", "weights")}
         new |= {"graphs": graphs, "source": source, "quantization": {
             "mode": mode, "weights": "int8", "per_channel": per_channel, "include_head": include_head,
             "excluded_patterns": list(exclude), "kept_float": {k: sorted(v) for k, v in keep.items()},

@@ -11,7 +11,7 @@ import numpy as np
 
 from seqexport.errors import ArtifactError, InputError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
-from seqexport.runtime.session import NP_DTYPES, Graph, shape_and_dtype, to_numpy
+from seqexport.runtime.session import NP_DTYPES, Graph, SharedWeights, shape_and_dtype, to_numpy
 from seqexport.runtime.tokenizer import load_tokenizer
 from seqexport.specs import GraphSpec
 
@@ -112,7 +112,11 @@ class RuntimeModel:
         self.manifest = manifest if manifest is not None else read_manifest(self.folder, verify=verify)
         self.config = self.manifest["config"]
         self.specs = graph_specs(self.manifest)
-        self.graphs = {name: Graph(self.folder / self.manifest["graphs"][name]["file"], spec, provider, threads)
+        # One copy of the weights in memory for all graphs (exports with a shared weights file).
+        weights = self.manifest.get("weights")
+        self.shared_weights = SharedWeights(self.folder, weights) if weights else None
+        self.graphs = {name: Graph(self.folder / self.manifest["graphs"][name]["file"], spec, provider, threads,
+                                   self.shared_weights)
                        for name, spec in self.specs.items()}
         self.provider = next(iter(self.graphs.values())).provider
         self._keep = {g: {out for out, _ in spec.feeds} for g, spec in self.specs.items()}

@@ -1,0 +1,164 @@
+"""Weights once: every graph of an export reads one weights file (named after the eager
+parameters, hashed in the manifest), a preset's checkpoint refers into it, and artifacts of the
+earlier layouts (weights inside each graph, or one .data file per graph) still load and validate."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import seqexport.runtime as rt
+from seqexport.checkpoints.io import load_checkpoint
+from seqexport.checkpoints.presets import build_preset
+from seqexport.errors import ArtifactError
+from seqexport.export.weights import WEIGHTS_FILE
+from seqexport.families.transformer.export import export_transformer
+from seqexport.parity.validate import validate
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, mamba_exports):
+    """family -> (checkpoint, folder): the tiny presets (Mamba perturbed, see conftest)."""
+    ckpt = build_preset("transformer", "tiny", seed=3)
+    out = tmp_path_factory.mktemp("shared") / "transformer"
+    export_transformer(ckpt, "tiny", out)
+    return {"transformer": (ckpt, out), "mamba": mamba_exports("loop")}
+
+
+def stored(folder, manifest, name) -> np.ndarray:
+    t = manifest["weights"]["tensors"][name]
+    raw = (folder / manifest["weights"]["file"]).read_bytes()[t["offset"]: t["offset"] + t["length"]]
+    return np.frombuffer(raw, t["dtype"]).reshape(t["dims"])
+
+
+@pytest.mark.parametrize("family", ["transformer", "mamba"])
+def test_graphs_share_one_file_named_after_the_eager_parameters(exports, family):
+    ckpt, folder = exports[family]
+    m = json.loads((folder / "manifest.json").read_text())
+    params = {f"model.{k}": v.numpy() for k, v in ckpt.model.state_dict().items()}
+    refs = {}
+    for g in m["graphs"].values():
+        model = onnx.load(str(folder / g["file"]), load_external_data=False)
+        external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        assert external, g["file"]
+        for t in external:
+            info = {e.key: e.value for e in t.external_data}
+            assert info["location"] == WEIGHTS_FILE
+            assert int(info["offset"]) == m["weights"]["tensors"][t.name]["offset"]
+            refs.setdefault(t.name, set()).add(g["file"])
+    # the big ones are the eager parameters, bit for bit, under their module paths
+    named = 0
+    for name in refs:
+        base = name.removesuffix(".T").removesuffix(".view")
+        if base not in params:
+            continue
+        want = params[base]
+        if name.endswith(".T"):
+            want = want.reshape([d for d in want.shape if d != 1]).T
+        np.testing.assert_array_equal(stored(folder, m, name).reshape(want.shape), want)
+        named += 1
+    big = sum(v.nbytes >= 1024 for v in params.values())
+    assert named >= big // 2, f"only {named} of {len(refs)} stored tensors carry a parameter's name"
+    assert not [n for n in refs if n.startswith("val_")]
+    layouts = {}
+    for name in refs:
+        layouts.setdefault(name.removesuffix(".T").removesuffix(".view"), []).append(name)
+    assert not {k: v for k, v in layouts.items() if len(v) > 1 and k in params and params[k].ndim == 2}, \
+        "a matrix stored in two layouts"
+    if family == "mamba":  # prefill and step are one model: they read the same weights
+        shared = [n for n, files in refs.items() if len(files) == len(m["graphs"])]
+        assert len(shared) >= len(refs) * 3 // 4, "the graphs hold their weights apart"
+    # once on disk: the file holds each weight once (the tied head too), plus small derived constants
+    unique = {t.data_ptr(): t.numel() * t.element_size() for t in ckpt.model.state_dict().values()}
+    assert m["weights"]["bytes"] <= 1.1 * sum(unique.values())
+
+
+@pytest.mark.parametrize("family", ["transformer", "mamba"])
+def test_preset_checkpoint_refers_into_the_weights_and_rebuilds_the_model(exports, family):
+    ckpt, folder = exports[family]
+    weight_bytes = sum(v.numel() * v.element_size() for v in ckpt.model.state_dict().values())
+    assert (folder / "checkpoint" / "model.safetensors").stat().st_size < weight_bytes / 4
+    rebuilt = load_checkpoint(folder / "checkpoint").model.state_dict()
+    for k, v in ckpt.model.state_dict().items():
+        assert torch.equal(rebuilt[k], v), k
+
+
+def test_an_altered_weights_file_is_refused(exports, tmp_path):
+    _, folder = exports["transformer"]
+    out = tmp_path / "altered"
+    shutil.copytree(folder, out)
+    with open(out / WEIGHTS_FILE, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xff\xff\xff")
+    with pytest.raises(ArtifactError, match=f"shared weights: sha256 of .*{WEIGHTS_FILE}.*file altered"):
+        rt.load(out)
+
+
+def test_every_session_gets_the_same_weight_memory(exports):
+    _, folder = exports["mamba"]
+    model = rt.load(folder, provider="cpu")
+    shared = model.shared_weights
+    assert shared is not None and shared.nbytes == model.manifest["weights"]["bytes"]
+    first = next(iter(shared.values.values()))
+    assert first.data_ptr() == shared.data.ctypes.data + next(iter(model.manifest["weights"]["tensors"].values()))["offset"]
+
+
+def old_layout(folder, out, per_graph_data: bool):
+    """The folder as seqexport wrote it before the shared file: weights inside each graph (or in
+    `<graph>.onnx.data`), no "weights" entry, a full copy of the checkpoint."""
+    from seqexport.manifest import sha256_file
+
+    ckpt = load_checkpoint(folder / "checkpoint")
+    out.mkdir()
+    m = json.loads((folder / "manifest.json").read_text())
+    for g in m["graphs"].values():
+        model = onnx.load(str(folder / g["file"]))
+        onnx.save_model(model, str(out / g["file"]), save_as_external_data=per_graph_data,
+                        location=g["file"] + ".data" if per_graph_data else None)
+        g.update(sha256=sha256_file(out / g["file"]), bytes=(out / g["file"]).stat().st_size)
+        if per_graph_data:
+            data = out / (g["file"] + ".data")
+            g.update(data_file=data.name, data_sha256=sha256_file(data), data_bytes=data.stat().st_size)
+    from seqexport.checkpoints.io import checkpoint_sha256, save_checkpoint
+
+    save_checkpoint(ckpt.model, ckpt.config, ckpt.family, out / "checkpoint")
+    m.pop("weights")
+    m["source"]["sha256"] = checkpoint_sha256(out / "checkpoint")
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+@pytest.mark.parametrize("per_graph_data", [False, True], ids=["inline", "per-graph-data"])
+def test_artifacts_of_the_earlier_layouts_still_load_and_validate(exports, tmp_path, per_graph_data):
+    _, folder = exports["mamba"]
+    out = old_layout(folder, tmp_path / "old", per_graph_data)
+    assert not (out / WEIGHTS_FILE).exists()
+    model = rt.load(out)
+    assert model.shared_weights is None
+    assert validate(out, steps=4, write_summary=False).passed
+    if per_graph_data:
+        with open(out / "step.onnx.data", "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff\xff\xff\xff")
+        with pytest.raises(ArtifactError, match="step.onnx.data.*file altered"):
+            rt.load(out)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda w: w.update(file="../elsewhere.data"), "weights.file"),
+    (lambda w: next(iter(w["tensors"].values())).update(offset=w["bytes"]), "weights.tensors"),
+    (lambda w: next(iter(w["tensors"].values())).update(dims=[3]), "weights.tensors"),
+    (lambda w: w.pop("sha256"), "weights.sha256"),
+])
+def test_a_malformed_weights_entry_is_refused_naming_the_field(exports, tmp_path, edit, field):
+    _, folder = exports["mamba"]
+    out = tmp_path / "bad"
+    shutil.copytree(folder, out)
+    m = json.loads((out / "manifest.json").read_text())
+    edit(m["weights"])
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match=f"field '{field}'"):
+        rt.load(out)
