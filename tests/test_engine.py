@@ -4,6 +4,7 @@ mid-decode, caps hold, cancelled and timed-out requests free their rows."""
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,6 +42,16 @@ def rwkv(tmp_path_factory):
     return rt.load(out, provider="cpu", threads=1)
 
 
+@pytest.fixture(scope="module")
+def transformer(transformer_tiny):
+    """The tiny transformer preset: rows at different positions and source lengths share one
+    decoder call (its decoder takes per-row past lengths)."""
+    return rt.load(transformer_tiny[1], provider="cpu", threads=1)
+
+
+CONCAT_ARTIFACT = Path(__file__).parent / "data" / "transformer-tiny-concat-cache"  # an older decoder
+
+
 def random_prompts(n, vocab, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(3, vocab, int(rng.integers(1, 40))).tolist() for _ in range(n)]
@@ -50,10 +61,11 @@ def alone(model, prompts, options):
     return [rt.generate(model, [p], o)[0] for p, o in zip(prompts, options)]
 
 
-@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+@pytest.mark.parametrize("family", ["mamba", "rwkv", "transformer"])
 def test_greedy_rows_of_mixed_lengths_get_their_generate_tokens(family, request):
     model = request.getfixturevalue(family)
-    prompts = random_prompts(32, min(model.vocab_size, 1000))
+    assert model.continuous_batching
+    prompts = random_prompts(32, min(model.config.get("src_vocab_size", model.vocab_size), 1000))
     options = [rt.SearchOptions(max_new_tokens=1 + (7 * i) % 23, eos_id=-1) for i in range(32)]
     engine = Engine(model, max_rows=8)
     reqs = [engine.submit(p, o) for p, o in zip(prompts, options)]
@@ -157,26 +169,25 @@ def test_state_cap_and_queue_cap(mamba):
     assert [r.tokens for r in reqs] == alone(mamba, [[5 + i] for i in range(10)], [rt.SearchOptions(max_new_tokens=4)] * 10)
 
 
-def test_batch_synchronous_when_rows_cannot_join(mamba):
-    """continuous_batching False (old transformer decoders): newcomers wait for an empty batch."""
-    mamba.continuous_batching = False
-    try:
-        engine = Engine(mamba, max_rows=4)
-        starts = {}
-        reqs = [engine.submit([5 + i], rt.SearchOptions(max_new_tokens=3 + i)) for i in range(6)]
-        step = 0
-        while engine.has_work():
-            engine.step()
-            step += 1
-            for r in reqs:
-                if r.tokens and r.id not in starts:
-                    starts[r.id] = step
-    finally:
-        del mamba.continuous_batching
+def test_batch_synchronous_when_rows_cannot_join():
+    """A transformer artifact whose decoder concatenates its cache (no per-row lengths):
+    newcomers wait for an empty batch, and every request still gets generate()'s tokens."""
+    model = rt.load(CONCAT_ARTIFACT, provider="cpu", threads=1)
+    assert not model.continuous_batching
+    engine = Engine(model, max_rows=4)
+    prompts = random_prompts(6, model.config["src_vocab_size"], seed=5)
+    options = [rt.SearchOptions(max_new_tokens=3 + i, eos_id=-1) for i in range(6)]
+    reqs = [engine.submit(p, o) for p, o in zip(prompts, options)]
+    starts, step = {}, 0
+    while engine.has_work():
+        engine.step()
+        step += 1
+        for r in reqs:
+            if r.tokens and r.id not in starts:
+                starts[r.id] = step
     # a step admits (first token) then decodes (second): 6 tokens take steps 1-5
     assert [starts[r.id] for r in reqs] == [1, 1, 1, 1, 6, 6]  # the second group after the longest
-    assert [r.tokens for r in reqs] == alone(mamba, [[5 + i] for i in range(6)],
-                                            [rt.SearchOptions(max_new_tokens=3 + i) for i in range(6)])
+    assert [r.tokens for r in reqs] == alone(model, prompts, options)
 
 
 def test_bad_requests_are_refused_with_the_value_named(mamba):

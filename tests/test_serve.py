@@ -226,3 +226,27 @@ def test_full_queue_is_503_with_retry_after_and_a_slow_request_times_out(dates, 
             assert "busy" in third.json()["error"]["message"]
             for r in (first.result(), second.result()):
                 assert r.status_code == 504 and "timed out after 1.5 s" in r.json()["error"]["message"]
+
+
+def test_transformer_rows_at_different_positions_share_the_server(bundled_exports, tmp_path):
+    """The bundled transformer: sources of different lengths, rows joining mid-decode; each
+    answer is generate()'s; a source longer than its positional table is a 400."""
+    folder = bundled_exports("transformer")[1]
+    model = rt.load(folder, provider="cpu", threads=1)
+    todo = [{**case, "seed": None, "temperature": 0.0, "max_tokens": min(case["max_tokens"], 40)}
+            for case in cases(model, 32)]
+    with ServerProcess(folder, "--no-ray", "--threads", "1", "--max-rows", "8", log=tmp_path / "log") as s:
+        c = client(s)
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(lambda case: c.completions.create(
+                model=folder.name, prompt=case["prompt"], max_tokens=case["max_tokens"], temperature=0,
+                extra_body={"ignore_eos": case["ignore_eos"]}), todo))
+        for case, answer in zip(todo, answers):
+            expect = reference(model, case["ids"], case["max_tokens"], case["ignore_eos"])
+            assert answer.choices[0].model_extra["token_ids"] == expect, case
+        limit = model.config["max_len"]
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "5" * (limit + 5), "max_tokens": 4}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert str(limit) in r.json()["error"]["message"]
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "5 May", "max_tokens": limit + 1}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
