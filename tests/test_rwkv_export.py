@@ -2,7 +2,7 @@
 first layer's unused value-residual LoRA): `seqexport export rwkv --checkpoint x.pth`, each
 graph against the eager model, a 50-token decode against the full forward, validate (and its
 layer localisation on a damaged copy), the runtime's generation paths, `generate --text` with
-the World tokenizer, and a float16 export whose WKV state stays float32."""
+the World tokenizer. (float16: tests/test_rwkv_bundled.py.)"""
 
 import json
 import shutil
@@ -169,22 +169,3 @@ def test_generate_text_uses_the_world_tokenizer(exported):
     prompt = m.tokenizer.encode("Köln 東京")
     tokens = rt.generate(m, [prompt], rt.SearchOptions(max_new_tokens=5))[0]
     assert m.tokenizer.decode(tokens) in result.output
-
-
-def test_float16_export_keeps_the_wkv_state_float32(exported, tmp_path):
-    model, _, _ = exported
-    out = tmp_path / "fp16"
-    from seqexport.checkpoints.presets import build_preset
-    from seqexport.families.rwkv.export import export_rwkv
-
-    ckpt = build_preset("rwkv", "tiny")
-    export_rwkv(ckpt, "tiny", out, dtype="float16")
-    m = rt.load(out, provider="cpu", threads=1)
-    assert m.specs["step"].input("past_wkv_state.0").dtype == "float32"
-    assert m.specs["step"].input("past_att_shift.0").dtype == "float16"
-    ids = np.random.default_rng(0).integers(0, 100, (2, 21))
-    logits, state = m.step(ids, m.start(2))
-    assert state.arrays["past_wkv_state.1"].dtype == np.float32
-    with torch.no_grad():
-        ref, _ = ckpt.model(torch.from_numpy(ids))
-    assert np.abs(logits - ref.numpy()).max() < 0.05 * np.abs(ref.numpy()).max()
