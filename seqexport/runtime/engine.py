@@ -267,8 +267,7 @@ class Engine:
                 self._fail(group[0], e)
                 return []
             return [s for r in group for s in self._begin([r], start_id)]  # find the one at fault
-        for i, req in enumerate(group):
-            self._pick(req, logits[i : i + 1])
+        self._pick_rows(group, logits)
         keep = [i for i, r in enumerate(group) if not r.finished]
         self._rows += [group[i] for i in keep]
         if not keep:
@@ -281,16 +280,23 @@ class Engine:
         tokens = np.array([r._next for r in self._rows], np.int64)  # (b,)
         logits, self._state = self.model.step(tokens, self._state)  # (b, v)
         self.steps += 1
-        for i, req in enumerate(self._rows):
-            self._pick(req, logits[i : i + 1])
+        self._pick_rows(self._rows, logits)
 
-    def _pick(self, req: Request, logits: np.ndarray) -> None:
-        """Choose the request's next token from its (1, v) logits, as Generator does."""
-        if not np.isfinite(logits).all():
-            self._fail(req, ArtifactError(f"the model produced NaN/Inf logits after {req._picked} new tokens; "
-                                          "run `seqexport validate` on this export"))
-            return
-        token = int(pick_tokens(logits, req.options, req._rng)[0])
+    def _pick_rows(self, reqs: list[Request], logits: np.ndarray) -> None:
+        """Each request's next token from its row of the (b, v) logits, as Generator does for
+        that request alone (greedy rows share one argmax; sampled rows draw from their own rng)."""
+        finite = np.isfinite(logits).all(-1)  # (b,)
+        best = logits.argmax(-1)  # (b,)
+        for i, req in enumerate(reqs):
+            if not finite[i]:
+                self._fail(req, ArtifactError(f"the model produced NaN/Inf logits after {req._picked} new "
+                                              "tokens; run `seqexport validate` on this export"))
+                continue
+            opts = req.options
+            token = int(pick_tokens(logits[i : i + 1], opts, req._rng)[0]) if opts.do_sample else int(best[i])
+            self._take_token(req, token)
+
+    def _take_token(self, req: Request, token: int) -> None:
         req._picked += 1
         if token == _eos(self.model, req.options):
             self._finish(req, "stop")
