@@ -46,17 +46,16 @@ def resized(buffers: dict[str, np.ndarray], axes: dict[str, int], capacity: int)
 
 
 def write_new(buffers: dict[str, np.ndarray], axes: dict[str, int], new: dict[str, np.ndarray],
-              lengths: np.ndarray) -> None:
-    """Write each buffer's new positions (b, ..., t, ...) at slots lengths[r] .. + t - 1, in place."""
-    rows = np.arange(lengths.shape[0])
-    same = lengths.size and (lengths == lengths[0]).all()
+              lengths: np.ndarray, same: int | None = None) -> None:
+    """Write each buffer's new positions (b, ..., t, ...) at slots lengths[r] .. + t - 1, in place.
+    `same`: the one length every row has, when the caller knows it (one slice per buffer)."""
     for name, values in new.items():
         buf, axis = buffers[name], axes[name]
         t = values.shape[axis]
-        if same:  # every row at one position (plain generation): one slice per buffer
-            start = int(lengths[0])
-            buf[(slice(None),) * axis + (slice(start, start + t),)] = values
+        if same is not None:  # every row at one position (plain generation)
+            buf[(slice(None),) * axis + (slice(same, same + t),)] = values
             continue
+        rows = np.arange(lengths.shape[0])
         for j in range(t):  # rows at different positions (continuous batching)
             index = (rows,) + (slice(None),) * (axis - 1) + (lengths + j,)
             buf[index] = np.take(values, j, axis=axis)

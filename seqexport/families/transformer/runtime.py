@@ -22,7 +22,7 @@ from seqexport.families.transformer.specs import (
 )
 from seqexport.runtime import kv_buffer
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
-from seqexport.runtime.session import check_token_ids, to_numpy
+from seqexport.runtime.session import check_token_ids, shape_and_dtype, to_numpy
 
 
 class TransformerSteps:
@@ -47,39 +47,44 @@ class TransformerSteps:
 
     # --- the self-attention cache as an appended buffer (kv_buffer) -------------------------
     # Both the ONNX model and the eager one keep it so; each sets `_axes` (buffer input ->
-    # its past_len axis) and has `max_new_tokens_limit` (the positional table).
+    # its past_len axis), `_first` (one buffer's name) and has `max_new_tokens_limit`.
 
     def _check_room(self, length: int, t: int) -> None:
         if length + t > self.max_new_tokens_limit:
             raise InputError(f"tokens: context of {length + t} exceeds the positional table "
                              f"({self.max_new_tokens_limit} positions)")
 
-    def _writable(self, state: State, t: int) -> tuple[dict, list]:
-        """The arrays a step of t tokens may write its new K/V into, and their writer list: the
-        state's own buffers when it is their newest state, else copies (stepping an older state
-        again must not change what its successors hold); grown when t more do not fit."""
+    def _writable(self, state: State, t: int) -> tuple[dict, list, list[int]]:
+        """The arrays a step of t tokens may write its new K/V into, their writer list, and the
+        rows' lengths: the state's own buffers when it is their newest state, else copies
+        (stepping an older state again must not change what its successors hold); grown when t
+        more do not fit. A decode step is a hot path: the common case touches no array."""
         lengths = to_numpy(state.arrays[PAST_LENGTHS])
-        buffers = {name: to_numpy(state.arrays[name]) for name in self._axes}
-        name, buf = next(iter(buffers.items()))
-        capacity = buf.shape[self._axes[name]]
-        if lengths.ndim != 1 or lengths.size != buf.shape[0] or lengths.min() < 0 or lengths.max() > capacity:
+        shape = shape_and_dtype(self._first, state.arrays[self._first])[0] if type(
+            state.arrays[self._first]) is not np.ndarray else state.arrays[self._first].shape
+        capacity = shape[self._axes[self._first]]
+        counts = lengths.tolist() if lengths.ndim == 1 else []  # one per row: a short list
+        if not counts or len(counts) != shape[0] or min(counts) < 0 or max(counts) > capacity:
             raise InputError(f"{PAST_LENGTHS}: expected one count per row in [0, {capacity}] "
                              f"(the cache's slots), got {lengths.tolist()}")
-        need = int(lengths.max()) + t
+        need = max(counts) + t
         self._check_room(need - t, t)
+        mine = state.writer is not None and state.writer[0] is state
+        if need <= capacity and mine:
+            return state.arrays, state.writer, counts
+        buffers = {name: to_numpy(state.arrays[name]) for name in self._axes}
         if need > capacity:
             buffers = kv_buffer.resized(buffers, self._axes, kv_buffer.capacity_for(need, self.max_new_tokens_limit))
-        elif state.writer is None or state.writer[0] is not state:
-            buffers = {k: v.copy() for k, v in buffers.items()}
         else:
-            return state.arrays, state.writer
-        return state.arrays | buffers, [None]
+            buffers = {k: v.copy() for k, v in buffers.items()}
+        return state.arrays | buffers, [None], counts
 
-    def _appended(self, arrays: dict, writer: list, new: dict[str, np.ndarray], t: int) -> State:
+    def _appended(self, arrays: dict, writer: list, new: dict[str, np.ndarray], t: int, counts: list[int]) -> State:
         """The next state: the new positions written into the buffers, the lengths advanced."""
         lengths = arrays[PAST_LENGTHS]
-        kv_buffer.write_new(arrays, self._axes, new, lengths)
-        state = State(arrays | {PAST_LENGTHS: lengths + t}, int(lengths.max()) + t, writer)
+        same = counts[0] if min(counts) == max(counts) else None
+        kv_buffer.write_new(arrays, self._axes, new, lengths, same)
+        state = State(arrays | {PAST_LENGTHS: lengths + t}, max(counts) + t, writer)
         writer[0] = state
         return state
 
@@ -92,6 +97,7 @@ class TransformerModel(TransformerSteps, RuntimeModel):
         self.buffered = spec.lengths is not None
         self.continuous_batching = self.buffered  # rows may join at any step boundary
         self._axes = {inp: kv_buffer.axis_of(spec.input(inp).dims) for _, inp in spec.appends}
+        self._first = next(iter(self._axes), None)
         self._appends = spec.appends
         self._cross = [inp for _, inp in self.specs["encoder"].feeds]
 
@@ -143,9 +149,9 @@ class TransformerModel(TransformerSteps, RuntimeModel):
             out = self._run("decoder", {INPUT_IDS: ids, **state.arrays})
             new = State(self._feed_back("decoder", out, state.arrays), state.length + ids.shape[1])
             return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
-        arrays, writer = self._writable(state, ids.shape[1])
+        arrays, writer, same = self._writable(state, ids.shape[1])
         out = self._run("decoder", {INPUT_IDS: ids, **arrays})
-        new = self._appended(arrays, writer, {inp: to_numpy(out[o]) for o, inp in self._appends}, ids.shape[1])
+        new = self._appended(arrays, writer, {inp: to_numpy(out[o]) for o, inp in self._appends}, ids.shape[1], same)
         return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
 
     # --- serving: rows join and leave --------------------------------------------------------
