@@ -21,3 +21,13 @@ def test_bench_serve_runs_the_three_modes_on_the_same_requests(mamba_exports, tm
         assert row["continuous"]["tokens"] == row["static"]["tokens"] == 35
         assert row["speedup_vs_one_at_a_time"] > 0
     assert "continuous" in result.stdout and "one at a time" in result.stdout
+
+
+def test_bench_serve_over_http_counts_the_streamed_tokens(mamba_exports, tmp_path):
+    _, folder = mamba_exports("loop")
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "2", "--requests", "4",
+                                      "--max-tokens", "3", "--threads", "1", "--http", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "over HTTP" in result.stdout
+    assert json.loads(out.read_text())["rows"]["2"]["continuous"]["tokens"] == 12  # every SSE token seen

@@ -6,6 +6,9 @@ one run, at each number of concurrent clients.
 - one at a time: each request alone through generate(), one after another;
 - static: wait for a full batch of `clients` requests, run generate() on it to the end.
 
+With `http`, "continuous" goes through a `seqexport serve --no-ray` subprocess instead:
+each client streams its request over HTTP (SSE) and timestamps the chunks as they arrive.
+
 Every request generates `max_tokens` tokens (eos ignored) so all three do the same work.
 Figures: tokens/s over the wall time; time to first token (request start -> its first
 token; queueing included) and per-token latency (gap between a request's tokens), p50/p99.
@@ -69,6 +72,49 @@ def continuous(engine: Engine, prompts, options: SearchOptions, clients: int) ->
     return _figures(wall, sum(len(r.tokens) for r in done), ttft, gaps)
 
 
+def over_http(url: str, prompts, max_tokens: int, clients: int) -> dict:
+    """Closed-loop clients streaming completions from a server; times taken at the client."""
+    import json
+
+    import requests
+
+    todo = iter(prompts)
+    lock = threading.Lock()
+    ttft, gaps, tokens = [], [], [0]
+
+    def client():
+        with requests.Session() as http:
+            while True:
+                with lock:
+                    p = next(todo, None)
+                if p is None:
+                    return
+                body = {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+                sent = time.perf_counter()
+                times = []
+                with http.post(url + "/v1/completions", json=body, stream=True, timeout=600) as r:
+                    r.raise_for_status()
+                    pending = b""
+                    for data in r.iter_content(chunk_size=None):  # as the bytes arrive
+                        now = time.perf_counter()
+                        *events, pending = (pending + data).split(b"\n\n")
+                        for event in events:
+                            if event.startswith(b"data: {"):
+                                times += [now] * len(json.loads(event[6:])["choices"][0]["token_ids"])
+                with lock:
+                    ttft.append(times[0] - sent)
+                    gaps.extend(b - a for a, b in zip(times, times[1:]))
+                    tokens[0] += len(times)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return _figures(time.perf_counter() - start, tokens[0], ttft, gaps)
+
+
 def batched(model, prompts, options: SearchOptions, batch: int) -> dict:
     """generate() on batches of `batch` prompts, one batch after another (batch 1: one at a time)."""
     ttft, gaps, tokens = [], [], 0
@@ -85,7 +131,8 @@ def batched(model, prompts, options: SearchOptions, batch: int) -> dict:
 
 
 def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_tokens: int = 32,
-                    provider: str = "auto", threads: int | None = None, log=None, **engine_options) -> dict:
+                    provider: str = "auto", threads: int | None = None, http: bool = False, log=None,
+                    **engine_options) -> dict:
     log = log or (lambda msg: None)
     model = load(folder, provider=provider, threads=threads)
     prompts = bench_prompts(model, n_requests)
@@ -94,18 +141,34 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
     for name in ("max_rows", "max_queue"):  # set per client count below
         engine_options.pop(name, None)
     result = {"folder": str(folder), "family": model.family, "provider": model.provider, "threads": threads,
-              "requests": n_requests, "max_tokens": max_tokens, "rows": {}}
+              "requests": n_requests, "max_tokens": max_tokens, "http": http, "rows": {}}
     log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests x {max_tokens} tokens")
     result["one_at_a_time"] = batched(model, prompts, options, 1)
-    for c in clients:
-        engine = Engine(model, max_rows=c, max_queue=max(n_requests, 1), **engine_options).start()
-        try:
-            cont = continuous(engine, prompts, options, c)
-        finally:
-            engine.close()
-        static = batched(model, prompts, options, c)
-        result["rows"][c] = {"continuous": cont, "static": static}
-        log(f"{c} clients: continuous {cont['tokens_per_s']:.0f} tok/s, static {static['tokens_per_s']:.0f} tok/s")
+    server = None
+    if http:
+        from seqexport.serve.process import ServerProcess
+
+        args = ["--no-ray", "--max-rows", str(max(clients)), "--max-queue", str(max(n_requests, 1)),
+                "--provider", provider] + (["--threads", str(threads)] if threads else [])
+        server = ServerProcess(folder, *args)
+        server.start()
+        over_http(server.url, prompts[: min(4, len(prompts))], max_tokens, 1)  # warm up
+    try:
+        for c in clients:
+            if server is not None:
+                cont = over_http(server.url, prompts, max_tokens, c)
+            else:
+                engine = Engine(model, max_rows=c, max_queue=max(n_requests, 1), **engine_options).start()
+                try:
+                    cont = continuous(engine, prompts, options, c)
+                finally:
+                    engine.close()
+            static = batched(model, prompts, options, c)
+            result["rows"][c] = {"continuous": cont, "static": static}
+            log(f"{c} clients: continuous {cont['tokens_per_s']:.0f} tok/s, static {static['tokens_per_s']:.0f} tok/s")
+    finally:
+        if server is not None:
+            server.stop()
     base = result["one_at_a_time"]["tokens_per_s"]
     single = result["rows"].get(1, {}).get("continuous", {}).get("token_p50_ms")
     for row in result["rows"].values():
@@ -117,8 +180,9 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
 
 def format_table(result: dict) -> str:
     one = result["one_at_a_time"]
+    via = "continuous over HTTP (SSE)" if result.get("http") else "continuous in the engine"
     lines = [f"{result['family']} {result['folder']} ({result['provider']}, threads {result['threads']}): "
-             f"{result['requests']} requests x {result['max_tokens']} tokens",
+             f"{result['requests']} requests x {result['max_tokens']} tokens; {via}",
              f"one at a time (generate): {one['tokens_per_s']:.0f} tok/s, first token p50 {one['ttft_p50_ms']:.1f} ms, "
              f"per token p50 {one['token_p50_ms']:.2f} ms",
              f"{'clients':>7} | {'mode':<10} | {'tok/s':>7} | {'ttft p50':>8} | {'ttft p99':>8} | {'tok p50':>7} | "
