@@ -51,10 +51,10 @@ def format_table(result: dict) -> str:
     lines.append(table.title)
     lines += _table(
         ["batch", *(h for h, _ in table.columns), "state MB", f"eager {n}t", "eager 1t", "ORT", "ORT bare",
-         "ORT/eager", "bare/eager", "bound", "ORT/bound"],
+         "ORT/eager", "bare/eager", "bound", "ORT/bound", "bound+state", "ORT/bound+state"],
         [[s["batch"], *(s[k] for _, k in table.columns), _mb(s["state_bytes"]), s["eager_ms"], s["eager_1t_ms"],
           s["ort_ms"], s["ort_session_ms"], s["ort_over_eager"], s["ort_session_over_eager"], s["bound_ms"],
-          s["ort_over_bound"]] for s in r["steps"]])
+          s["ort_over_bound"], s["bound_with_state_ms"], s["ort_over_bound_with_state"]] for s in r["steps"]])
     if r["prefills"]:
         lines += ["", f"prefill, ms (ref: the sequential reference scan; {r['prefills'][0]['lowering']}: "
                       "the export's lowering run eagerly)"]

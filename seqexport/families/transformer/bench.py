@@ -88,7 +88,8 @@ def _eager_step(model, feeds: dict[str, np.ndarray]):
 
 def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator):
     """The decoder step at each batch and past length: eager, runtime step, bare session.
-    `self_kv_bytes` counts the valid self K/V (what a step must read), not the buffer's spare slots."""
+    `self_kv_bytes` counts the valid self K/V (what a step must read), not the buffer's spare
+    slots; `state_moved_bytes` all a step must read of the state (valid cache + cross K/V)."""
     grows = _self_kv(rt)
     for batch in batches:
         for past in contexts:
@@ -96,8 +97,10 @@ def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Gen
             tokens, state = split_feeds(feeds, past)
             kv = State({k: state.arrays[k] for k in grows})
             slots = next(iter(kv.arrays.values())).shape[2]  # (b, h, past_len, k)
-            row = {"batch": batch, "context": past, "state_bytes": state.nbytes,
-                   "self_kv_bytes": kv.nbytes * past // max(slots, 1)}
+            valid = kv.nbytes * past // max(slots, 1)
+            # a step reads the valid cache and the cross K/V once; its new slots are negligible
+            row = {"batch": batch, "context": past, "state_bytes": state.nbytes, "self_kv_bytes": valid,
+                   "state_moved_bytes": state.nbytes - kv.nbytes + valid}
             fns = {"eager": _eager_step(model, feeds), "ort": _runtime_step(rt, tokens, state.owning(), past),
                    "ort_session": bare_session(rt, "decoder", feeds)}
             yield Case(f"decoder step: batch {batch}, past {past}", row, fns)
