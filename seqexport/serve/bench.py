@@ -9,7 +9,10 @@ one run, at each number of concurrent clients.
 With `http`, "continuous" goes through a `seqexport serve --no-ray` subprocess instead:
 each client streams its request over HTTP (SSE) and timestamps the chunks as they arrive.
 
-Every request generates `max_tokens` tokens (eos ignored) so all three do the same work.
+Each request asks for its own number of tokens, between a quarter of `max_tokens` and all of
+it (seeded; eos ignored), the same requests in every mode: static batches run to their longest
+request (the tokens past a request's own count are not counted), continuous batching lets each
+row leave when it is done.
 Figures: tokens/s over the wall time; time to first token (request start -> its first
 token; queueing included) and per-token latency (gap between a request's tokens), p50/p99.
 """
@@ -45,18 +48,18 @@ def _figures(wall: float, tokens: int, ttft: list[float], gaps: list[float]) -> 
             "token_p50_ms": q(gaps, 50), "token_p99_ms": q(gaps, 99), "wall_s": wall, "tokens": tokens}
 
 
-def continuous(engine: Engine, prompts, options: SearchOptions, clients: int) -> dict:
-    todo = iter(prompts)
+def continuous(engine: Engine, work, clients: int) -> dict:
+    todo = iter(work)
     lock = threading.Lock()
     done = []
 
     def client():
         while True:
             with lock:
-                p = next(todo, None)
-            if p is None:
+                item = next(todo, None)
+            if item is None:
                 return
-            req = engine.submit(p, options)
+            req = engine.submit(item[0], _options(item[1]))
             req.wait()
             done.append(req)
 
@@ -72,13 +75,13 @@ def continuous(engine: Engine, prompts, options: SearchOptions, clients: int) ->
     return _figures(wall, sum(len(r.tokens) for r in done), ttft, gaps)
 
 
-def over_http(url: str, prompts, max_tokens: int, clients: int) -> dict:
+def over_http(url: str, work, clients: int) -> dict:
     """Closed-loop clients streaming completions from a server; times taken at the client."""
     import json
 
     import requests
 
-    todo = iter(prompts)
+    todo = iter(work)
     lock = threading.Lock()
     ttft, gaps, tokens = [], [], [0]
 
@@ -86,10 +89,10 @@ def over_http(url: str, prompts, max_tokens: int, clients: int) -> dict:
         with requests.Session() as http:
             while True:
                 with lock:
-                    p = next(todo, None)
-                if p is None:
+                    item = next(todo, None)
+                if item is None:
                     return
-                body = {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+                body = {"prompt": item[0], "max_tokens": item[1], "temperature": 0, "ignore_eos": True, "stream": True}
                 sent = time.perf_counter()
                 times = []
                 with http.post(url + "/v1/completions", json=body, stream=True, timeout=600) as r:
@@ -115,18 +118,24 @@ def over_http(url: str, prompts, max_tokens: int, clients: int) -> dict:
     return _figures(time.perf_counter() - start, tokens[0], ttft, gaps)
 
 
-def batched(model, prompts, options: SearchOptions, batch: int) -> dict:
-    """generate() on batches of `batch` prompts, one batch after another (batch 1: one at a time)."""
+def _options(n: int) -> SearchOptions:
+    return SearchOptions(max_new_tokens=n, eos_id=-1)  # eos ignored: the asked-for work
+
+
+def batched(model, work, batch: int) -> dict:
+    """generate() on batches of `batch` requests, each run to its longest (batch 1: one at a time)."""
     ttft, gaps, tokens = [], [], 0
     start = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        group = prompts[i : i + batch]
+    for i in range(0, len(work), batch):
+        group = work[i : i + batch]
         t0 = time.perf_counter()
         times: list[float] = []
-        out = generate(model, group, options, on_token=lambda _, times=times: times.append(time.perf_counter()))
-        tokens += sum(map(len, out))
-        ttft += [times[0] - t0] * len(group)
-        gaps += [b - a for a, b in zip(times, times[1:])] * len(group)  # every row waits each step
+        generate(model, [p for p, _ in group], _options(max(n for _, n in group)),
+                 on_token=lambda _, times=times: times.append(time.perf_counter()))
+        for _, n in group:  # a request has its tokens once the batch has made n of them
+            tokens += n
+            ttft.append(times[0] - t0)
+            gaps += [b - a for a, b in zip(times[:n], times[1:n])]
     return _figures(time.perf_counter() - start, tokens, ttft, gaps)
 
 
@@ -136,14 +145,16 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
     log = log or (lambda msg: None)
     model = load(folder, provider=provider, threads=threads)
     prompts = bench_prompts(model, n_requests)
-    options = SearchOptions(max_new_tokens=max_tokens, eos_id=-1)  # eos ignored: equal work
-    generate(model, prompts[:2], options)  # warm up ORT's kernels
+    counts = np.random.default_rng(1).integers(max(1, max_tokens // 4), max_tokens + 1, n_requests)
+    work = [(p, int(n)) for p, n in zip(prompts, counts)]
+    generate(model, prompts[:2], _options(max_tokens))  # warm up ORT's kernels
     for name in ("max_rows", "max_queue"):  # set per client count below
         engine_options.pop(name, None)
     result = {"folder": str(folder), "family": model.family, "provider": model.provider, "threads": threads,
               "requests": n_requests, "max_tokens": max_tokens, "http": http, "rows": {}}
-    log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests x {max_tokens} tokens")
-    result["one_at_a_time"] = batched(model, prompts, options, 1)
+    log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests of "
+        f"{max(1, max_tokens // 4)}-{max_tokens} tokens")
+    result["one_at_a_time"] = batched(model, work, 1)
     server = None
     if http:
         from seqexport.serve.process import ServerProcess
@@ -152,18 +163,18 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
                 "--provider", provider] + (["--threads", str(threads)] if threads else [])
         server = ServerProcess(folder, *args)
         server.start()
-        over_http(server.url, prompts[: min(4, len(prompts))], max_tokens, 1)  # warm up
+        over_http(server.url, work[:4], 1)  # warm up
     try:
         for c in clients:
             if server is not None:
-                cont = over_http(server.url, prompts, max_tokens, c)
+                cont = over_http(server.url, work, c)
             else:
                 engine = Engine(model, max_rows=c, max_queue=max(n_requests, 1), **engine_options).start()
                 try:
-                    cont = continuous(engine, prompts, options, c)
+                    cont = continuous(engine, work, c)
                 finally:
                     engine.close()
-            static = batched(model, prompts, options, c)
+            static = batched(model, work, c)
             result["rows"][c] = {"continuous": cont, "static": static}
             log(f"{c} clients: continuous {cont['tokens_per_s']:.0f} tok/s, static {static['tokens_per_s']:.0f} tok/s")
     finally:
@@ -182,7 +193,8 @@ def format_table(result: dict) -> str:
     one = result["one_at_a_time"]
     via = "continuous over HTTP (SSE)" if result.get("http") else "continuous in the engine"
     lines = [f"{result['family']} {result['folder']} ({result['provider']}, threads {result['threads']}): "
-             f"{result['requests']} requests x {result['max_tokens']} tokens; {via}",
+             f"{result['requests']} requests of {max(1, result['max_tokens'] // 4)}-{result['max_tokens']} "
+             f"tokens; {via}",
              f"one at a time (generate): {one['tokens_per_s']:.0f} tok/s, first token p50 {one['ttft_p50_ms']:.1f} ms, "
              f"per token p50 {one['token_p50_ms']:.2f} ms",
              f"{'clients':>7} | {'mode':<10} | {'tok/s':>7} | {'ttft p50':>8} | {'ttft p99':>8} | {'tok p50':>7} | "
