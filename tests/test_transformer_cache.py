@@ -123,3 +123,22 @@ def test_an_artifact_whose_decoder_concatenates_runs_and_validates(tmp_path):
         m.join([a2, b])
     result = CliRunner().invoke(cli, ["validate", str(folder), "--steps", "4"])
     assert result.exit_code == 0, result.output
+
+
+def test_cache_layouts_compare_side_by_side(transformer_tiny):
+    """scripts/bench_kv_cache.py's measurement: both layouts timed at each context, bounds from
+    the valid cache only (what a step must read), whatever the buffer's spare slots."""
+    from seqexport.families.transformer.bench import compare_cache_layouts
+
+    r = compare_cache_layouts({"appended": transformer_tiny[1], "concat": CONCAT_ARTIFACT}, (4, 70),
+                              threads=1, repeats=1, sample_s=0.01)
+    c = transformer_tiny[0].config
+    per_slot = c.num_layers * 2 * c.n_heads * c.head_dim * 4  # one position's K and V, float32
+    for row in r["rows"]:
+        assert row["appended_ms"] > 0 and row["concat_ms"] > 0
+        src = 32  # the sources behind the step
+        cross = per_slot * src + src * 8  # cross K/V + the mask (int64)
+        assert row["moved_bytes"]["concat"] == per_slot * row["context"] + cross
+        assert row["moved_bytes"]["appended"] == per_slot * row["context"] + cross + 8  # + past_lengths
+        gbs = r["bandwidth"]["gbs"]
+        assert row["appended_bound_ms"] == pytest.approx((r["weights_bytes"] + row["moved_bytes"]["appended"]) / gbs / 1e6)

@@ -143,3 +143,50 @@ def step_weight_bytes(model, dtype: str) -> int:
 def generation_prompts(rt, batch: int, prompt_len: int, rng: np.random.Generator) -> np.ndarray:
     """Random sources (b, prompt_len), no padding; decoding starts from the tokenizer's bos (else 1)."""
     return random_inputs(rt.specs["encoder"], dict(batch=batch, src_len=prompt_len), rng)[INPUT_IDS]
+
+
+def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, repeats: int = 7,
+                          sample_s: float = 0.3, seed: int = 0) -> dict:
+    """The runtime's decoder step of several exports of one model side by side (e.g. a decoder
+    that appends to its cache in place vs one that concatenates), timed in turn at each
+    context, with the bound of reading the weights and the valid cache once.
+
+    Returns {"bandwidth": ..., "rows": [{context, <label>_ms, <label>_over_bound, ...}]}; the
+    first label is the reference of the `ratio_*` columns.
+    """
+    from seqexport.bench.timing import measure_bandwidth, time_paired
+    from seqexport.runtime import load
+
+    models = {label: load(folder, provider="cpu", threads=threads) for label, folder in folders.items()}
+    first = next(iter(models.values()))
+    eager = _weights_model(first)
+    weights = step_weight_bytes(eager, first.manifest["dtype"])
+    rng = np.random.default_rng(seed)
+    rows = []
+    for past in contexts:
+        fns, moved = {}, {}
+        for label, rt in models.items():
+            feeds = _step_feeds(rt, 1, past, rng, PROMPT_LEN[False])
+            tokens, state = split_feeds(feeds, past)
+            fns[label] = _runtime_step(rt, tokens, state.owning(), past)
+            kv = State({k: state.arrays[k] for k in _self_kv(rt)})
+            slots = next(iter(kv.arrays.values())).shape[2]
+            moved[label] = state.nbytes - kv.nbytes + kv.nbytes * past // max(slots, 1)
+        times = time_paired(fns, repeats, sample_s)
+        rows.append({"context": past, **{f"{k}_ms": v * 1e3 for k, v in times.items()}, "moved_bytes": moved})
+    bw = measure_bandwidth(512, repeats=9, threads=threads)
+    ref = next(iter(models))
+    for row in rows:
+        for label in models:
+            bound = (weights + row["moved_bytes"][label]) / (bw["gbs"] * 1e9) * 1e3
+            row[f"{label}_bound_ms"] = bound
+            row[f"{label}_over_bound"] = row[f"{label}_ms"] / bound
+            row[f"ratio_{label}"] = row[f"{label}_ms"] / row[f"{ref}_ms"]
+    return {"bandwidth": bw, "weights_bytes": weights, "labels": list(models), "rows": rows}
+
+
+def _weights_model(rt):
+    """The eager model an export was made from (its weights' sizes give the step's bound)."""
+    from seqexport.parity.validate import eager_checkpoint
+
+    return eager_checkpoint(rt.folder, rt.manifest, None).model
