@@ -13,9 +13,11 @@ DTYPES = ("int64", "float32", "float16")
 # What an input holds, so that inputs can be built from the spec alone: token ids in
 # [0, vocab_size), a 0/1 mask, state (cache) fed back from an output of a step, or per-row
 # lengths: how many slots along past_len of each row's appended state are valid.
-ROLES = ("tokens", "mask", "state", "lengths", "")
+ROLES = ("tokens", "mask", "state", "lengths", "keep", "")
+# keep: how many last positions get logits (0: all; e.g. 1 in generation), added to a graph by
+# `seqexport.export.common.keep_last_positions`, which then outputs "kept_len" positions.
 # Symbolic dims a graph may declare; anything else in a spec is a typo.
-DIM_NAMES = ("batch", "src_len", "tgt_len", "past_len", "past_len + tgt_len", "seq_len")
+DIM_NAMES = ("kept_len", "batch", "src_len", "tgt_len", "past_len", "past_len + tgt_len", "seq_len")
 
 
 @dataclass(frozen=True)

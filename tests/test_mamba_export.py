@@ -32,6 +32,8 @@ class Graphs:
         for i, (conv, ssm) in enumerate(state):
             feed[S.past_conv(i)] = conv
             feed[S.past_ssm(i)] = ssm
+        if S.LOGITS_TO_KEEP in [i.name for i in sess.get_inputs()]:
+            feed[S.LOGITS_TO_KEEP] = np.array([0], np.int64)  # every position's logits
         out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
         return out[S.LOGITS], [(out[S.present_conv(i)], out[S.present_ssm(i)]) for i in range(len(state))]
 

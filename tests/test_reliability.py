@@ -202,9 +202,10 @@ def _snapshot(target):
 
 
 def _export_then_interrupt(target, sig, before):
-    """Start an export over `target` and send `sig` once it is midway: its temporary folder holds a
-    graph, or (a writer that is not atomic) the target itself has changed. Polls without asserting,
-    so that the caller always gets to compare the target.
+    """Start an export over `target` and send `sig` once it is midway: its temporary folder has
+    existed for a second (the graphs are being traced; they are written together at the end, one
+    weights file for all), or (a writer that is not atomic) the target itself has changed. Polls
+    without asserting, so that the caller always gets to compare the target.
 
     Returns (process, midway): midway is False when the signal could not have come midway: the
     export had already ended, or had written its last graph (decoder.onnx) or its manifest (the
@@ -215,10 +216,12 @@ def _export_then_interrupt(target, sig, before):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     deadline = time.time() + 120
+    begun = None
     try:
         while time.time() < deadline and proc.poll() is None:
-            tmps = list(target.parent.glob(f".{target.name}.tmp-*"))
-            if any(any(t.glob("*.onnx")) for t in tmps) or _snapshot(target) != before:
+            if begun is None and list(target.parent.glob(f".{target.name}.tmp-*")):
+                begun = time.time()
+            if (begun is not None and time.time() > begun + 1.0) or _snapshot(target) != before:
                 break
             time.sleep(0.05)
         now = _snapshot(target)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+import numpy as np
 import onnx
 import torch
 
@@ -53,11 +54,42 @@ def dynamic_shapes_for(spec: GraphSpec, varargs_from: int | None = None):
     """torch.export dynamic_shapes from a spec; inputs from `varargs_from` on nest as one tuple."""
     dims = {}
     shapes = []
-    for t in spec.inputs:
+    for t in traced_inputs(spec):
         shapes.append({axis: dims.setdefault(name, torch.export.Dim(name)) for axis, name in t.dynamic_axes.items()})
     if varargs_from is None:
         return tuple(shapes)
     return (*shapes[:varargs_from], tuple(shapes[varargs_from:]))
+
+
+def traced_inputs(spec: GraphSpec) -> list:
+    """The inputs torch traces: all but a "keep" input, which `keep_last_positions` adds after."""
+    return [t for t in spec.inputs if t.role != "keep"]
+
+
+def keep_last_positions(model: onnx.ModelProto, keep, logits: str) -> None:
+    """Give `logits` only the last `keep` positions (axis 1; 0: all): a Slice on the input of the
+    head MatMul that makes them, so the head multiplies only the rows asked for. Generation asks
+    for 1; validate for all. Between that MatMul and the output only Slice/Cast may stand."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node, chain = producers.get(logits), set()
+    while node is not None and node.op_type in ("Slice", "Cast", "Identity"):
+        chain.add(node.input[0])
+        node = producers.get(node.input[0])
+    if node is None or node.op_type != "MatMul":
+        raise ExportError(f"{logits}: no head MatMul found to keep the last positions at")
+    rows, kept = node.input[0], node.input[0] + "_kept"
+    start, end, axis = f"{keep.name}_start", f"{keep.name}_end", f"{keep.name}_axis"
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.array([2**63 - 1], np.int64), end),
+                                    onnx.numpy_helper.from_array(np.array([1], np.int64), axis)])
+    at = list(model.graph.node).index(node)
+    model.graph.node.insert(at, onnx.helper.make_node("Slice", [rows, start, end, axis], [kept],
+                                                      name=f"{keep.name}_slice"))  # (b, l, d) -> (b, kept, d)
+    model.graph.node.insert(at, onnx.helper.make_node("Neg", [keep.name], [start], name=f"{keep.name}_neg"))
+    node.input[0] = kept
+    stale = [v for v in model.graph.value_info if v.name not in chain]  # those had every position
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(stale)
+    model.graph.input.append(onnx.helper.make_tensor_value_info(keep.name, onnx.TensorProto.INT64, list(keep.dims)))
 
 
 def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Path, opset: int,
@@ -65,16 +97,22 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
     """Export one graph with the spec's names and dims, save it, and check it.
 
     The ONNX inputs are checked to be as dynamic as the spec says: a second export
-    of one module in a process has been seen to come out silently static.
+    of one module in a process has been seen to come out silently static. A "keep"
+    input (`args` has a value for it, ignored) is added after tracing: `keep_last_positions`.
     """
+    keep = [t for t in spec.inputs if t.role == "keep"]
+    if keep:
+        args = tuple(a for a, t in zip(args, spec.inputs, strict=True) if t.role != "keep")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module, args, dynamo=True, opset_version=opset,
-            input_names=spec.input_names, output_names=spec.output_names,
+            input_names=[t.name for t in traced_inputs(spec)], output_names=spec.output_names,
             dynamic_shapes=dynamic_shapes, custom_translation_table=custom_translation_table,
         )
     model = program.model_proto
+    for t in keep:
+        keep_last_positions(model, t, spec.outputs[0].name)
     _name_dims_as_spec(model, spec)
     if _pending is not None:  # inside write_artifact: saved there with the other graphs' weights
         _pending.append((spec.name, Path(path), model, module))

@@ -133,6 +133,18 @@ def _transposed_name(name: str) -> str:
     return name[:-2] if name.endswith(".T") else name + ".T"
 
 
+def _add_transpose(init: dict[str, np.ndarray], name: str, transposed: str, pool: dict | None = None) -> None:
+    """init[transposed] = init[name].T, taken from another graph's `pool` when it holds it (a
+    copy of a large matrix: only once; the names are values-derived, so equal names, equal values)."""
+    if transposed in init:
+        return
+    have = (pool or {}).get(transposed)
+    if have is not None and same_bits(have.T, init[name]):
+        init[transposed] = have
+    else:
+        init[transposed] = np.ascontiguousarray(init[name].T)
+
+
 def _fold_transposes(model: onnx.ModelProto, init: dict[str, np.ndarray]) -> None:
     """A Transpose of a 2-D initializer (left when torch.onnx does not fold a large one, e.g.
     a tied head) becomes the transposed initializer itself: ORT would fold it at load, a
@@ -144,7 +156,7 @@ def _fold_transposes(model: onnx.ModelProto, init: dict[str, np.ndarray]) -> Non
         if node.op_type == "Transpose" and node.input[0] in init and init[node.input[0]].ndim == 2 \
                 and (not perm or list(perm[0]) == [1, 0]) and node.output[0] not in outputs:
             name = _transposed_name(node.input[0])
-            init.setdefault(name, np.ascontiguousarray(init[node.input[0]].T))
+            _add_transpose(init, node.input[0], name)
             renames[node.output[0]] = name
         else:
             kept.append(node)
@@ -162,6 +174,7 @@ def _one_layout(models: dict[str, onnx.ModelProto], arrays: dict[str, dict[str, 
     for gname, model in models.items():
         _fold_transposes(model, arrays[gname])
     transposes = {n[:-2] for graph in arrays.values() for n in graph if n.endswith(".T")}
+    pool = {n: a for graph in arrays.values() for n, a in graph.items() if n.endswith(".T")}
     for gname, model in models.items():
         init = arrays[gname]
         ranks = None
@@ -170,7 +183,7 @@ def _one_layout(models: dict[str, onnx.ModelProto], arrays: dict[str, dict[str, 
             if node.op_type == "Gemm" and len(node.input) > 1 and node.input[1] in transposes \
                     and node.input[1] in init and _attr(node, "transB") == 1:
                 w = node.input[1]
-                init.setdefault(w + ".T", np.ascontiguousarray(init[w].T))
+                _add_transpose(init, w, w + ".T", pool)
                 node.input[1] = w + ".T"
                 _set_attr(node, "transB", 0)
             elif node.op_type == "Gather" and node.input[0] in transposes and node.input[0] in init \
@@ -181,7 +194,7 @@ def _one_layout(models: dict[str, onnx.ModelProto], arrays: dict[str, dict[str, 
                     new_nodes.append(node)
                     continue
                 e, out = node.input[0], node.output[0]
-                init.setdefault(e + ".T", np.ascontiguousarray(init[e].T))
+                _add_transpose(init, e, e + ".T", pool)
                 node.input[0] = e + ".T"
                 _set_attr(node, "axis", 1)
                 node.output[0] = out + "_cols"  # (d, *ids) -> (*ids, d)

@@ -36,6 +36,8 @@ def random_inputs(spec: GraphSpec, sizes: dict[str, int], rng: np.random.Generat
             past = sizes["past_len"]
             rows = np.arange(shape[0])
             out[t.name] = np.maximum(past - 3 * rows, 0).astype(np.int64) if pad_rows else np.full(shape, past, np.int64)
+        elif t.role == "keep":  # every position's logits: what validate compares
+            out[t.name] = np.zeros(shape, np.int64)
         elif zero_state:
             out[t.name] = np.zeros(shape, NP_DTYPES[t.dtype])
         else:

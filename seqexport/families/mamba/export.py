@@ -38,7 +38,9 @@ def _flat(state):
 
 
 class PrefillGraph(nn.Module):
-    """(input_ids (b, l), *state) -> logits (b, l, v), *new state; the scan is a lowering."""
+    """(input_ids (b, l), *state[, logits_to_keep (1,)]) -> logits (b, l or the last kept, v),
+    *new state; the scan is a lowering. Traced without logits_to_keep: export adds it to the
+    graph (`keep_last_positions`); here it slices the eager logits alike, for validate."""
 
     def __init__(self, model: MambaLM, scan=selective_scan_ref):
         super().__init__()
@@ -46,7 +48,12 @@ class PrefillGraph(nn.Module):
         self.scan = scan
 
     def forward(self, input_ids, *state):
+        keep = None
+        if len(state) % 2:  # (conv, ssm) pairs, then logits_to_keep
+            *state, keep = state
         logits, new_state = self.model(input_ids, _pairs(state), scan=self.scan)
+        if keep is not None and int(keep[0]) > 0:
+            logits = logits[:, -int(keep[0]):]  # (b, kept, v)
         return (logits, *_flat(new_state))
 
 

@@ -5,10 +5,12 @@
     logits, state = model.step(prompt_ids, state)  # several tokens go through the prefill graph
 """
 
+from functools import cached_property
+
 import numpy as np
 
 from seqexport.errors import InputError
-from seqexport.families.mamba.specs import INPUT_IDS, LOGITS
+from seqexport.families.mamba.specs import INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
 from seqexport.runtime.session import check_token_ids
 
@@ -28,7 +30,7 @@ class MambaSteps:
             by_len.setdefault(len(r), []).append(i)
         states, logits, order = [], [], []
         for _, idx in sorted(by_len.items()):
-            lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)))
+            lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)), last_only=True)
             states.append(st)
             logits.append(lg[:, -1])
             order += idx
@@ -41,7 +43,7 @@ class MambaModel(MambaSteps, RuntimeModel):
     def vocab_size(self) -> int:
         return self.config["vocab_size"]
 
-    @property
+    @cached_property
     def prefill_len(self) -> int | None:
         """The fixed length of an `unrolled` prefill graph, else None (dynamic)."""
         dim = self.specs["prefill"].input(INPUT_IDS).dims[1]
@@ -53,29 +55,39 @@ class MambaModel(MambaSteps, RuntimeModel):
             raise InputError(f"batch_size: expected a positive integer, got {batch_size!r}")
         return State(zero_state(self.specs["step"], int(batch_size)), 0)
 
-    def step(self, tokens, state: State) -> tuple[np.ndarray, State]:
+    def step(self, tokens, state: State, last_only: bool = False) -> tuple[np.ndarray, State]:
         """Feed tokens (b,) or (b, t); return logits (b, vocab) or (b, t, vocab) and the new state.
 
         Several tokens go through the prefill graph (in pieces of its fixed length for an
-        `unrolled` export, the rest through the step graph).
+        `unrolled` export, the rest through the step graph). `last_only`: logits (b, 1, vocab) of
+        the last token only, which is all generation needs: the prefill graph then computes the
+        head for one position (its `logits_to_keep` input; exports without it compute them all).
         """
         ids, squeeze = tokens_2d(tokens)
         ids = check_token_ids("tokens", ids, self.vocab_size)
+        keep = {LOGITS_TO_KEEP: np.array([1 if last_only else 0], np.int64)} if self._keeps else {}
         pieces = []
         pos = 0
         while pos < ids.shape[1]:
             n = ids.shape[1] - pos
             fixed = self.prefill_len
             if n == 1 or (fixed is not None and n < fixed):
-                graph, n = "step", 1
+                graph, n, extra = "step", 1, {}
             else:
-                graph, n = "prefill", (fixed or n)
-            out = self._run(graph, {INPUT_IDS: ids[:, pos : pos + n], **state.arrays})
+                graph, n, extra = "prefill", (fixed or n), keep
+            out = self._run(graph, {INPUT_IDS: ids[:, pos : pos + n], **state.arrays, **extra})
             state = State(self._feed_back(graph, out, state.arrays), state.length + n)
             pieces.append(out[LOGITS])
             pos += n
+        if last_only:
+            pieces = [pieces[-1][:, -1:]]  # (b, 1, v)
         logits = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
         return (logits[:, 0] if squeeze else logits), state
+
+    @cached_property
+    def _keeps(self) -> bool:
+        """Whether the prefill graph takes `logits_to_keep` (exports before it compute every position)."""
+        return any(t.name == LOGITS_TO_KEEP for t in self.specs["prefill"].inputs)
 
 
 Model = MambaModel

@@ -6,7 +6,10 @@ dtype. Torch-free: the runtime reads it.
 
 from seqexport.specs import INPUT_IDS, LOGITS, GraphSpec, TensorSpec
 
-__all__ = ["INPUT_IDS", "LOGITS", "graph_specs", "past_conv", "past_ssm", "present_conv", "present_ssm"]
+# the prefill's logits for the last N positions only (0: all), as Hugging Face's `logits_to_keep`
+LOGITS_TO_KEEP = "logits_to_keep"
+
+__all__ = ["INPUT_IDS", "LOGITS", "LOGITS_TO_KEEP", "graph_specs", "past_conv", "past_ssm", "present_conv", "present_ssm"]
 
 
 def past_conv(i: int) -> str:
@@ -26,7 +29,8 @@ def present_ssm(i: int) -> str:
 
 
 def graph_specs(config: dict, dtype: str = "float32", prefill_len: int | None = None) -> dict[str, GraphSpec]:
-    """prefill (seq_len tokens; fixed at `prefill_len` for the `unrolled` scan) and step (one token)."""
+    """prefill (seq_len tokens; fixed at `prefill_len` for the `unrolled` scan; logits for the
+    last `logits_to_keep` of them) and step (one token)."""
     n_layer, d_inner = config["n_layer"], config["expand"] * config["d_model"]
     d_conv, d_state, vocab = config["d_conv"], config["d_state"], config["vocab_size"]
 
@@ -34,15 +38,16 @@ def graph_specs(config: dict, dtype: str = "float32", prefill_len: int | None = 
         return (TensorSpec(conv, dtype, ("batch", d_inner, d_conv), role),
                 TensorSpec(ssm, "float32", ("batch", d_inner, d_state), role))
 
-    def graph(name, length):
+    def graph(name, length, keep=False):
         return GraphSpec(
             name,
             inputs=(TensorSpec(INPUT_IDS, "int64", ("batch", length), "tokens", vocab),)
-            + tuple(t for i in range(n_layer) for t in layer_state(past_conv(i), past_ssm(i), "state")),
-            outputs=(TensorSpec(LOGITS, "float32", ("batch", length, vocab)),)
+            + tuple(t for i in range(n_layer) for t in layer_state(past_conv(i), past_ssm(i), "state"))
+            + ((TensorSpec(LOGITS_TO_KEEP, "int64", (1,), "keep"),) if keep else ()),
+            outputs=(TensorSpec(LOGITS, "float32", ("batch", "kept_len" if keep else length, vocab)),)
             + tuple(t for i in range(n_layer) for t in layer_state(present_conv(i), present_ssm(i), "")),
             feeds=tuple(f for i in range(n_layer)
                         for f in ((present_conv(i), past_conv(i)), (present_ssm(i), past_ssm(i)))),
         )
 
-    return {"prefill": graph("prefill", prefill_len or "seq_len"), "step": graph("step", 1)}
+    return {"prefill": graph("prefill", prefill_len or "seq_len", keep=True), "step": graph("step", 1)}
