@@ -152,24 +152,31 @@ def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fas
 @cli.command()
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder of the int8 copy.")
-@click.option("--mode", type=click.Choice(["dynamic"]), default="dynamic", show_default=True,
-              help="dynamic: int8 weights, activations quantised on the fly (no calibration data).")
+@click.option("--mode", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
+              help="dynamic: int8 weights, activations quantised on the fly (no calibration data); "
+                   "static: activation ranges calibrated on the float32 model's own decodes (QDQ).")
+@click.option("--calibration", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="static: a text file of prompts, one a line [seeded random token ids].")
 @click.option("--per-channel", is_flag=True, help="One int8 scale per output channel of each weight.")
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep float32 the weight MatMuls whose module path or node name matches (glob; repeat).")
 @click.option("--include-head", is_flag=True, help="Quantise the output head too (kept float32 by default).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
-def quantize(folder, out, mode, per_channel, exclude, include_head, overwrite):
-    """Write an int8 copy of an exported FOLDER (ONNX Runtime dynamic quantisation).
+def quantize(folder, out, mode, calibration, per_channel, exclude, include_head, overwrite):
+    """Write an int8 copy of an exported FOLDER (ONNX Runtime's quantisation tools).
 
-    Norms, softmax, embeddings, the Mamba scan and its state, the output head and the
+    Norms, softmax, embeddings, the scans and their state, the output head and the
     family's sensitive projections stay float32. `seqexport validate` judges the copy by
     top-1 agreement with the float32 eager model.
     """
     from seqexport.export.quantize import quantize as run_quantize
 
+    texts = None
+    if calibration:
+        with open(calibration, encoding="utf-8") as f:
+            texts = [line.rstrip("\n") for line in f if line.strip()]
     run_quantize(folder, out, mode=mode, per_channel=per_channel, exclude=exclude, include_head=include_head,
-                 overwrite=overwrite, log=lambda msg: click.echo(msg, err=True))
+                 overwrite=overwrite, calibration=texts, log=lambda msg: click.echo(msg, err=True))
 
 
 @cli.command()

@@ -1,5 +1,6 @@
-"""`seqexport quantize`: an int8 copy the runtime runs unchanged, judged by validate's int8 rule,
-as accurate as float32 on the bundled models' held-out dates; bad requests are one line, exit 2."""
+"""`seqexport quantize`: an int8 copy the runtime runs unchanged, its weights stored once for all
+its graphs, judged by validate's int8 rule against the float32 eager model, as accurate as
+float32 on the bundled models' held-out dates; bad requests are one line, exit 2."""
 
 import json
 
@@ -8,13 +9,35 @@ import pytest
 from click.testing import CliRunner
 
 import seqexport.runtime as rt
+from seqexport.checkpoints import bundled
 from seqexport.cli import cli
 from seqexport.errors import UsageError
 from seqexport.export.quantize import quantize
 from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.training.dates import make_split
 
-N = 100  # held-out dates here; the closing note's figures use 1000
+N = 100  # held-out dates here; the README's figures use 1000
+
+
+@pytest.fixture(scope="module")
+def dates_exports(bundled_exports, tmp_path_factory):
+    """family -> exported folder of its bundled date model (RWKV-7's exported here)."""
+    from seqexport.checkpoints.io import load_checkpoint
+    from seqexport.families.rwkv.export import export_rwkv
+
+    made = {}
+
+    def get(family):
+        if family != "rwkv":
+            return bundled_exports(family)[1]
+        if family not in made:
+            ckpt = load_checkpoint(bundled("rwkv"))
+            record = json.loads((ckpt.path / "config.json").read_text())["tokenizer"]
+            made[family] = tmp_path_factory.mktemp("bundled") / "rwkv"
+            export_rwkv(ckpt, None, made[family], tokenizer=record)
+        return made[family]
+
+    return get
 
 
 def exact_match(folder, pairs) -> float:
@@ -24,28 +47,52 @@ def exact_match(folder, pairs) -> float:
     return sum(model.tokenizer.decode(o) == y for o, (_, y) in zip(out, pairs)) / len(pairs)
 
 
-def float_graph_bytes(folder, name) -> int:
-    """A float32 graph's file plus the bytes it reads from the export's shared weights file."""
+def stored(folder) -> dict[str, dict[str, tuple]]:
+    """graph -> {initializer in the shared weights file: (offset, length, dtype)}."""
     m = json.loads((folder / "manifest.json").read_text())
-    g = m["graphs"][name]
-    graph = onnx.load(str(folder / g["file"]), load_external_data=False)
-    stored = (m.get("weights") or {}).get("tensors", {})
-    return g["bytes"] + g.get("data_bytes", 0) + sum(stored[t.name]["length"] for t in graph.graph.initializer
-                                                     if t.data_location == onnx.TensorProto.EXTERNAL)
+    out = {}
+    for name, g in m["graphs"].items():
+        graph = onnx.load(str(folder / g["file"]), load_external_data=False)
+        out[name] = {}
+        for t in graph.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in t.external_data}
+                assert info["location"] == m["weights"]["file"]
+                out[name][t.name] = (int(info["offset"]), int(info["length"]), t.data_type)
+    return out
 
 
-@pytest.mark.parametrize("family", ["transformer", "mamba"])
-def test_int8_copy_validates_and_keeps_the_accuracy(bundled_exports, tmp_path, family):
-    _, folder = bundled_exports(family)
+def ops(folder, graph) -> set[str]:
+    m = json.loads((folder / "manifest.json").read_text())
+    return {n.op_type for n in onnx.load(str(folder / m["graphs"][graph]["file"]), load_external_data=False).graph.node}
+
+
+@pytest.mark.parametrize("family", ["transformer", "mamba", "rwkv"])
+def test_int8_copy_validates_and_keeps_the_accuracy(dates_exports, tmp_path, family):
+    folder = dates_exports(family)
     out = quantize(folder, tmp_path / "int8")
-    m = json.loads((out / "manifest.json").read_text())
+    m, source = (json.loads((f / "manifest.json").read_text()) for f in (out, folder))
     q = m["quantization"]
     assert q["mode"] == "dynamic" and q["weights"] == "int8" and q["source"]["folder"] == str(folder.resolve())
-    for name, g in m["graphs"].items():
-        assert g["bytes"] < float_graph_bytes(folder, name)
-    logits_graph = "decoder" if family == "transformer" else "step"
-    assert len(q["kept_float"][logits_graph]) == (1 if family == "transformer" else 2 * m["config"]["n_layer"] + 1)
-    # transformer: the head; mamba: the head and every layer's x_proj and dt_proj (they make Δ, B, C)
+    for name, g in m["graphs"].items():  # the runtime's contract: every graph's I/O as the source's
+        assert (g["inputs"], g["outputs"]) == (source["graphs"][name]["inputs"], source["graphs"][name]["outputs"])
+    assert m["weights"]["bytes"] < source["weights"]["bytes"] / 2
+    # one weights file; an int8 weight two graphs read is stored once, at one offset
+    files = stored(out)
+    int8 = {g: {n: v for n, v in t.items() if v[2] == onnx.TensorProto.INT8} for g, t in files.items()}
+    if family != "transformer":  # prefill and step: the same linears, the same int8 bytes
+        assert int8["prefill"] == int8["step"] and len(int8["step"]) >= 2 * m["config"]["n_layer"]
+        assert "MatMulInteger" in ops(out, "step")  # the step's Gemms were quantised too
+    n = m["config"]["n_layer" if family != "transformer" else "num_layers"]
+    # float32 by default: the head, and what makes a scan's inputs: Mamba's x_proj and dt_proj
+    # (Δ, B, C), RWKV-7's LoRAs of the decay, in-context rate and value mix (layer 0 has no v)
+    expected = {
+        "transformer": {"decoder.fc_out"},
+        "mamba": {"backbone.embedding"} | {f"backbone.layers.{i}.mixer.{p}" for i in range(n) for p in ("x_proj", "dt_proj")},
+        "rwkv": {"head"} | {f"blocks.{i}.att.{p}" for i in range(n) for p in ("w1", "w2", "a1", "a2", "v1", "v2")
+                            if i or p[0] != "v"},
+    }[family]
+    assert set(q["kept_float"]["decoder" if family == "transformer" else "step"]) == expected
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "12"])
     assert result.exit_code == 0, result.output
     assert "int8: top-1 agreement" in result.output
@@ -53,26 +100,65 @@ def test_int8_copy_validates_and_keeps_the_accuracy(bundled_exports, tmp_path, f
     assert abs(exact_match(out, pairs) - exact_match(folder, pairs)) <= 0.02
 
 
-def test_bad_requests_are_one_line_exit_2(bundled_exports, tmp_path):
-    _, folder = bundled_exports("transformer")
+def test_static_mode_calibrates_on_the_models_own_decodes(dates_exports, tmp_path):
+    folder = dates_exports("transformer")
+    texts = [x for x, _ in make_split("train", 16, seed=1)]
+    out = quantize(folder, tmp_path / "static", mode="static", calibration=texts)
+    q = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert q["mode"] == "static" and q["calibration_feeds"]["decoder"] > len(texts)
+    assert "QuantizeLinear" in ops(out, "decoder")  # QDQ: activations quantised with calibrated ranges
+    result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "12"])
+    assert result.exit_code == 0, result.output
+    pairs = make_split("test", N, seed=0)
+    assert abs(exact_match(out, pairs) - exact_match(folder, pairs)) <= 0.02
+
+
+def test_tiny_transformer_keeps_its_appended_cache_io(transformer_tiny, tmp_path):
+    """A random-weight preset, head included: past_lengths in, only the new K/V out, as the
+    source; the runtime decodes it (with a cache buffer it grows) to the requested length."""
+    _, folder = transformer_tiny
+    out = quantize(folder, tmp_path / "int8", include_head=True, per_channel=True)
+    m = json.loads((out / "manifest.json").read_text())
+    dec = m["graphs"]["decoder"]
+    assert "past_lengths" in [t["name"] for t in dec["inputs"]]
+    assert m["quantization"]["kept_float"]["decoder"] == []
+    floats = {n for n, v in stored(out)["decoder"].items() if v[2] == onnx.TensorProto.FLOAT and v[1] >= 4096}
+    assert floats and all(n.endswith(("embedding.weight", "embedding.weight.T", "pe.pe")) for n in floats), floats
+    model = rt.load(out, provider="cpu")
+    tokens = rt.generate(model, [[5, 6, 7], [8, 9]], rt.SearchOptions(max_new_tokens=20, eos_id=-1))
+    assert [len(t) for t in tokens] == [20, 20]
+
+
+def test_bad_requests_are_one_line_exit_2(dates_exports, tmp_path):
+    folder = dates_exports("transformer")
     int8 = quantize(folder, tmp_path / "int8")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("March 3, 2001\n")
     runner = CliRunner()
     for args, message in (
         (["quantize", str(int8), "--out", str(tmp_path / "again")], "is already quantised"),
-        (["quantize", str(folder), "--out", str(tmp_path / "x"), "--mode", "static"], "'static' is not 'dynamic'"),
+        (["quantize", str(folder), "--out", str(tmp_path / "x"), "--mode", "float4"],
+         "'float4' is not one of 'dynamic', 'static'"),
         (["quantize", str(folder), "--out", str(tmp_path / "y"), "--exclude", "decoder.nothing.*"],
          "--exclude 'decoder.nothing.*' matches no weight MatMul/Gemm"),
+        (["quantize", str(folder), "--out", str(tmp_path / "z"), "--calibration", str(prompts)],
+         "calibration prompts are for --mode static"),
         (["quantize", str(folder), "--out", str(int8)], "already exists"),
     ):
         result = runner.invoke(cli, args)
         assert result.exit_code == 2 and message in result.output, result.output
-    assert not (tmp_path / "y").exists() and not (tmp_path / "x").exists()
-    with pytest.raises(UsageError, match="unknown quantisation mode"):
-        quantize(folder, tmp_path / "z", mode="static")
+        assert "Traceback" not in result.output, result.output
+    assert not any((tmp_path / d).exists() for d in ("again", "x", "y", "z"))
+    with pytest.raises(UsageError, match="unknown quantisation mode 'float4'"):
+        quantize(folder, tmp_path / "w", mode="float4")
 
 
-def test_exclude_keeps_the_matching_weights_float(bundled_exports, tmp_path):
-    _, folder = bundled_exports("transformer")
+def test_exclude_keeps_the_matching_weights_float(dates_exports, tmp_path):
+    folder = dates_exports("transformer")
     out = quantize(folder, tmp_path / "int8", exclude=["decoder.layers.0.ffn.*"], per_channel=True)
-    kept = json.loads((out / "manifest.json").read_text())["quantization"]["kept_float"]["decoder"]
-    assert len(kept) == 3  # fc1, fc2 of layer 0 and the head
+    q = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert q["kept_float"]["decoder"] == ["decoder.fc_out", "decoder.layers.0.ffn.fc1", "decoder.layers.0.ffn.fc2"]
+    assert q["kept_float"]["encoder"] == [] and q["per_channel"]
+    names = set(stored(out)["decoder"])
+    assert "model.decoder.layers.0.ffn.fc1.weight.T" in names  # float32, as exported
+    assert "model.decoder.layers.1.ffn.fc1.weight.T_quantized" in names

@@ -1,25 +1,36 @@
-"""`seqexport quantize`: an int8 copy of an exported folder, with ONNX Runtime's own dynamic
-quantisation (`onnxruntime.quantization.quantize_dynamic`), not hand-written kernels.
+"""`seqexport quantize`: an int8 copy of an exported folder, made by ONNX Runtime's own
+quantisation tools (`onnxruntime.quantization`), not hand-written kernels.
 
-Weights of MatMul/Gemm become int8 (per tensor, or per output channel with `per_channel`);
-activations are quantised on the fly. What stays float32: everything that is not a weight
-MatMul — norms, softmax, embeddings (Gather), the Mamba scan and its state (inside the Scan
-body, which is left alone) — plus, by default, the output head and what the family marks as
-numerically sensitive (Mamba: x_proj and dt_proj, which make Δ, B and C). The runtime needs
-no change: graph I/O names and dtypes are those of the source. The manifest records the
-quantisation (mode, what stayed float, source folder and its manifest's sha256).
+dynamic (default): weights of MatMuls int8 (per tensor, or per output channel), activations
+quantised on the fly (`quantize_dynamic`; ORT fuses each into one DynamicQuantizeMatMul at
+load). static: activations too, with ranges calibrated on the float32 model's own decodes
+(`quantize_static`, QDQ format). A plain Gemm (a one-token step's linear) is first rewritten
+as MatMul + Add: ORT's dynamic quantiser takes MatMul only.
+
+What stays float32: everything that is not a weight MatMul — norms, softmax, embeddings
+(Gather), the Mamba/RWKV scans and their state (inside the Scan bodies, which hold no
+weights) — plus, by default, the output head and what the family marks as numerically
+sensitive (`Family.int8_keep_float`: Mamba's x_proj/dt_proj, which make Δ, B and C; RWKV's
+decay LoRA). The runtime needs no change: graph I/O names and dtypes are those of the source
+(checked). The graphs' weights go into one shared file again (`export.weights.share_weights`):
+an int8 weight both graphs read is stored once. The manifest records the quantisation (mode,
+what stayed float, source folder and its manifest's sha256).
 """
 
 import fnmatch
 import logging
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from seqexport import families
-from seqexport.errors import UsageError
+from seqexport.errors import ExportError, UsageError
 from seqexport.export.atomic import atomic_folder
+from seqexport.export.weights import WEIGHTS_FILE, share_weights
 from seqexport.manifest import (
     MANIFEST,
     graph_entry,
@@ -31,8 +42,9 @@ from seqexport.manifest import (
 from seqexport.parity.localize import SCOPES_KEY
 from seqexport.specs import LOGITS
 
-MODES = ("dynamic",)
+MODES = ("dynamic", "static")
 WEIGHT_OPS = ("MatMul", "Gemm")
+CALIBRATION_PROMPTS = 8  # static mode: random prompts decoded by the float32 model, when none given
 
 
 def _scopes(node: onnx.NodeProto) -> list[str]:
@@ -62,13 +74,22 @@ def head_nodes(model: onnx.ModelProto) -> set[str]:
     return set()
 
 
+def _param_path(name: str) -> str:
+    """An initializer named after an eager parameter (see `export.weights`) -> its module path."""
+    for suffix in (".T", ".view", ".weight", ".bias"):
+        name = name.removesuffix(suffix)
+    return name.removeprefix("model.")
+
+
 def _labels(node: onnx.NodeProto, weights: set[str], bias_of: dict[str, str]) -> list[str]:
     """What a pattern may match: the node name, the eager module scopes it came from, and the
-    module path of its weight or of the bias added to its output (F.linear calls, e.g. Mamba's
-    dt_proj, have no scope of their own, and a folded transpose renames the weight)."""
-    params = [w for w in node.input if w in weights] + [bias_of[o] for o in node.output if o in bias_of]
-    paths = [p.removeprefix("model.").removesuffix(".weight").removesuffix(".bias") for p in params]
-    return [node.name, *_scopes(node), *paths]
+    module path of its weight (initializers carry the eager parameter's name). A weight torch
+    named `val_N` (an export from before weights were named) is found by the bias added to
+    the MatMul's output instead."""
+    params = [w for w in node.input if w in weights]
+    if all(w.startswith("val_") for w in params):
+        params += [bias_of[o] for o in node.output if o in bias_of]
+    return [node.name, *_scopes(node), *(_param_path(p) for p in params)]
 
 
 def _bias_of(model: onnx.ModelProto) -> dict[str, str]:
@@ -89,15 +110,116 @@ def _matches(node: onnx.NodeProto, pattern: str, weights: set[str], bias_of: dic
     return any(fnmatch.fnmatchcase(label, pattern) for label in _labels(node, weights, bias_of))
 
 
-def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, exclude=(),
-             include_head: bool = False, overwrite: bool = False, log=None) -> Path:
-    """Write an int8 copy of the exported `folder` to `out` (atomically)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
+
+def gemms_as_matmul(model: onnx.ModelProto) -> int:
+    """Rewrite each Gemm on a weight (alpha = beta = 1, A not transposed) as MatMul (+ Add of
+    its bias), in place: ORT's dynamic quantiser quantises MatMul, not Gemm, and a one-token
+    step's linears are Gemms. The MatMul keeps the Gemm's name. Returns how many."""
+    init = {t.name: t for t in model.graph.initializer}
+    nodes, count = [], 0
+    for node in model.graph.node:
+        a = _attrs(node)
+        if node.op_type != "Gemm" or node.input[1] not in init or a.get("transA", 0) \
+                or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            nodes.append(node)
+            continue
+        w = node.input[1]
+        if a.get("transB", 0):  # (n, k) -> (k, n): MatMul reads the weight as (in, out)
+            w = w + ".T" if not w.endswith(".T") else w[:-2]
+            if w not in init:
+                init[w] = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(init[node.input[1]]).T), w)
+                model.graph.initializer.append(init[w])
+        has_bias = len(node.input) > 2 and node.input[2]
+        product = node.output[0] + "_matmul" if has_bias else node.output[0]
+        nodes.append(onnx.helper.make_node("MatMul", [node.input[0], w], [product], name=node.name))
+        nodes[-1].metadata_props.extend(node.metadata_props)
+        if has_bias:
+            nodes.append(onnx.helper.make_node("Add", [product, node.input[2]], [node.output[0]],
+                                               name=node.name + "_bias"))
+        count += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return count
+
+
+def _io(model: onnx.ModelProto) -> list:
+    g = model.graph
+    return [(v.name, v.type.tensor_type.elem_type) for v in (*g.input, *g.output)]
+
+
+class _Feeds:
+    """A calibration data reader (ORT's `CalibrationDataReader` protocol) over recorded feeds."""
+
+    def __init__(self, feeds: list[dict]):
+        self.feeds = iter(feeds)
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+    def rewind(self):  # pragma: no cover - ORT calls it only for some calibrators
+        pass
+
+
+def calibration_feeds(folder: Path, texts: list[str] | None, seed: int = 0) -> dict[str, list[dict]]:
+    """Every graph's feeds while the float32 export decodes `texts` (with its tokenizer; default:
+    seeded random token ids): the activations static int8 is calibrated on are the model's own."""
+    from seqexport.runtime.generate import SearchOptions, generate
+    from seqexport.runtime.models import load
+    from seqexport.runtime.tokenizer import encode_prompt
+
+    model = load(folder, provider="cpu")
+    prompts = None
+    if texts:
+        if model.tokenizer is None:
+            raise UsageError(f"{folder} has no tokenizer to read calibration text with; omit --calibration "
+                             "(random token ids are used)")
+        prompts = [encode_prompt(model.tokenizer, model.prompt_frame, x, model.manifest["tokenizer"]) for x in texts]
+    recorded: dict[str, list[dict]] = {name: [] for name in model.graphs}
+    for name, graph in model.graphs.items():
+        def run(feeds, _run=graph.run, _name=name):
+            recorded[_name].append({k: np.array(v) for k, v in feeds.items()})
+            return _run(feeds)
+        graph.run = run
+    if prompts is None:
+        rng = np.random.default_rng(seed)
+        prompts = [list(map(int, rng.integers(1, model.vocab_size, 12))) for _ in range(CALIBRATION_PROMPTS)]
+    for i in range(0, len(prompts), 4):
+        generate(model, prompts[i : i + 4], SearchOptions(max_new_tokens=8))
+    return recorded
+
+
+def _quantize_graph(src: onnx.ModelProto, path: Path, mode: str, per_channel: bool, exclude: list[str],
+                    feeds: list[dict] | None) -> None:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    root = logging.getLogger()
+    level, root.level = root.level, logging.ERROR  # ORT's advice to pre-process, on every call
+    try:
+        common = dict(per_channel=per_channel, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                      nodes_to_exclude=exclude, use_external_data_format=True)
+        if mode == "dynamic":
+            quantize_dynamic(src, path, extra_options={"MatMulConstBOnly": True}, **common)
+        else:
+            quantize_static(src, path, _Feeds(feeds), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                            extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": True}, **common)
+    finally:
+        root.level = level
+
+
+def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, exclude=(),
+             include_head: bool = False, overwrite: bool = False, calibration: list[str] | None = None,
+             log=None) -> Path:
+    """Write an int8 copy of the exported `folder` to `out` (atomically). `calibration`: static
+    mode's prompts (text; default: seeded random token ids)."""
     log = log or (lambda msg: None)
     folder, out = Path(folder), Path(out)
     if mode not in MODES:
         raise UsageError(f"unknown quantisation mode {mode!r}; expected one of {list(MODES)}")
+    if calibration and mode != "static":
+        raise UsageError("calibration prompts are for --mode static (dynamic int8 needs none)")
     manifest = read_manifest(folder)
     if manifest.get("quantization"):
         q = manifest["quantization"]
@@ -107,9 +229,11 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
         raise UsageError(f"{folder} is a {manifest['dtype']} export; int8 is made from a float32 export")
     family = families.get(manifest["family"])
     models = {name: onnx.load(str(folder / g["file"])) for name, g in manifest["graphs"].items()}
-    keep: dict[str, set[str]] = {}
+    keep: dict[str, set[str]] = {}  # graph -> node names of the weight MatMuls that stay float32
+    kept: dict[str, list[str]] = {}  # graph -> the same, by eager module path (the manifest's record)
     matched = dict.fromkeys(exclude, 0)
     for name, model in models.items():
+        gemms_as_matmul(model)
         keep[name] = set() if include_head else head_nodes(model)
         weights, bias_of = {i.name for i in model.graph.initializer}, _bias_of(model)
         for node in weight_nodes(model):
@@ -118,38 +242,57 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
                     keep[name].add(node.name)
                     if pattern in matched:
                         matched[pattern] += 1
+        kept[name] = sorted(_labels(n, weights, bias_of)[-1] for n in weight_nodes(model) if n.name in keep[name])
     unmatched = [p for p, n in matched.items() if n == 0]
     if unmatched:
         raise UsageError(f"--exclude {unmatched[0]!r} matches no weight MatMul/Gemm (patterns are globs over "
                          "eager module paths such as 'decoder.layers.0.*' or ONNX node names)")
     started = time.perf_counter()
-    with atomic_folder(out, overwrite) as tmp:
+    feeds = calibration_feeds(folder, calibration) if mode == "static" else {}
+    with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
+        quantized = {}
+        for name, g in manifest["graphs"].items():
+            path = Path(scratch) / name / g["file"]
+            path.parent.mkdir()
+            copy = onnx.ModelProto()
+            copy.CopyFrom(models[name])  # the quantiser edits the model it is given
+            _quantize_graph(copy, path, mode, per_channel, sorted(keep[name]), feeds.get(name))
+            quantized[name] = onnx.load(str(path))
+            if _io(quantized[name]) != _io(models[name]):
+                raise ExportError(f"graph {name!r}: the quantiser changed the graph's inputs or outputs")
+        # one weights file again: an int8 weight both graphs read (same name, same bytes) once
+        shared = share_weights(quantized, {name: {} for name in quantized})
+        shared.write(tmp / WEIGHTS_FILE)
         graphs = {}
         for name, g in manifest["graphs"].items():
-            root = logging.getLogger()
-            level, root.level = root.level, logging.ERROR  # ORT's advice to pre-process, on every call
-            try:
-                quantize_dynamic(folder / g["file"], tmp / g["file"], per_channel=per_channel,
-                                 weight_type=QuantType.QInt8, op_types_to_quantize=list(WEIGHT_OPS),
-                                 nodes_to_exclude=sorted(keep[name]), extra_options={"MatMulConstBOnly": True})
-            finally:
-                root.level = level
+            onnx.save_model(quantized[name], str(tmp / g["file"]))
+            onnx.checker.check_model(str(tmp / g["file"]))
             graphs[name] = graph_entry(tmp, graph_specs(manifest)[name], g["file"])
             total = len(weight_nodes(models[name]))
-            log(f"  {name}: {total - len(keep[name])}/{total} weight MatMul/Gemm int8, {g['bytes'] / 1e6:.1f} MB -> "
-                f"{graphs[name]['bytes'] / 1e6:.1f} MB")
+            log(f"  {name}: {total - len(keep[name])}/{total} weight MatMuls int8 ({mode}), "
+                f"{len(keep[name])} float32")
+        log(f"  {WEIGHTS_FILE}: {_weights_bytes(manifest) / 1e6:.1f} MB -> {shared.size / 1e6:.1f} MB")
         if manifest.get("tokenizer", {}) and "file" in manifest["tokenizer"]:
             (tmp / manifest["tokenizer"]["file"]).write_bytes((folder / manifest["tokenizer"]["file"]).read_bytes())
         source = dict(manifest.get("source") or {})
         if source.get("checkpoint") and not Path(source["checkpoint"]).is_absolute():
             source["checkpoint"] = str((folder / source["checkpoint"]).resolve())  # validate's eager model
-        # the int8 graphs hold their weights inline: no shared weights file
         new = {k: v for k, v in manifest.items() if k not in ("format", "format_version", "parity", "weights")}
-        new |= {"graphs": graphs, "source": source, "quantization": {
-            "mode": mode, "weights": "int8", "per_channel": per_channel, "include_head": include_head,
-            "excluded_patterns": list(exclude), "kept_float": {k: sorted(v) for k, v in keep.items()},
+        new |= {"graphs": graphs, "weights": shared.record(), "source": source, "quantization": {
+            "mode": mode, "weights": "int8", "activations": "int8 (calibrated)" if mode == "static" else
+            "int8 (per call)", "per_channel": per_channel, "include_head": include_head,
+            "excluded_patterns": list(exclude), "family_kept_float": list(family.int8_keep_float),
+            "kept_float": kept,
+            "calibration_feeds": {k: len(v) for k, v in feeds.items()} or None,
             "source": {"folder": str(folder.resolve()), "manifest_sha256": sha256_file(folder / MANIFEST)},
             "seconds": round(time.perf_counter() - started, 2)}}
         write_manifest(tmp, new)
     log(f"quantised {folder} -> {out} ({mode}, int8 weights{', per channel' if per_channel else ''})")
     return out
+
+
+def _weights_bytes(manifest: dict) -> int:
+    """The float32 export's weight bytes: its shared file, or (older layouts) its graph files."""
+    if manifest.get("weights"):
+        return manifest["weights"]["bytes"]
+    return sum(g["bytes"] + g.get("data_bytes", 0) for g in manifest["graphs"].values())
