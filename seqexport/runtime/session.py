@@ -1,0 +1,262 @@
+"""ONNX Runtime sessions for exported graphs, with every input checked against its spec.
+
+numpy + onnxruntime only. `Graph.run` refuses, before ORT sees them, inputs of the
+wrong rank, shape or dtype, and symbolic dims that disagree between inputs
+(e.g. a batch of 2 tokens with a state of batch 3).
+"""
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from seqexport.errors import ArtifactError, InputError, UsageError
+from seqexport.specs import GraphSpec
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+NP_DTYPES = {"int64": np.int64, "float32": np.float32, "float16": np.float16}
+
+log = logging.getLogger(__name__)
+
+
+def cuda_usable() -> bool:
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def providers_for(provider: str) -> list[str]:
+    """ORT provider list for auto|cpu|cuda; auto takes CUDA only when ORT offers it."""
+    if provider not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"unknown provider {provider!r}; expected auto, cpu or cuda")
+    if provider == "cuda" and not cuda_usable():
+        raise UsageError(
+            "provider 'cuda' asked for, but this onnxruntime offers only "
+            f"{ort.get_available_providers()} (install the gpu extra: onnxruntime-gpu)"
+        )
+    if provider == "cuda" or (provider == "auto" and cuda_usable()):
+        return [PROVIDERS["cuda"], PROVIDERS["cpu"]]
+    return [PROVIDERS["cpu"]]
+
+
+class SharedWeights:
+    """An export's one weights file (manifest "weights"), mapped once, one OrtValue per tensor.
+
+    Every session of the model gets the same OrtValues (`SessionOptions.add_initializer`), so
+    the weights sit in memory once, as pages of the file (read when first touched), instead of
+    one copy per graph. The memory map stays open as long as this object lives.
+    """
+
+    def __init__(self, folder: Path, record: dict):
+        self.record = record
+        path = Path(folder) / record["file"]
+        try:
+            self.data = np.memmap(path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as e:
+            raise ArtifactError(f"shared weights {path}: cannot map the file: {e}") from None
+        self.values = {}
+        for name, t in record["tensors"].items():
+            a = self.data[t["offset"]: t["offset"] + t["length"]].view(np.dtype(t["dtype"])).reshape(t["dims"])
+            self.values[name] = ort.OrtValue.ortvalue_from_numpy(a)  # no copy: ORT reads the mapped pages
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.size)
+
+    def for_graph(self, path: Path) -> dict:
+        """The tensors this graph file reads from the shared file, checked against the index.
+
+        Read from the graph itself: ORT lets an added initializer replace one the graph holds
+        inline, so a session gets exactly the ones its graph stores in this file."""
+        import onnx  # the graph's own record (its large initializers are stubs: a quick read)
+
+        model = onnx.load_model(str(path), load_external_data=False)
+        out = {}
+        for t in model.graph.initializer:
+            info = {e.key: e.value for e in t.external_data}
+            if t.data_location != onnx.TensorProto.EXTERNAL or info.get("location") != self.record["file"]:
+                continue
+            entry = self.record["tensors"].get(t.name)
+            if entry is None or (int(info.get("offset", 0)), int(info.get("length", -1))) != \
+                    (entry["offset"], entry["length"]):
+                raise ArtifactError(f"graph {path.name}: initializer {t.name!r} is not where the manifest's weights "
+                                    f"index puts it in {self.record['file']}")
+            out[t.name] = self.values[t.name]
+        return out
+
+
+def session_options(threads: int | None = None, shared: dict | None = None) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Memory patterns are planned per input shape; a decode changes past_len every step, so
+    # ORT would re-plan each time (measured: a 33-step tiny decode took 2x as long with them).
+    opts.enable_mem_pattern = False
+    threads = threads or int(os.environ.get("SEQEXPORT_THREADS", "0"))
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # ORT's own warnings go to stderr otherwise
+    if shared:  # name -> OrtValue over the shared weights file (see SharedWeights.for_graph)
+        for name, value in shared.items():
+            opts.add_initializer(name, value)
+        # Prepacking copies every MatMul/Gemm weight into a kernel layout, per session: with it
+        # the shared weights would be held two and three times over (Mamba 130m: 1.6 GB RSS after
+        # load instead of 0.26 GB), for no measurable speed on these graphs (see README).
+        # int8 weights (`seqexport quantize`) are packed all the same: ORT's int8 MatMul reads
+        # unpacked weights at a fraction of its speed (base decoder step 0.75 of float32's
+        # unpacked, 0.39 packed), and a packed int8 copy is a quarter of a float32 one.
+        if not any(v.data_type() == "tensor(int8)" for v in shared.values()):
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+    return opts
+
+
+class Graph:
+    """One exported graph: its spec and an InferenceSession. `run(feeds) -> dict of outputs`."""
+
+    def __init__(self, path: Path, spec: GraphSpec, provider: str = "auto", threads: int | None = None,
+                 shared: SharedWeights | None = None):
+        self.spec = spec
+        self.path = Path(path)
+        providers = providers_for(provider)
+        try:
+            weights = shared.for_graph(self.path) if shared is not None else None
+            self.session = ort.InferenceSession(str(path), session_options(threads, weights), providers=providers)
+        except Exception as e:  # ORT raises its own types for unreadable or invalid models
+            raise ArtifactError(f"graph {spec.name!r}: ONNX Runtime cannot load {path}: {_first_line(e)}") from None
+        # ORT may fall back silently (e.g. missing CUDA libraries): say what really runs.
+        self.provider = self.session.get_providers()[0]
+        if provider == "cuda" and self.provider != PROVIDERS["cuda"]:
+            raise UsageError(f"provider 'cuda' asked for, but ORT fell back to {self.provider} for {self.path.name}")
+        # What check() compares against, prepared once: a decode step is a hot path.
+        self._expected = [(t.name, np.dtype(NP_DTYPES[t.dtype]), t.dims) for t in spec.inputs]
+        self._names = frozenset(spec.input_names)
+        self._outputs = list(spec.output_names)  # named to ORT: it would build this list every run
+
+    def check(self, feeds: dict) -> None:
+        """Check feeds against the spec (fast); on any mismatch `explain` raises the message."""
+        if feeds.keys() != self._names:
+            self.explain(feeds)
+        sizes: dict[str, int] = {}
+        for name, dtype, dims in self._expected:
+            a = feeds[name]
+            if type(a) is np.ndarray:
+                if a.dtype != dtype or a.ndim != len(dims):
+                    self.explain(feeds)
+                shape = a.shape
+            else:
+                shape, dt = shape_and_dtype(name, a)
+                if dt != dtype.name or len(shape) != len(dims):
+                    self.explain(feeds)
+            for size, dim in zip(shape, dims):
+                if type(dim) is int:
+                    if size != dim:
+                        self.explain(feeds)
+                elif sizes.setdefault(dim, size) != size:
+                    self.explain(feeds)
+
+    def explain(self, feeds: dict) -> None:
+        """Raise an InputError naming the input, what was given and what was expected."""
+        sizes: dict[str, tuple[int, str]] = {}
+        missing = [n for n in self.spec.input_names if n not in feeds]
+        if missing:
+            raise InputError(f"{self.spec.name}: missing inputs {missing}")
+        extra = sorted(set(feeds) - set(self.spec.input_names))
+        if extra:
+            raise InputError(f"{self.spec.name}: unknown inputs {extra}; expected {self.spec.input_names}")
+        for t in self.spec.inputs:
+            shape, dtype = shape_and_dtype(t.name, feeds[t.name])
+            if dtype != t.dtype:
+                raise InputError(f"{t.name}: dtype {dtype} given, {t.dtype} expected")
+            if len(shape) != len(t.dims):
+                raise InputError(f"{t.name}: shape {shape} has rank {len(shape)}, expected rank {len(t.dims)} {list(t.dims)}")
+            for axis, (size, dim) in enumerate(zip(shape, t.dims)):
+                if isinstance(dim, int):
+                    if size != dim:
+                        raise InputError(f"{t.name}: shape {shape}, expected {dim} on axis {axis} ({list(t.dims)})")
+                elif dim in sizes and sizes[dim][0] != size:
+                    other_size, other = sizes[dim]
+                    raise InputError(
+                        f"{t.name}: {dim} = {size} on axis {axis}, but {other} has {dim} = {other_size}"
+                    )
+                else:
+                    sizes.setdefault(dim, (size, t.name))
+        raise InputError(f"{self.spec.name}: inputs do not match the graph spec")  # not reached
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.check(feeds)
+        try:
+            outs = self.session.run(self._outputs, feeds)
+        except Exception as e:  # what the spec cannot express (e.g. a length past a fixed table)
+            raise self._rejected(e) from None
+        return dict(zip(self._outputs, outs))
+
+    def run_bound(self, feeds: dict, keep: set[str]) -> dict:
+        """Run through IO binding: outputs named in `keep` stay where ORT made them (on the GPU
+        with CUDA) as OrtValues, to be bound as the next step's inputs without a host round
+        trip; the others come back as numpy arrays. Inputs may be numpy arrays or OrtValues."""
+        self.check(feeds)
+        binding = self.session.io_binding()
+        for name, v in feeds.items():
+            if isinstance(v, ort.OrtValue):
+                binding.bind_ortvalue_input(name, v)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(v))
+        for name in self.spec.output_names:
+            binding.bind_output(name, self.device if name in keep else "cpu")
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:
+            raise self._rejected(e) from None
+        outs = binding.get_outputs()
+        return {name: (v if name in keep else v.numpy()) for name, v in zip(self.spec.output_names, outs)}
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
+
+    def _rejected(self, e: Exception) -> InputError:
+        return InputError(f"{self.spec.name}: ONNX Runtime rejected the inputs: {_first_line(e)}")
+
+
+def _first_line(e: Exception) -> str:
+    """ORT's messages run to many lines; the first one says what went wrong."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
+
+
+def shape_and_dtype(name: str, a) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype name of a numpy array or an OrtValue (state kept on the device)."""
+    if isinstance(a, ort.OrtValue):
+        return tuple(a.shape()), ORT_TYPES.get(a.data_type(), a.data_type())
+    if not isinstance(a, np.ndarray):
+        raise InputError(f"{name}: expected a numpy array, got {type(a).__name__}")
+    return a.shape, a.dtype.name
+
+
+def to_numpy(a) -> np.ndarray:
+    return a.numpy() if isinstance(a, ort.OrtValue) else a
+
+
+def check_token_ids(name: str, ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """2-D int64 token ids, non-empty, each in [0, vocab_size)."""
+    if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 2 and ids.size \
+            and ids.min() >= 0 and ids.max() < vocab_size:
+        return ids  # the decode loop's case, in two reductions; anything else is explained below
+    try:
+        ids = np.asarray(ids)
+    except (ValueError, OverflowError, TypeError) as e:  # ragged rows, ids beyond int64
+        raise InputError(f"{name}: expected a (batch, length) array of token ids: {e}") from None
+    if ids.dtype.kind not in "iu":
+        raise InputError(f"{name}: token ids must be integers, got dtype {ids.dtype}")
+    if ids.ndim != 2:
+        raise InputError(f"{name}: expected shape (batch, length), got {ids.shape}")
+    if ids.size == 0:
+        raise InputError(f"{name}: empty input of shape {ids.shape}; expected at least one token per row")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        r, c = map(int, np.argwhere(bad)[0])
+        raise InputError(f"{name}: token id {int(ids[r, c])} at [{r}, {c}] is outside [0, {vocab_size})")
+    return ids.astype(np.int64, copy=False)
