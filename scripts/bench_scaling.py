@@ -47,6 +47,10 @@ def main():
         cells = "  ".join(f"T={p['context']}: {p['step_ms']:.2f} ms, {p['state_bytes'] / 2**20:.2f} MiB"
                           for p in m["points"])
         print(f"{m['label']} ({m['provider']}, bound {m['bound_ms']:.2f} ms): {cells}")
+        a = m["artifact"]
+        print(f"  on disk {a['total_bytes'] / 1e6:.1f} MB (graphs {a['graph_bytes'] / 1e6:.1f}, weights "
+              f"{a['weights_file_bytes'] / 1e6:.1f}, checkpoint {a['checkpoint_bytes'] / 1e6:.1f}); export "
+              f"{a['export_seconds']} s; load {m['load_seconds']:.2f} s, +{m['rss_added_by_load_bytes'] / 1e6:.0f} MB RSS")
     print(f"wrote {out / 'scaling.json'} and {png} ({png.stat().st_size / 1e3:.0f} KB)")
 
 

@@ -25,7 +25,7 @@ from tests.conftest import UNROLLED_LEN
 
 COMMON = {"folder", "family", "dtype", "provider", "threads", "versions", "machine", "load_seconds",
           "session_rss_bytes", "peak_rss_bytes", "bandwidth", "step_weights", "steps", "prefills",
-          "generation", "notes"}
+          "generation", "notes", "artifact", "rss_after_load_bytes", "rss_after_run_bytes"}
 STEP = {"batch", "state_bytes", "eager_ms", "eager_1t_ms", "eager_best_ms", "ort_ms", "ort_session_ms",
         "ort_over_eager", "bound_ms", "bound_with_state_ms", "ort_over_bound"}
 GENERATION = {"batch", "new_tokens", "eager_cache_tps", "eager_nocache_tps", "ort_tps",
@@ -50,6 +50,12 @@ def _check_common(result: dict, family: str):
         assert all(_positive(row[k]) for k in GENERATION)
     json.dumps(result)  # JSON-serialisable as it is
     assert result["folder"] in format_table(result)
+    assert _positive(result["rss_after_load_bytes"]) and _positive(result["rss_after_run_bytes"])
+    a = result["artifact"]
+    folder = Path(result["folder"])
+    assert a["shared_weights"] and a["weights_file_bytes"] == (folder / "weights.onnx.data").stat().st_size
+    assert a["total_bytes"] == sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    assert _positive(a["export_seconds"]) and "on disk:" in format_table(result)
 
 
 def test_transformer_fast(transformer_tiny):
@@ -78,7 +84,12 @@ def test_mamba_fast_through_cli(mamba_exports, tmp_path):
     for p in result["prefills"]:
         assert p["lowering"] == "loop"
         assert all(_positive(p[k]) for k in ("eager_ms", "eager_lowering_ms", "ort_ms", "ort_over_eager",
-                                             "ort_over_eager_lowering"))
+                                             "ort_over_eager_lowering", "ort_all_ms", "ort_all_over_eager"))
+    # the weights file holds each weight once: its bytes are the model's (plus small derived constants)
+    ckpt, _ = mamba_exports("loop")
+    unique = {t.data_ptr(): t.numel() * t.element_size() for t in ckpt.model.state_dict().values()}
+    assert result["artifact"]["model_weight_bytes"] == sum(unique.values())
+    assert result["artifact"]["weights_file_bytes"] <= 1.1 * sum(unique.values())
     # the state does not grow with the context
     assert len(set(result["state_bytes"].values())) == 1
 
@@ -112,6 +123,10 @@ def test_scaling_asks_the_family(transformer_tiny, mamba_exports):
     t, m = ([p["state_bytes"] for p in by[k]["points"]] for k in ("t", "m"))
     assert t[0] < t[1] and m[0] == m[1]
     assert all(_positive(m["bound_ms"]) for m in result["models"])
+    for m in result["models"]:  # what the artifact costs: on disk, to load
+        assert _positive(m["load_seconds"]) and isinstance(m["rss_added_by_load_bytes"], int)
+        assert m["artifact"]["total_bytes"] == sum(f.stat().st_size for f in Path(m["folder"]).rglob("*")
+                                                   if f.is_file())
     with pytest.raises(UsageError, match="positional table"):
         measure_scaling({"t": transformer_tiny[1]}, contexts=(100_000,), providers=["cpu"])
 

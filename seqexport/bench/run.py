@@ -20,7 +20,9 @@ ratios use the faster eager — see `timing.time_eager_and_ort`):
   (`families.eager_model`) with cache and without (the full forward over the
   whole prefix for every token), and the ORT runtime, all driven by
   `seqexport.runtime.generate` (eos disabled so every row makes all its tokens);
-- session load time, peak RSS, cache/state bytes;
+- session load time, RSS after load and after the runs, peak RSS, cache/state bytes;
+- the artifact (`artifact.artifact_facts`): bytes on disk (graphs, shared weights, the
+  checkpoint copy) against the model's weight bytes, and the export's own seconds;
 - memory read bandwidth (a large float32 array summed) and the weight-streaming
   bound: the weight bytes one decode step must read ÷ that bandwidth, the least
   time a memory-bound batch-1 step can take.
@@ -40,6 +42,7 @@ import onnxruntime as ort
 import torch
 
 from seqexport import families
+from seqexport.bench.artifact import artifact_facts
 from seqexport.bench.cases import Case
 from seqexport.bench.tables import format_table
 from seqexport.bench.timing import measure_bandwidth, peak_rss, rss_now, time_eager_and_ort
@@ -65,6 +68,8 @@ def _ms(med: dict[str, float | None]) -> dict:
     out = {f"{k}_ms": None if v is None else v * 1e3 for k, v in med.items()}
     out["ort_over_eager"] = med["ort"] / med["eager_best"]
     out["ort_session_over_eager"] = med["ort_session"] / med["eager_best"]
+    if med.get("ort_all") is not None:  # a prefill's every-position logits (mamba)
+        out["ort_all_over_eager"] = med["ort_all"] / med["eager_best"]
     for name in med:
         if name.startswith("eager_") and name.endswith("_best") and name != "eager_best":
             out[f"ort_over_{name.removesuffix('_best')}"] = med["ort"] / med[name]
@@ -110,8 +115,9 @@ def _check_sizes(name: str, values) -> tuple[int, ...]:
     return values
 
 
-def _load(folder: Path, provider: str, threads: int, fast: bool) -> tuple[object, list[float], int | None]:
-    """The runtime model, its load times (a median of three for small models) and the RSS it added."""
+def _load(folder: Path, provider: str, threads: int, fast: bool) -> tuple[object, list[float], int | None, int | None]:
+    """The runtime model, its load times (a median of three for small models; manifest and
+    sha256 checks included) and the RSS it added."""
     rss0 = rss_now()
     t = time.perf_counter()
     rt = load(folder, provider, threads=threads)
@@ -123,7 +129,7 @@ def _load(folder: Path, provider: str, threads: int, fast: bool) -> tuple[object
         rt = load(folder, provider, threads=threads)
         loads.append(time.perf_counter() - t)
     added = (rss_loaded - rss0) if rss0 is not None and rss_loaded is not None else None
-    return rt, loads, added
+    return rt, loads, added, rss_loaded
 
 
 def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_tokens: int | None = None,
@@ -160,7 +166,7 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
     torch.set_num_threads(threads)
     try:
         log(f"bench {folder}: {family}, {threads} threads")
-        rt, loads, session_rss = _load(folder, provider, threads, fast)
+        rt, loads, session_rss, rss_loaded = _load(folder, provider, threads, fast)
         ckpt = eager_checkpoint(folder, manifest, None)
         model = ckpt.model.float().eval()
         if rt.provider != "CPUExecutionProvider":
@@ -176,6 +182,8 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
             "machine": {"cpus": os.cpu_count(), "load_average_start": list(os.getloadavg())},
             "load_seconds": statistics.median(loads),
             "session_rss_bytes": session_rss,
+            "rss_after_load_bytes": rss_loaded,
+            "artifact": artifact_facts(folder, manifest, model),
             "notes": notes,
         }
         result["steps"] = _time_cases(bench.step_cases(rt, model, batches, contexts, prompt_len, rng), **timing)
@@ -183,6 +191,7 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
         result["prefills"] = _time_cases(bench.prefill_cases(rt, model, batches, contexts, rng, notes), **timing)
         result["generation"] = [_generation(rt, ckpt, bench, b, prompt_len, new_tokens, rng=rng, **timing)
                                 for b in batches]
+        result["rss_after_run_bytes"] = rss_now()  # every weight page touched by now
         result["peak_rss_bytes"] = peak_rss()  # before the bandwidth array
         log("  memory bandwidth")
         bw = measure_bandwidth(cfg["bandwidth_mb"], repeats=max(3, repeats) if fast else 9, threads=threads)

@@ -14,13 +14,15 @@ shape after any number of tokens, so a random one of that shape stands for all T
 """
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from seqexport import families
-from seqexport.bench.timing import measure_bandwidth, time_paired
+from seqexport.bench.artifact import artifact_facts
+from seqexport.bench.timing import measure_bandwidth, rss_now, time_paired
 from seqexport.errors import ArtifactError, UsageError
 from seqexport.manifest import read_manifest
 from seqexport.runtime.models import load
@@ -73,10 +75,14 @@ def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, p
             raise UsageError(f"{folder}: {e}") from None
         weights = _weights(folder, manifest, bench)
         for provider in _providers(providers):
+            rss, started = rss_now(), time.perf_counter()
             rt = load(folder, provider, threads=threads)
+            # the RSS the load added (earlier models of this run stay loaded until collected)
             entry = {"label": label, "folder": str(folder), "family": family, "provider": rt.provider,
                      "preset": (manifest.get("source") or {}).get("preset"), "step_weight_bytes": weights,
-                     "points": []}
+                     "load_seconds": time.perf_counter() - started,
+                     "rss_added_by_load_bytes": (rss_now() or 0) - (rss or 0),
+                     "artifact": artifact_facts(folder, manifest), "points": []}
             for context in contexts:
                 log(f"  {label} on {rt.provider}: context {context}")
                 entry["points"].append(_point(rt, bench, batch, context, repeats, rng))

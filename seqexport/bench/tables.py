@@ -45,8 +45,17 @@ def format_table(result: dict) -> str:
         f"torch 1t {bw['torch_1t_gbs']:.1f}, {n}t {bw['torch_gbs']:.1f}); "
         f"weights read per step {sw['bytes'] / 1e6:.2f} MB -> bound {sw['bound_ms']:.3f} ms",
         f"ratios: ORT (runtime step) ÷ the faster eager of torch at {n} thread(s) and at 1",
-        "",
     ]
+    if "artifact" in r:
+        a = r["artifact"]
+        share = f" ({a['graphs_and_weights_over_weights']:.3f}x the {a['model_weight_bytes'] / 1e6:.1f} MB of weights)" \
+            if "model_weight_bytes" in a else ""
+        lines.append(f"on disk: graphs {a['graph_bytes'] / 1e6:.1f} MB + weights {a['weights_file_bytes'] / 1e6:.1f} MB"
+                     f"{' (one shared file)' if a['shared_weights'] else ''}{share}, checkpoint copy "
+                     f"{a['checkpoint_bytes'] / 1e6:.1f} MB, folder {a['total_bytes'] / 1e6:.1f} MB; export took "
+                     f"{_cell(a['export_seconds'])} s; RSS after load {_cell(_mb(r.get('rss_after_load_bytes')))} MB, "
+                     f"after the runs {_cell(_mb(r.get('rss_after_run_bytes')))} MB")
+    lines.append("")
     table: StepTable = families.get(r["family"]).bench.TABLE
     lines.append(table.title)
     lines += _table(
@@ -58,12 +67,14 @@ def format_table(result: dict) -> str:
     if r["prefills"]:
         lines += ["", f"prefill, ms (ref: the sequential reference scan; {r['prefills'][0]['lowering']}: "
                       "the export's lowering run eagerly)"]
+        lines.append("(ORT: the runtime's prefill as generation runs it, logits of the last position; ORT all: "
+                     "every position's, as the eager forward computes them)")
         lines += _table(
-            ["batch", "length", f"ref {n}t", "ref 1t", f"lowering {n}t", "lowering 1t", "ORT", "ORT bare",
-             "ORT/ref", "ORT/lowering"],
+            ["batch", "length", f"ref {n}t", "ref 1t", f"lowering {n}t", "lowering 1t", "ORT", "ORT all", "ORT bare",
+             "ORT/ref", "all/ref", "ORT/lowering"],
             [[p["batch"], p["length"], p["eager_ms"], p["eager_1t_ms"], p["eager_lowering_ms"],
-              p["eager_lowering_1t_ms"], p["ort_ms"], p["ort_session_ms"], p["ort_over_eager"],
-              p["ort_over_eager_lowering"]] for p in r["prefills"]])
+              p["eager_lowering_1t_ms"], p["ort_ms"], p.get("ort_all_ms"), p["ort_session_ms"], p["ort_over_eager"],
+              p.get("ort_all_over_eager"), p["ort_over_eager_lowering"]] for p in r["prefills"]])
     lines += ["", "end-to-end greedy generation, tokens/s (no cache: the full forward over the prefix per token)"]
     lines += _table(
         ["batch", "prompt", "new", f"cache {n}t", "cache 1t", f"no cache {n}t", "no cache 1t", "ORT",

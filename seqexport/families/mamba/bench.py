@@ -9,7 +9,7 @@ import torch
 from seqexport.bench.cases import Case, bare_session, split_feeds
 from seqexport.bench.tables import StepTable
 from seqexport.export.scan import scan_for
-from seqexport.families.mamba.specs import INPUT_IDS, past_conv, past_ssm
+from seqexport.families.mamba.specs import INPUT_IDS, LOGITS_TO_KEEP, past_conv, past_ssm
 from seqexport.parity.inputs import random_inputs
 from seqexport.runtime.base import State
 from seqexport.runtime.session import NP_DTYPES
@@ -65,11 +65,16 @@ def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes:
     for batch in batches:
         for length in lengths:
             feeds = random_inputs(rt.specs["prefill"], dict(batch=batch, seq_len=length), rng, zero_state=True)
+            if LOGITS_TO_KEEP in feeds:  # the last position's logits, as generation asks
+                feeds[LOGITS_TO_KEEP] = np.array([1], np.int64)
             ids, fresh = feeds[INPUT_IDS], rt.start(batch)
             tids = torch.from_numpy(ids)  # (b, length)
+            # eager: the model's forward, logits at every position (the reference); ORT: the
+            # runtime's prefill as generation runs it (last position), and with every position
             fns = {"eager": lambda tids=tids: model(tids),
                    "eager_lowering": lambda tids=tids: model(tids, scan=scan),
-                   "ort": lambda ids=ids, fresh=fresh: rt.step(ids, fresh),
+                   "ort": lambda ids=ids, fresh=fresh: rt.step(ids, fresh, last_only=True),
+                   "ort_all": lambda ids=ids, fresh=fresh: rt.step(ids, fresh),
                    "ort_session": bare_session(rt, "prefill", feeds)}
             yield Case(f"prefill: batch {batch}, length {length}",
                        {"batch": batch, "length": length, "lowering": lowering}, fns)
