@@ -20,8 +20,10 @@ from seqexport.runtime.tokenizer import encode_prompt
 
 
 def size_mb(folder: Path) -> float:
+    """Graph files plus the shared weights file (exports before it: the graphs' own data files)."""
     m = json.loads((folder / "manifest.json").read_text())
-    return sum(g["bytes"] + g.get("data_bytes", 0) for g in m["graphs"].values()) / 1e6
+    weights = (m.get("weights") or {}).get("bytes", 0)
+    return (sum(g["bytes"] + g.get("data_bytes", 0) for g in m["graphs"].values()) + weights) / 1e6
 
 
 def exact_match(model, n: int) -> float:

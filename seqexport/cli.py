@@ -135,15 +135,27 @@ def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_
 @click.option("--repeats", type=click.IntRange(min=1), help="Timed rounds per figure; medians reported [7; --fast: 2].")
 @click.option("--fast", is_flag=True, help="Small sizes and few repeats (CI).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every figure as JSON here.")
-def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fast, json_path):
-    """Time eager PyTorch vs ONNX Runtime on an exported FOLDER: steps, prefill, generation, memory."""
+@click.option("--baseline", type=click.Path(file_okay=False),
+              help="int8 FOLDER: the float32 export to time it beside [its manifest's quantization source].")
+def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fast, json_path, baseline):
+    """Time eager PyTorch vs ONNX Runtime on an exported FOLDER: steps, prefill, generation, memory.
+
+    An int8 FOLDER (`seqexport quantize`) is also timed beside its float32 source."""
+    from seqexport.bench.int8 import baseline_of, format_int8_table, run_int8_bench
     from seqexport.bench.run import format_table, run_bench
 
     check_output_path(json_path, "--json")
+    source = baseline_of(folder, baseline)
     result = run_bench(folder, provider=provider, batches=batches or (1,), contexts=contexts or None,
                        new_tokens=new_tokens, threads=threads, repeats=repeats, fast=fast,
                        log=lambda msg: click.echo(msg, err=True))
     click.echo(format_table(result))
+    if source is not None:
+        sizes = dict(contexts=(4, 16), new_tokens=4, repeats=2, sample_s=0.002) if fast else \
+            dict(contexts=contexts or (16, 64), new_tokens=new_tokens or 16, repeats=repeats or 5)
+        result["int8_vs_float32"] = run_int8_bench(folder, source, threads=threads, **sizes,
+                                                   log=lambda msg: click.echo(msg, err=True))
+        click.echo(format_int8_table(result["int8_vs_float32"]))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2)

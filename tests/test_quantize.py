@@ -162,3 +162,18 @@ def test_exclude_keeps_the_matching_weights_float(dates_exports, tmp_path):
     names = set(stored(out)["decoder"])
     assert "model.decoder.layers.0.ffn.fc1.weight.T" in names  # float32, as exported
     assert "model.decoder.layers.1.ffn.fc1.weight.T_quantized" in names
+
+
+def test_bench_times_the_int8_copy_beside_its_source(dates_exports, tmp_path):
+    folder = dates_exports("mamba")
+    out = quantize(folder, tmp_path / "int8")
+    report = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench", str(out), "--fast", "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    assert f"int8 {out} vs its float32 source {folder.resolve()}" in result.output
+    side = json.loads(report.read_text())["int8_vs_float32"]
+    assert [r["context"] for r in side["rows"]] == [4, 16]
+    assert all(r["step_int8_ms"] > 0 and r["step_float32_ms"] > 0 for r in side["rows"])
+    assert side["disk_bytes"]["int8"] < 0.7 * side["disk_bytes"]["float32"]  # tiny: float embedding, x_proj
+    bad = CliRunner().invoke(cli, ["bench", str(folder), "--fast", "--baseline", str(folder)])
+    assert bad.exit_code == 2 and "is not an int8 copy" in bad.output, bad.output

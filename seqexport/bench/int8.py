@@ -1,0 +1,106 @@
+"""An int8 artifact (`seqexport quantize`) beside its float32 source, measured in one run.
+
+`seqexport bench INT8_DIR` adds this table (the source is the manifest's
+quantization.source.folder, or `--baseline DIR`): both loaded in one process, then, for
+each figure, medians of single calls taken in turn (`timing.time_paired`: a busy machine
+slows both alike) and int8 ÷ float32:
+
+- step: the runtime's one-token step (batch 1) from a state as after each context;
+- prefill: the runtime's `begin` over a prompt of each context's length (transformer: the
+  encoder and the first decoder call; Mamba/RWKV: the prefill graph);
+- generation: greedy tokens/s, eos disabled;
+- size on disk (graphs + weights file), RSS each model added at load and after its runs.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from seqexport import families
+from seqexport.bench.timing import rss_now, time_paired
+from seqexport.errors import UsageError
+from seqexport.manifest import MANIFEST, read_manifest
+from seqexport.runtime.generate import SearchOptions, generate
+from seqexport.runtime.models import load
+
+NAMES = ("float32", "int8")
+
+
+def baseline_of(folder: str | Path, baseline: str | Path | None = None) -> Path | None:
+    """The float32 folder to time an int8 one against: `baseline`, else its recorded source;
+    None for a folder that is not an int8 copy (and no baseline asked for)."""
+    q = read_manifest(folder, verify=False).get("quantization")
+    if baseline is None:
+        return Path(q["source"]["folder"]) if q else None
+    if not q:
+        raise UsageError(f"--baseline: {folder} is not an int8 copy (no quantization in its {MANIFEST})")
+    return Path(baseline)
+
+
+def disk_bytes(folder: Path) -> int:
+    m = json.loads((folder / MANIFEST).read_text())
+    return sum(g["bytes"] + g.get("data_bytes", 0) for g in m["graphs"].values()) + \
+        (m.get("weights") or {}).get("bytes", 0)
+
+
+def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16, threads: int = 2,
+                   repeats: int = 5, sample_s: float = 0.1, log=lambda msg: None) -> dict:
+    folders = dict(zip(NAMES, (Path(baseline), Path(folder))))
+    models, rss = {}, {}
+    for name, f in folders.items():
+        before = rss_now()
+        models[name] = load(f, "cpu", threads=threads)
+        rss[name] = None if before is None else rss_now() - before
+    if models["int8"].family != models["float32"].family:
+        raise UsageError(f"--baseline {baseline} is a {models['float32'].family} export, {folder} a "
+                         f"{models['int8'].family} one")
+    bench = families.get(models["int8"].family).bench
+    fp32 = models["float32"]
+    contexts = bench.check_contexts(fp32.config, contexts, contexts)
+    rng = np.random.default_rng(0)
+    rows = []
+    for context in contexts:
+        log(f"  int8 vs float32: step and prefill at context {context}")
+        state = bench.decode_state(fp32, 1, context, rng, bench.PROMPT_LEN[False])
+        tokens = rng.integers(1, fp32.vocab_size, 1, dtype=np.int64)
+        step = time_paired({n: (lambda m=m, t=tokens, s=state: m.step(t, s)) for n, m in models.items()}, repeats, sample_s)
+        prompt = [list(map(int, bench.generation_prompts(fp32, 1, context, rng)[0]))]
+        prefill = time_paired({n: (lambda m=m, p=prompt: m.begin(p)) for n, m in models.items()}, repeats, sample_s)
+        rows.append({"context": context, **{f"step_{n}_ms": step[n] * 1e3 for n in NAMES},
+                     "step_ratio": step["int8"] / step["float32"],
+                     **{f"prefill_{n}_ms": prefill[n] * 1e3 for n in NAMES},
+                     "prefill_ratio": prefill["int8"] / prefill["float32"]})
+    log(f"  int8 vs float32: generation of {new_tokens} tokens")
+    prompts = bench.generation_prompts(fp32, 1, bench.PROMPT_LEN[True], rng)
+    options = SearchOptions(max_new_tokens=new_tokens, eos_id=-1)
+    gen = time_paired({n: (lambda m=m: generate(m, prompts, options)) for n, m in models.items()}, repeats, sample_s)
+    return {
+        "folders": {n: str(f) for n, f in folders.items()},
+        "family": fp32.family,
+        "threads": threads,
+        "rows": rows,
+        "generation": {"new_tokens": new_tokens, **{f"{n}_tps": new_tokens / gen[n] for n in NAMES},
+                       "ratio": gen["float32"] / gen["int8"]},
+        "disk_bytes": {n: disk_bytes(f) for n, f in folders.items()},
+        "rss_load_bytes": rss,
+        "rss_after_bytes": rss_now(),
+    }
+
+
+def format_int8_table(r: dict) -> str:
+    mb = lambda b: "n/a" if b is None else f"{b / 1e6:.1f} MB"  # noqa: E731
+    lines = [f"int8 {r['folders']['int8']} vs its float32 source {r['folders']['float32']} "
+             f"({r['family']}, {r['threads']} threads, medians, measured side by side)",
+             "  context   step fp32 ms   step int8 ms   int8/fp32   prefill fp32 ms   prefill int8 ms   int8/fp32"]
+    for row in r["rows"]:
+        lines.append(f"  {row['context']:>7}   {row['step_float32_ms']:>12.3f}   {row['step_int8_ms']:>12.3f}   "
+                     f"{row['step_ratio']:>9.2f}   {row['prefill_float32_ms']:>15.3f}   {row['prefill_int8_ms']:>15.3f}"
+                     f"   {row['prefill_ratio']:>9.2f}")
+    g = r["generation"]
+    lines.append(f"  generation ({g['new_tokens']} tokens, batch 1): fp32 {g['float32_tps']:.1f} tok/s, "
+                 f"int8 {g['int8_tps']:.1f} tok/s (int8 {g['ratio']:.2f}x as fast)")
+    lines.append(f"  size on disk: fp32 {mb(r['disk_bytes']['float32'])}, int8 {mb(r['disk_bytes']['int8'])}; "
+                 f"RSS added at load: fp32 {mb(r['rss_load_bytes']['float32'])}, int8 {mb(r['rss_load_bytes']['int8'])}"
+                 f"; process RSS after the runs {mb(r['rss_after_bytes'])}")
+    return "\n".join(lines)
