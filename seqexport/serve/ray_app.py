@@ -31,9 +31,11 @@ class SeqexportServer:
 def deployment_options(config: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None = None,
                        replica_cpus: float = 1.0) -> dict:
     """Options of the deployment; every replica takes as many requests at once as its engine
-    holds rows and queue (Ray Serve's default of 5 would cap the batch)."""
+    holds rows and queue (Ray Serve's default of 5 would cap the batch); past another
+    `max_queue` waiting at the proxy, Ray Serve answers 503 itself."""
     options = {"name": DEPLOYMENT, "ray_actor_options": {"num_cpus": replica_cpus},
                "max_ongoing_requests": config.max_rows + config.max_queue,
+               "max_queued_requests": config.max_queue,
                "health_check_period_s": 2, "health_check_timeout_s": 10,
                "logging_config": {"log_level": "WARNING", "enable_access_log": False}}
     if autoscale is not None:
