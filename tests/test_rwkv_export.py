@@ -62,6 +62,7 @@ def test_graphs_declare_state_io_and_dynamic_dims(exported):
     graph = onnx.load(str(out / "prefill.onnx"), load_external_data=False).graph
     assert [d.dim_param for d in graph.input[0].type.tensor_type.shape.dim] == ["batch", "seq_len"]
     assert sum(n.op_type == "Scan" for n in graph.node) == 2  # one WKV Scan a layer
+    assert graph.input[-1].name == "logits_to_keep"
     spec = m.specs["step"]
     assert [t.name for t in spec.state_inputs][:3] == ["past_att_shift.0", "past_wkv_state.0", "past_ffn_shift.0"]
     assert ("present_wkv_state.1", "past_wkv_state.1") in spec.feeds
@@ -87,7 +88,8 @@ def test_prefill_from_a_nonzero_state_then_step_match_eager(exported, batch, len
 def test_50_steps_after_prefill_match_the_full_forward(exported):
     model, m, _ = exported
     ids = np.random.default_rng(0).integers(0, 65536, (2, 50 + 20))
-    logits, state = m.step(ids[:, :20], m.start(2))
+    logits, state = m.step(ids[:, :20], m.start(2), last_only=True)  # the head at one position
+    assert logits.shape == (2, 1, 65536)
     steps = [logits[:, -1]]
     for t in range(20, 70):
         logits, state = m.step(ids[:, t], state)

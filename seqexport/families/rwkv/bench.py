@@ -54,7 +54,8 @@ def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Gen
 
 def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes: list[str]):
     """The prefill of each length from a fresh state: eager with the sequential reference and
-    with the export's custom op, runtime step (the prefill graph), bare session."""
+    with the export's custom op (whose eager kernel is that reference), the runtime's prefill as
+    generation runs it (last position's logits) and with every position's, bare session."""
     for batch in batches:
         for length in contexts:
             feeds = random_inputs(rt.specs["prefill"], dict(batch=batch, seq_len=length), rng, zero_state=True)
@@ -62,7 +63,8 @@ def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes:
             tids = torch.from_numpy(ids)  # (b, length)
             fns = {"eager": lambda tids=tids: model(tids),
                    "eager_lowering": lambda tids=tids: model(tids, scan=wkv7_chunked),
-                   "ort": lambda ids=ids, fresh=fresh: rt.step(ids, fresh),
+                   "ort": lambda ids=ids, fresh=fresh: rt.step(ids, fresh, last_only=True),
+                   "ort_all": lambda ids=ids, fresh=fresh: rt.step(ids, fresh),
                    "ort_session": bare_session(rt, "prefill", feeds)}
             yield Case(f"prefill: batch {batch}, length {length}",
                        {"batch": batch, "length": length, "lowering": "scan"}, fns)

@@ -43,8 +43,13 @@ class EagerRwkv(RwkvSteps):
         return [tuple(self._t(arrays[past(kind, i)]) for kind in KINDS) for i in range(self.config.n_layer)]
 
     @torch.inference_mode()
-    def step(self, tokens, state: State):
-        """Feed tokens (b,) or (b, t); logits (b, v) or (b, t, v) and the new state."""
+    def step(self, tokens, state: State, last_only: bool = False):
+        """Feed tokens (b,) or (b, t); logits (b, v) or (b, t, v) (`last_only`: (b, 1, v)) and the
+        new state."""
+        logits, state = self._step(tokens, state)
+        return (logits[:, -1:] if last_only and logits.ndim == 3 else logits), state
+
+    def _step(self, tokens, state: State):
         ids, squeeze = tokens_2d(np.asarray(tokens, np.int64))
         if not self.cache:
             seq = np.concatenate([state.arrays[IDS], ids], axis=1)  # (b, past + t)

@@ -39,14 +39,21 @@ def _flat(state):
 
 
 class PrefillGraph(nn.Module):
-    """(input_ids (b, l), *state) -> logits (b, l, v), *new state; the WKV is the chunked Scan."""
+    """(input_ids (b, l), *state[, logits_to_keep (1,)]) -> logits (b, l or the last kept, v),
+    *new state; the WKV is the chunked Scan. Traced without logits_to_keep: export adds it to
+    the graph (`keep_last_positions`); here it slices the eager logits alike, for validate."""
 
     def __init__(self, model: RwkvLM, scan=wkv7_ref):
         super().__init__()
         self.model, self.scan = model, scan
 
     def forward(self, input_ids, *state):
+        keep = None
+        if len(state) % 3:  # (att_shift, wkv, ffn_shift) triples, then logits_to_keep
+            *state, keep = state
         logits, new_state = self.model(input_ids, _layers(state), scan=self.scan)
+        if keep is not None and int(keep[0]) > 0:
+            logits = logits[:, -int(keep[0]):]  # (b, kept, v)
         return (logits, *_flat(new_state))
 
 

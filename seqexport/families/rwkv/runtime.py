@@ -5,10 +5,12 @@
     logits, state = model.step(prompt_ids, state)  # several tokens go through the prefill graph
 """
 
+from functools import cached_property
+
 import numpy as np
 
 from seqexport.errors import InputError
-from seqexport.families.rwkv.specs import INPUT_IDS, LOGITS
+from seqexport.families.rwkv.specs import INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
 from seqexport.runtime.session import check_token_ids
 
@@ -28,7 +30,7 @@ class RwkvSteps:
             by_len.setdefault(len(r), []).append(i)
         states, logits, order = [], [], []
         for _, idx in sorted(by_len.items()):
-            lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)))
+            lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)), last_only=True)
             states.append(st)
             logits.append(lg[:, -1])
             order += idx
@@ -47,16 +49,24 @@ class RwkvModel(RwkvSteps, RuntimeModel):
             raise InputError(f"batch_size: expected a positive integer, got {batch_size!r}")
         return State(zero_state(self.specs["step"], int(batch_size)), 0)
 
-    def step(self, tokens, state: State) -> tuple[np.ndarray, State]:
+    def step(self, tokens, state: State, last_only: bool = False) -> tuple[np.ndarray, State]:
         """Feed tokens (b,) or (b, t); return logits (b, vocab) or (b, t, vocab) and the new
-        state. One token goes through the step graph, several through the prefill graph."""
+        state. One token goes through the step graph, several through the prefill graph.
+        `last_only`: logits (b, 1, vocab) of the last token only, which is all generation needs:
+        the prefill graph then computes the head for one position (its `logits_to_keep` input)."""
         ids, squeeze = tokens_2d(tokens)
         ids = check_token_ids("tokens", ids, self.vocab_size)
         graph = "step" if ids.shape[1] == 1 else "prefill"
-        out = self._run(graph, {INPUT_IDS: ids, **state.arrays})
+        extra = {LOGITS_TO_KEEP: np.array([1 if last_only else 0], np.int64)} if graph == "prefill" and self._keeps else {}
+        out = self._run(graph, {INPUT_IDS: ids, **state.arrays, **extra})
         state = State(self._feed_back(graph, out, state.arrays), state.length + ids.shape[1])
-        logits = out[LOGITS]
+        logits = out[LOGITS][:, -1:] if last_only else out[LOGITS]
         return (logits[:, 0] if squeeze else logits), state
+
+    @cached_property
+    def _keeps(self) -> bool:
+        """Whether the prefill graph takes `logits_to_keep` (exports before it compute every position)."""
+        return any(t.name == LOGITS_TO_KEEP for t in self.specs["prefill"].inputs)
 
 
 Model = RwkvModel

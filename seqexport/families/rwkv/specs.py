@@ -7,7 +7,10 @@ model dtype. Torch-free: the runtime reads it.
 
 from seqexport.specs import INPUT_IDS, LOGITS, GraphSpec, TensorSpec
 
-__all__ = ["INPUT_IDS", "LOGITS", "KINDS", "graph_specs", "past", "present"]
+# the prefill's logits for the last N positions only (0: all), as Hugging Face's `logits_to_keep`
+LOGITS_TO_KEEP = "logits_to_keep"
+
+__all__ = ["INPUT_IDS", "LOGITS", "LOGITS_TO_KEEP", "KINDS", "graph_specs", "past", "present"]
 
 # a layer's state, in the order of models/rwkv.py's LayerState
 KINDS = ("att_shift", "wkv_state", "ffn_shift")
@@ -22,7 +25,8 @@ def present(kind: str, i: int) -> str:
 
 
 def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
-    """prefill (seq_len tokens, dynamic) and step (one token)."""
+    """prefill (seq_len tokens, dynamic; logits for the last `logits_to_keep` of them) and step
+    (one token)."""
     n_layer, c, vocab = config["n_layer"], config["n_embd"], config["vocab_size"]
     n = config["head_size"]
     h = c // n
@@ -32,14 +36,15 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
                 TensorSpec(name("wkv_state", i), "float32", ("batch", h, n, n), role),
                 TensorSpec(name("ffn_shift", i), dtype, ("batch", c), role))
 
-    def graph(name, length):
+    def graph(name, length, keep=False):
         return GraphSpec(
             name,
             inputs=(TensorSpec(INPUT_IDS, "int64", ("batch", length), "tokens", vocab),)
-            + tuple(t for i in range(n_layer) for t in layer_state(past, i, "state")),
-            outputs=(TensorSpec(LOGITS, "float32", ("batch", length, vocab)),)
+            + tuple(t for i in range(n_layer) for t in layer_state(past, i, "state"))
+            + ((TensorSpec(LOGITS_TO_KEEP, "int64", (1,), "keep"),) if keep else ()),
+            outputs=(TensorSpec(LOGITS, "float32", ("batch", "kept_len" if keep else length, vocab)),)
             + tuple(t for i in range(n_layer) for t in layer_state(present, i, "")),
             feeds=tuple((present(k, i), past(k, i)) for i in range(n_layer) for k in KINDS),
         )
 
-    return {"prefill": graph("prefill", "seq_len"), "step": graph("step", 1)}
+    return {"prefill": graph("prefill", "seq_len", keep=True), "step": graph("step", 1)}
