@@ -1,8 +1,8 @@
-"""Decode latency and cache/state size vs context: transformer `base` against mamba `130m`.
+"""Decode latency and cache/state size vs context: transformer `base`, mamba `130m`, rwkv `0.1b`.
 
     .venv/bin/python scripts/bench_scaling.py [--work exported] [--out docs] [--contexts 16 64 256 1024 4096]
 
-Exports the two presets (random weights) under --work unless already there, times the
+Exports the three presets (random weights) under --work unless already there, times the
 runtime's one-token step on ORT CPU (and CUDA where onnxruntime offers it), and writes
 <out>/scaling.json and <out>/scaling.png (the `plot` extra: matplotlib).
 """
@@ -18,6 +18,7 @@ from seqexport.bench.scaling import DEFAULT_CONTEXTS, measure_scaling, plot_scal
 MODELS = {  # label: (family, preset, folder name, extra export options)
     "transformer base": ("transformer", "base", "transformer-base", []),
     "mamba 130m": ("mamba", "130m", "mamba-130m-loop", ["--scan", "loop"]),
+    "rwkv 0.1b": ("rwkv", "0.1b", "rwkv-0.1b", []),
 }
 
 

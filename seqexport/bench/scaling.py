@@ -1,4 +1,5 @@
-"""Decode cost as the context grows: the Transformer's KV cache against Mamba's fixed state.
+"""Decode cost as the context grows: the Transformer's KV cache against Mamba's and RWKV-7's
+fixed states.
 
     from seqexport.bench.scaling import measure_scaling, plot_scaling
     result = measure_scaling({"transformer base": "exported/transformer-base",
@@ -9,8 +10,9 @@ For every folder, provider (CPU, and CUDA where ORT offers it) and context T, th
 one-token decode step of the runtime is timed with a state as after T tokens, and
 the state's size is recorded. Transformer: a real encoder output (cross K/V of a
 source of `src_len` tokens) and random self-attention K/V of past length T — the
-step's cost depends only on their shapes. Mamba: the conv/SSM state has the same
-shape after any number of tokens, so a random one of that shape stands for all T.
+step's cost depends only on their shapes. Mamba and RWKV-7: the conv/SSM (token-shift/WKV)
+state has the same shape after any number of tokens, so a random one of that shape stands
+for all T.
 """
 
 import os
