@@ -171,3 +171,19 @@ def test_generate_text_uses_the_world_tokenizer(exported):
     prompt = m.tokenizer.encode("Köln 東京")
     tokens = rt.generate(m, [prompt], rt.SearchOptions(max_new_tokens=5))[0]
     assert m.tokenizer.decode(tokens) in result.output
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"a": torch.zeros(2)}, "tensor names are not those of a rwkv model"),
+    ({"emb.weight": torch.zeros(10, 8), "blocks.0.att.r_k": torch.zeros(2, 4), "blocks.0.att.k_a": torch.zeros(1, 1, 8),
+      "head.weight": torch.zeros(10, 8)}, "missing ['blocks.0.ffn.key.weight'"),
+    (b"hello", "not a torch pickle"),  # torch.load raises KeyError on these bytes
+])
+def test_a_bad_pth_is_one_line_exit_2(tmp_path, content, message):
+    path = tmp_path / "bad.pth"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    result = CliRunner().invoke(cli, ["export", "rwkv", "--checkpoint", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output

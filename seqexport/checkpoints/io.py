@@ -181,6 +181,8 @@ def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, RuntimeError, EOFError) as e:
         raise CheckpointError(f"cannot read weights {weights}: {e}") from None
+    except (KeyError, ValueError) as e:  # what torch.load raises for bytes that are no pickle at all
+        raise CheckpointError(f"cannot read weights {weights}: not a torch pickle ({type(e).__name__}: {e})") from None
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "unpickling failed"
         raise CheckpointError(
