@@ -1,0 +1,40 @@
+"""Mamba prefill, paired rounds: the eager model's forward with the sequential reference scan
+(torch at 1 thread: on a busy 2-core machine its 2-thread barriers stall) against the runtime's
+prefill as generation runs it (the last position's logits) and with every position's.
+
+    .venv/bin/python scripts/bench_prefill_ratio.py DIR LENGTH ROUNDS [ORT_THREADS]
+"""
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import seqexport.runtime as rt
+from seqexport.manifest import read_manifest
+from seqexport.parity.validate import eager_checkpoint
+
+folder, L, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(1)
+m = rt.load(folder, 'cpu', threads=int(sys.argv[4]) if len(sys.argv) > 4 else 2)
+model = eager_checkpoint(Path(folder), read_manifest(folder, verify=False), None).model.eval()
+ids = np.random.default_rng(0).integers(0, m.vocab_size, (1, L))
+tids = torch.from_numpy(ids)
+fns = {"eager_ref_1t": lambda: model(tids), "ort_last": lambda: m.step(ids, m.start(1), last_only=True),
+       "ort_all": lambda: m.step(ids, m.start(1))}  # ort_last falls back to all on exports without the input
+t = {k: [] for k in fns}
+with torch.inference_mode():
+    for r in range(rounds + 1):
+        for k, f in fns.items():
+            s = time.perf_counter()
+            f()
+            if r:  # round 0 warms up
+                t[k].append(time.perf_counter() - s)
+med = {k: statistics.median(v) for k, v in t.items()}
+ratio = {f"{k}/eager": statistics.median(a / b for a, b in zip(t[k], t["eager_ref_1t"]))
+         for k in ("ort_last", "ort_all")}
+print(json.dumps({"folder": folder, "L": L, "rounds": rounds, "median_s": {k: round(v, 3) for k, v in med.items()},
+                  "paired_ratio": {k: round(v, 3) for k, v in ratio.items()}}))
