@@ -88,7 +88,13 @@ class ServerProcess:
         while self.session_pids() and time.monotonic() < deadline:
             time.sleep(0.3)  # Ray's processes exit on their own once the driver has gone
         for pid in self.session_pids():
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while self.session_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)  # a killed process lingers until the kernel has torn it down
 
 
 def _alive(pid: int) -> bool:
