@@ -44,7 +44,7 @@ class ServerProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT if self.log_path else out,
-                                     start_new_session=True, env=env)
+                                     start_new_session=True, env=env, preexec_fn=_end_with_parent)
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -95,6 +95,17 @@ class ServerProcess:
         deadline = time.monotonic() + 10
         while self.session_pids() and time.monotonic() < deadline:
             time.sleep(0.1)  # a killed process lingers until the kernel has torn it down
+
+
+def _end_with_parent() -> None:
+    """In the child: SIGTERM when the process that started it dies (a test run killed before
+    its teardown must not leave a server behind). Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _alive(pid: int) -> bool:
