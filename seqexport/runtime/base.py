@@ -115,6 +115,8 @@ class RuntimeModel:
         # One copy of the weights in memory for all graphs (exports with a shared weights file).
         weights = self.manifest.get("weights")
         self.shared_weights = SharedWeights(self.folder, weights) if weights else None
+        if self.shared_weights:
+            self.shared_weights.index(self.folder / g["file"] for g in self.manifest["graphs"].values())
         self.graphs = {name: Graph(self.folder / self.manifest["graphs"][name]["file"], spec, provider, threads,
                                    self.shared_weights)
                        for name, spec in self.specs.items()}

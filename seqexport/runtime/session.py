@@ -55,6 +55,8 @@ class SharedWeights:
         except (OSError, ValueError) as e:
             raise ArtifactError(f"shared weights {path}: cannot map the file: {e}") from None
         self.values = {}
+        self._graphs: dict[str, dict] = {}  # graph file -> the tensors it reads (for_graph)
+        self._packed: dict[str, set[str]] = {}  # graph file -> its MatMul/Gemm weights
         for name, t in record["tensors"].items():
             a = self.data[t["offset"]: t["offset"] + t["length"]].view(np.dtype(t["dtype"])).reshape(t["dims"])
             self.values[name] = ort.OrtValue.ortvalue_from_numpy(a)  # no copy: ORT reads the mapped pages
@@ -63,14 +65,42 @@ class SharedWeights:
     def nbytes(self) -> int:
         return int(self.data.size)
 
+    def index(self, paths) -> None:
+        """Read which tensors each graph of the model takes, before any session is made
+        (`prepack` weighs a graph's tensors against the other graphs')."""
+        for path in paths:
+            try:
+                self.for_graph(path)
+            except Exception:  # noqa: BLE001 - an unreadable graph: its Graph says so, in its words
+                pass
+
+    def prepack(self, path: Path) -> bool:
+        """Whether this graph's session may prepack its weights. Prepacking copies each MatMul
+        weight into the kernel's layout: faster (base transformer decoder step 9.0 -> 6.2 ms
+        here) and, for a weight no other graph reads, the only copy the session works from
+        (the mapped pages are clean, the OS may drop them). A weight two graphs read (Mamba's
+        prefill and step) would be packed twice: then the sessions read the shared pages
+        (Mamba 130m: 0.26 GB RSS after load instead of 1.6 GB). int8 weights are packed always:
+        ORT's int8 MatMul reads unpacked ones at a fraction of its speed, and a packed int8 copy
+        is a quarter of a float32 one."""
+        mine = self.for_graph(path)
+        if any(v.data_type() == "tensor(int8)" for v in mine.values()):
+            return True
+        others = {n for p, names in self._graphs.items() if p != str(path) for n in names}
+        return not (self._packed[str(path)] & others)  # e.g. a positional table both read: no matter
+
     def for_graph(self, path: Path) -> dict:
         """The tensors this graph file reads from the shared file, checked against the index.
 
         Read from the graph itself: ORT lets an added initializer replace one the graph holds
         inline, so a session gets exactly the ones its graph stores in this file."""
+        if str(path) in self._graphs:
+            return self._graphs[str(path)]
         import onnx  # the graph's own record (its large initializers are stubs: a quick read)
 
         model = onnx.load_model(str(path), load_external_data=False)
+        # the weights ORT would pack: the B operand of a MatMul or Gemm (a table one gathers from is not)
+        self._packed[str(path)] = {n.input[1] for n in model.graph.node if n.op_type in ("MatMul", "Gemm")}
         out = {}
         for t in model.graph.initializer:
             info = {e.key: e.value for e in t.external_data}
@@ -82,10 +112,12 @@ class SharedWeights:
                 raise ArtifactError(f"graph {path.name}: initializer {t.name!r} is not where the manifest's weights "
                                     f"index puts it in {self.record['file']}")
             out[t.name] = self.values[t.name]
+        self._graphs[str(path)] = out
         return out
 
 
-def session_options(threads: int | None = None, shared: dict | None = None) -> ort.SessionOptions:
+def session_options(threads: int | None = None, shared: dict | None = None,
+                    prepack: bool = True) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Memory patterns are planned per input shape; a decode changes past_len every step, so
@@ -99,13 +131,7 @@ def session_options(threads: int | None = None, shared: dict | None = None) -> o
     if shared:  # name -> OrtValue over the shared weights file (see SharedWeights.for_graph)
         for name, value in shared.items():
             opts.add_initializer(name, value)
-        # Prepacking copies every MatMul/Gemm weight into a kernel layout, per session: with it
-        # the shared weights would be held two and three times over (Mamba 130m: 1.6 GB RSS after
-        # load instead of 0.26 GB), for no measurable speed on these graphs (see README).
-        # int8 weights (`seqexport quantize`) are packed all the same: ORT's int8 MatMul reads
-        # unpacked weights at a fraction of its speed (base decoder step 0.75 of float32's
-        # unpacked, 0.39 packed), and a packed int8 copy is a quarter of a float32 one.
-        if not any(v.data_type() == "tensor(int8)" for v in shared.values()):
+        if not prepack:  # weights another graph's session also reads (SharedWeights.prepack)
             opts.add_session_config_entry("session.disable_prepacking", "1")
     return opts
 
@@ -120,7 +146,9 @@ class Graph:
         providers = providers_for(provider)
         try:
             weights = shared.for_graph(self.path) if shared is not None else None
-            self.session = ort.InferenceSession(str(path), session_options(threads, weights), providers=providers)
+            prepack = shared.prepack(self.path) if shared is not None else True
+            self.session = ort.InferenceSession(str(path), session_options(threads, weights, prepack),
+                                                providers=providers)
         except Exception as e:  # ORT raises its own types for unreadable or invalid models
             raise ArtifactError(f"graph {spec.name!r}: ONNX Runtime cannot load {path}: {_first_line(e)}") from None
         # ORT may fall back silently (e.g. missing CUDA libraries): say what really runs.
