@@ -119,7 +119,7 @@ def test_scaling_asks_the_family(transformer_tiny, mamba_exports):
     by = {m["label"]: m for m in result["models"]}
     assert [p["context"] for p in by["t"]["points"]] == [4, 100]
     assert all(_positive(p["step_ms"]) for m in by.values() for p in m["points"])
-    # the KV cache grows with the context (its buffer by 64-slot grains); the recurrent state does not
+    # the KV cache grows with the context (its buffer by 16-slot grains); the recurrent state does not
     t, m = ([p["state_bytes"] for p in by[k]["points"]] for k in ("t", "m"))
     assert t[0] < t[1] and m[0] == m[1]
     assert all(_positive(m["bound_ms"]) for m in result["models"])
