@@ -60,8 +60,8 @@ class TransformerSteps:
         (stepping an older state again must not change what its successors hold); grown when t
         more do not fit. A decode step is a hot path: the common case touches no array."""
         lengths = to_numpy(state.arrays[PAST_LENGTHS])
-        shape = shape_and_dtype(self._first, state.arrays[self._first])[0] if type(
-            state.arrays[self._first]) is not np.ndarray else state.arrays[self._first].shape
+        first = state.arrays[self._first]
+        shape = first.shape if type(first) is np.ndarray else shape_and_dtype(self._first, first)[0]
         capacity = shape[self._axes[self._first]]
         counts = lengths.tolist() if lengths.ndim == 1 else []  # one per row: a short list
         if not counts or len(counts) != shape[0] or min(counts) < 0 or max(counts) > capacity:
