@@ -1,69 +1,20 @@
-"""The eager Mamba behind the runtime's step API: the one eager decoder that validate, bench,
-the demo and training evaluation drive with `seqexport.runtime.generate`.
-
-cache=True: `model.forward` (sequential reference scan) for several tokens, `model.step` for
-one, the state under the graphs' input names as at run time. cache=False: the reference —
-the full forward over the whole sequence so far at every step, from a zero state.
-"""
-
-import numpy as np
-import torch
+"""The eager Mamba behind the runtime's step API (see `seqexport.families.recurrent.eager`):
+`model.forward` with the sequential reference scan, `model.step`, the conv/SSM state."""
 
 from seqexport.families.mamba.runtime import MambaSteps
 from seqexport.families.mamba.specs import past_conv, past_ssm
-from seqexport.models.mamba import MambaLM, selective_scan_ref
-from seqexport.runtime.base import State, tokens_2d
-
-IDS = "ids"  # state key of the no-cache reference: every token so far
+from seqexport.families.recurrent.eager import RecurrentEager
+from seqexport.models.mamba import selective_scan_ref
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().float().cpu().numpy()
+def layer_state(i: int) -> tuple[str, str]:
+    """Layer i's state inputs, in the order of the model's (conv, ssm) pair."""
+    return past_conv(i), past_ssm(i)
 
 
-class EagerMamba(MambaSteps):
-    def __init__(self, model: MambaLM, tokenizer=None, cache: bool = True, device="cpu", scan=selective_scan_ref):
-        self.model, self.tokenizer, self.cache, self.device, self.scan = model.eval(), tokenizer, cache, device, scan
-        self.config = model.config
-        self.vocab_size = self.config.vocab_size
-
-    def _t(self, a) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
-
-    def start(self, batch_size: int) -> State:
-        if not self.cache:
-            return State({IDS: np.zeros((batch_size, 0), np.int64)}, 0)
-        return State(self._arrays(self.model.allocate_inference_cache(batch_size, device=self.device)), 0)
-
-    def _arrays(self, layers) -> dict[str, np.ndarray]:
-        arrays = {}
-        for i, (conv, ssm) in enumerate(layers):
-            arrays[past_conv(i)], arrays[past_ssm(i)] = _np(conv), _np(ssm)
-        return arrays
-
-    @torch.inference_mode()
-    def step(self, tokens, state: State, last_only: bool = False):
-        """Feed tokens (b,) or (b, t); logits (b, v) or (b, t, v) (`last_only`: (b, 1, v)) and the
-        new state."""
-        logits, state = self._step(tokens, state)
-        return (logits[:, -1:] if last_only and logits.ndim == 3 else logits), state
-
-    def _step(self, tokens, state: State):
-        ids, squeeze = tokens_2d(np.asarray(tokens, np.int64))
-        if not self.cache:
-            seq = np.concatenate([state.arrays[IDS], ids], axis=1)  # (b, past + t)
-            logits, _ = self.model(self._t(seq), scan=self.scan)
-            out = _np(logits[:, -ids.shape[1]:])
-            return (out[:, -1] if squeeze else out), State({IDS: seq}, seq.shape[1])
-        n = self.config.n_layer
-        layers = [(self._t(state.arrays[past_conv(i)]), self._t(state.arrays[past_ssm(i)])) for i in range(n)]
-        if ids.shape[1] == 1:
-            logits, layers = self.model.step(self._t(ids), layers)
-            logits = logits[:, None]  # (b, 1, v)
-        else:
-            logits, layers = self.model(self._t(ids), layers, scan=self.scan)
-        out = _np(logits)
-        return (out[:, -1] if squeeze else out), State(self._arrays(layers), state.length + ids.shape[1])
+class EagerMamba(RecurrentEager, MambaSteps):
+    layer_state = staticmethod(layer_state)
+    reference_scan = staticmethod(selective_scan_ref)
 
 
 Eager = EagerMamba
