@@ -1,78 +1,26 @@
-"""What `seqexport bench` times of an RWKV-7 export (see `seqexport.bench.cases`): the one-token
-step (eager `model.step` vs the step graph) — its state has one size whatever the context, so
-it is timed once — and the prefill at each length, eager with the sequential reference
+"""What `seqexport bench` times of an RWKV-7 export (see `seqexport.families.recurrent.bench`):
+the one-token step, and the prefill at each length, eager with the sequential reference
 recurrence and with the export's custom op run eagerly, against the prefill graph's Scan."""
 
 import numpy as np
-import torch
 
-from seqexport.bench.cases import Case, bare_session, split_feeds
-from seqexport.bench.tables import StepTable
 from seqexport.export.scan.wkv_lowering import wkv7_chunked
-from seqexport.families.rwkv.specs import INPUT_IDS, KINDS, past
-from seqexport.parity.inputs import random_inputs
-from seqexport.runtime.base import State
+from seqexport.families.recurrent import bench as recurrent
+from seqexport.families.rwkv.eager import layer_state
 from seqexport.runtime.session import NP_DTYPES
 
-PROMPT_LEN = {False: 16, True: 4}  # tokens of generation's prompts
-TABLE = StepTable("step (one token), ms")
-
-
-def check_contexts(config: dict, contexts, defaults=(), notes: list[str] | None = None) -> tuple[int, ...]:
-    """Prefill lengths: any (the recurrent state holds any context)."""
-    return tuple(contexts or defaults)
-
-
-def _step_feeds(rt, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Step graph inputs: a token per row and a shift/WKV state of random contents."""
-    return random_inputs(rt.specs["step"], dict(batch=batch), rng, state_scale=0.1)
-
-
-def decode_state(rt, batch: int, context: int, rng: np.random.Generator, prompt_len: int = 0) -> State:
-    """The state has the same shape after any number of tokens, so one of random contents
-    stands for every context (a step costs the same whatever it holds)."""
-    return split_feeds(_step_feeds(rt, batch, rng), context)[1]
-
-
-def _eager_step(model, feeds: dict[str, np.ndarray]):
-    """The model's own `step` on the same arrays (as torch tensors, made once)."""
-    t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
-    state = [tuple(t[past(kind, i)] for kind in KINDS) for i in range(model.config.n_layer)]
-    tokens = t[INPUT_IDS][:, 0]  # (b, 1) -> (b,)
-    return lambda: model.step(tokens, state)
+# as every recurrent-state LM's
+PROMPT_LEN, TABLE, check_contexts = recurrent.PROMPT_LEN, recurrent.TABLE, recurrent.check_contexts
+decode_state, extra_results = recurrent.decode_state, recurrent.extra_results
+generation_prompts = recurrent.generation_prompts
 
 
 def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator):
-    """The one-token step at each batch (no context: it costs the same at any)."""
-    for batch in batches:
-        feeds = _step_feeds(rt, batch, rng)
-        tokens, state = split_feeds(feeds, 1)
-        fns = {"eager": _eager_step(model, feeds), "ort": lambda tokens=tokens, state=state: rt.step(tokens, state),
-               "ort_session": bare_session(rt, "step", feeds)}
-        yield Case(f"step: batch {batch}", {"batch": batch, "context": None, "state_bytes": state.nbytes}, fns)
+    return recurrent.step_cases(rt, model, batches, rng, layer_state)
 
 
 def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes: list[str]):
-    """The prefill of each length from a fresh state: eager with the sequential reference and
-    with the export's custom op (whose eager kernel is that reference), the runtime's prefill as
-    generation runs it (last position's logits) and with every position's, bare session."""
-    for batch in batches:
-        for length in contexts:
-            feeds = random_inputs(rt.specs["prefill"], dict(batch=batch, seq_len=length), rng, zero_state=True)
-            ids, fresh = feeds[INPUT_IDS], rt.start(batch)
-            tids = torch.from_numpy(ids)  # (b, length)
-            fns = {"eager": lambda tids=tids: model(tids),
-                   "eager_lowering": lambda tids=tids: model(tids, scan=wkv7_chunked),
-                   "ort": lambda ids=ids, fresh=fresh: rt.step(ids, fresh, last_only=True),
-                   "ort_all": lambda ids=ids, fresh=fresh: rt.step(ids, fresh),
-                   "ort_session": bare_session(rt, "prefill", feeds)}
-            yield Case(f"prefill: batch {batch}, length {length}",
-                       {"batch": batch, "length": length, "lowering": "scan"}, fns)
-
-
-def extra_results(rt, contexts, rng: np.random.Generator) -> dict:
-    """The state's bytes at each context (batch 1): the same at every one."""
-    return {"state_bytes": {str(c): decode_state(rt, 1, c, rng).nbytes for c in contexts}}
+    return recurrent.prefill_cases(rt, model, batches, contexts, rng, scan=wkv7_chunked, lowering="scan")
 
 
 def step_weight_bytes(model, dtype: str) -> int:
@@ -80,8 +28,3 @@ def step_weight_bytes(model, dtype: str) -> int:
     is negligible."""
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("emb."))
     return n * np.dtype(NP_DTYPES[dtype]).itemsize
-
-
-def generation_prompts(rt, batch: int, prompt_len: int, rng: np.random.Generator) -> np.ndarray:
-    """Random prompts (b, prompt_len), all of one length (prefilled together)."""
-    return rng.integers(0, rt.vocab_size, (batch, prompt_len), dtype=np.int64)
