@@ -20,6 +20,7 @@ from seqexport.export.common import (
 from seqexport.export.scan import wkv_translation_table
 from seqexport.export.scan.wkv_lowering import wkv7_chunked
 from seqexport.families.rwkv.specs import graph_specs
+from seqexport.families.rwkv.step_graph import FastStepGraph
 from seqexport.models.rwkv import RwkvLM, wkv7_ref
 from seqexport.parity.inputs import random_inputs
 from seqexport.specs import GraphSpec
@@ -98,7 +99,8 @@ def export_rwkv(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dt
                              tmp / "prefill.onnx", opset, dynamic_shapes_for(specs["prefill"], varargs_from=1),
                              wkv_translation_table())
             with step("exporting step"):
-                export_graph(wrapper(model, "step"), step_args, specs["step"], tmp / "step.onnx", opset,
+                # traced from the batch-friendly formulation (step_graph), not the eager step
+                export_graph(FastStepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
                              dynamic_shapes_for(specs["step"], varargs_from=1))
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
