@@ -1,42 +1,9 @@
-"""The date task framed for a Mamba LM (the bundled checkpoint): bos + "<input> = <output>" + eos;
-the loss covers only the output bytes and the eos (the prompt is given at decode time).
-Dimension letters: b batch, t sequence length, v vocabulary.
-"""
+"""The date task framed for a Mamba LM (the bundled checkpoint): the framing of
+`seqexport.families.recurrent.training`, this family's shape and schedule."""
 
-from collections.abc import Sequence
-
-import torch.nn.functional as F
-from torch import Tensor
-
-from seqexport.models.mamba import MambaConfig, MambaLM
-from seqexport.runtime.tokenizer import ByteTokenizer
-from seqexport.training.batches import pad_batch
+from seqexport.families.recurrent import training as lm
+from seqexport.models.mamba import MambaConfig
 
 CONFIG = MambaConfig(d_model=128, n_layer=4, vocab_size=259, d_state=16)
 STEPS, LR = 1000, 2e-3
-SEPARATOR = " = "  # between input and output
-# How the runtime frames a text prompt (recorded in the tokenizer; see runtime.tokenizer.encode_prompt).
-PROMPT = {"bos": True, "suffix": SEPARATOR, "eos": False}
-
-
-def prompt_ids(text: str, tok: ByteTokenizer) -> list[int]:
-    """The ids the model is given at decode time: bos + input + " = "."""
-    return tok.encode(text + SEPARATOR, add_bos=True)
-
-
-def make_batch(pairs: Sequence[tuple[str, str]], tok: ByteTokenizer) -> tuple[Tensor, Tensor]:
-    """pairs -> ids (b, t) and targets (b, t): targets are the next ids, pad over the prompt."""
-    ids, targets = [], []
-    for x, y in pairs:
-        prompt = prompt_ids(x, tok)
-        answer = tok.encode(y, add_eos=True)
-        seq = prompt + answer
-        ids.append(seq[:-1])
-        targets.append([tok.pad_id] * (len(prompt) - 1) + answer)
-    return pad_batch(ids, tok.pad_id), pad_batch(targets, tok.pad_id)
-
-
-def loss(model: MambaLM, batch: tuple[Tensor, Tensor], pad_id: int) -> Tensor:
-    ids, targets = batch
-    logits, _ = model(ids)  # (b, t, v)
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=pad_id)
+SEPARATOR, PROMPT, prompt_ids, make_batch, loss = lm.SEPARATOR, lm.PROMPT, lm.prompt_ids, lm.make_batch, lm.loss
