@@ -47,9 +47,11 @@ def _eager_step(model, feeds: dict[str, np.ndarray], layer_state: Callable[[int]
     return lambda: model.step(tokens, state)
 
 
-def step_cases(rt, model, batches, rng: np.random.Generator, layer_state: Callable[[int], tuple[str, ...]]):
+def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator, *,
+               layer_state: Callable[[int], tuple[str, ...]]):
     """The one-token step at each batch (no context: it costs the same at any). `layer_state`:
-    layer i -> its state's input names, in the order of the model's per-layer tuple."""
+    layer i -> its state's input names, in the order of the model's per-layer tuple (a family
+    binds it: `partial(step_cases, layer_state=...)`)."""
     for batch in batches:
         feeds = _step_feeds(rt, batch, rng)
         tokens, state = split_feeds(feeds, 1)

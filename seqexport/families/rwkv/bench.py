@@ -2,6 +2,8 @@
 the one-token step, and the prefill at each length, eager with the sequential reference
 recurrence and with the export's custom op run eagerly, against the prefill graph's Scan."""
 
+from functools import partial
+
 import numpy as np
 
 from seqexport.export.scan.wkv_lowering import wkv7_chunked
@@ -13,10 +15,7 @@ from seqexport.runtime.session import NP_DTYPES
 PROMPT_LEN, TABLE, check_contexts = recurrent.PROMPT_LEN, recurrent.TABLE, recurrent.check_contexts
 decode_state, extra_results = recurrent.decode_state, recurrent.extra_results
 generation_prompts = recurrent.generation_prompts
-
-
-def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator):
-    return recurrent.step_cases(rt, model, batches, rng, layer_state)
+step_cases = partial(recurrent.step_cases, layer_state=layer_state)
 
 
 def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes: list[str]):
