@@ -27,10 +27,11 @@ when the module is float16; the mixer casts its inputs to the scan and back.
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from seqexport.models.config import DictConfig
 from torch import Tensor, nn
 
 # (conv_state, ssm_state) of one layer, and the list of them over layers.
@@ -69,7 +70,7 @@ def selective_scan_ref(
 
 
 @dataclass
-class MambaConfig:
+class MambaConfig(DictConfig):
     d_model: int = 64  # width of the residual stream (d)
     n_layer: int = 2  # number of residual blocks
     vocab_size: int = 100  # real vocabulary; logits are sliced to it
@@ -107,18 +108,6 @@ class MambaConfig:
     def padded_vocab_size(self) -> int:
         m = self.pad_vocab_size_multiple
         return (self.vocab_size + m - 1) // m * m
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "MambaConfig":
-        """Our own config dict; unknown keys raise ValueError naming them."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown MambaConfig keys {unknown}; expected some of {sorted(known)}")
-        return cls(**d)
 
 
 class MambaMixer(nn.Module):

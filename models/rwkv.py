@@ -30,9 +30,10 @@ module dtype.
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import torch
+from seqexport.models.config import DictConfig
 from torch import Tensor, nn
 
 # (att_shift, wkv, ffn_shift) of one layer, and the list of them over layers.
@@ -73,7 +74,7 @@ def _lora_rank(c: int, factor: float, power: float) -> int:
 
 
 @dataclass
-class RwkvConfig:
+class RwkvConfig(DictConfig):
     n_embd: int = 64  # width of the residual stream (c)
     n_layer: int = 2  # number of blocks
     vocab_size: int = 100  # embedding rows and logits
@@ -115,18 +116,6 @@ class RwkvConfig:
         c = self.n_embd
         return {"w": self.d_decay or _lora_rank(c, 1.8, 0.5), "a": self.d_aaa or _lora_rank(c, 1.8, 0.5),
                 "v": self.d_mv or _lora_rank(c, 1.3, 0.5), "g": self.d_gate or _lora_rank(c, 0.6, 0.8)}
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RwkvConfig":
-        """Our own config dict; unknown keys raise ValueError naming them."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown RwkvConfig keys {unknown}; expected some of {sorted(known)}")
-        return cls(**d)
 
 
 def _shifted(x: Tensor, shift: Tensor) -> Tensor:
