@@ -4,6 +4,7 @@ step.onnx with explicit conv/SSM state. The declaration the registry reads (torc
 import click
 
 from seqexport.families.base import Family
+from seqexport.families.recurrent import GRAPHS
 
 LOWERINGS = ("loop", "unrolled", "parallel")  # the scan lowerings of seqexport.export.scan
 
@@ -16,7 +17,7 @@ def _detect(config: dict) -> bool:
 FAMILY = Family(
     name="mamba",
     package=__name__,
-    graphs=("prefill", "step"),
+    graphs=GRAPHS,
     presets={
         "tiny": dict(d_model=64, n_layer=2, d_state=16, vocab_size=100),
         # the mamba-130m shape

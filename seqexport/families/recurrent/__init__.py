@@ -10,3 +10,6 @@ each family's part builds on the module of the same name and says only what diff
 
 Torch-free here; the modules it lists need torch.
 """
+
+# the graphs of such a family, in export order: the shared parts run them by these names
+GRAPHS = ("prefill", "step")

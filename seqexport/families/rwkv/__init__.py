@@ -5,6 +5,7 @@ Scan) + step.onnx with explicit token-shift and WKV state. The declaration the r
 from pathlib import Path
 
 from seqexport.families.base import Family
+from seqexport.families.recurrent import GRAPHS
 
 WORLD_VOCAB = 65536  # the RWKV World tokenizer's vocabulary (every public RWKV-7 release)
 # its token list (Apache-2.0, from the `rwkv` package; see vocab/README.md)
@@ -29,7 +30,7 @@ def _default_tokenizer(config: dict) -> dict | None:
 FAMILY = Family(
     name="rwkv",
     package=__name__,
-    graphs=("prefill", "step"),
+    graphs=GRAPHS,
     presets={
         "tiny": dict(n_embd=64, n_layer=2, vocab_size=100, head_size=16),
         # the RWKV-7 0.1B shape (RWKV-x070-World-0.1B): LoRA ranks as BlinkDL suggests for c 768
