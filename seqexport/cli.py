@@ -230,7 +230,13 @@ def engine_options(f):
                      help="Longer prompts are refused (400)."),
         click.option("--max-state-mb", type=click.FloatRange(min=0, min_open=True),
                      help="Cap on the running batch's cache/state memory, MiB [none]."),
-        click.option("--threads", type=click.IntRange(min=1), help="ONNX Runtime intra-op threads [ORT's default]."),
+        click.option("--prefill-chunk", type=click.IntRange(min=0), default=64, show_default=True,
+                     help="Prompt tokens a request joining a running batch feeds through its steps, one a round "
+                          "(no prefill stalls the batch); a longer prompt's earlier tokens are prefilled this many "
+                          "a round. 0: prefill each request as it joins."),
+        click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="ONNX Runtime intra-op threads per engine (the engine thread and the HTTP server need "
+                          "CPU too; more replicas use more cores)."),
         click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                      help="ONNX Runtime execution provider."),
     ]):

@@ -2,6 +2,7 @@
 greedy tokens equal, seeded samples equal whatever shares the batch, rows join and leave
 mid-decode, caps hold, cancelled and timed-out requests free their rows."""
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 import seqexport.runtime as rt
 from seqexport.errors import InputError, UsageError
+from seqexport.runtime.base import swap_remove_order
 from seqexport.runtime.engine import Engine, QueueFull
 from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.training.dates import make_split
@@ -76,7 +78,9 @@ def test_greedy_rows_of_mixed_lengths_get_their_generate_tokens(family, request)
     assert most == 8  # the cap was reached and held
     assert [r.tokens for r in reqs] == alone(model, prompts, options)
     assert all(r.finish_reason == "length" and len(r.tokens) == r.options.max_new_tokens for r in reqs)
-    assert engine.steps < sum(o.max_new_tokens for o in options) / 4  # rows shared steps
+    # rows shared steps: each row-step feeds a prompt token (prompts go through the batched step
+    # once rows run) or a generated one
+    assert engine.steps < sum(len(p) + o.max_new_tokens for p, o in zip(prompts, options)) / 4
 
 
 def test_trained_model_rows_end_at_eos_and_new_ones_join_mid_decode(dates):
@@ -209,3 +213,85 @@ def test_bad_requests_are_refused_with_the_value_named(mamba):
     assert bad.finish_reason == "error" and isinstance(bad.error, InputError)
     assert str(mamba.vocab_size + 7) in str(bad.error)
     assert good.finish_reason == "length" and len(good.tokens) == 3
+
+
+# --- rows in place: leavers' places taken from the tail, newcomers written into spare rows ---
+
+
+def test_swap_remove_order_keeps_the_survivors_and_moves_one_row_per_leaver():
+    for n in range(1, 7):
+        for leaving in itertools.chain.from_iterable(itertools.combinations(range(n), k) for k in range(n + 1)):
+            order = swap_remove_order(n, leaving)
+            assert sorted(order) == [i for i in range(n) if i not in leaving]
+            moved = [(i, r) for i, r in enumerate(order) if r != i]
+            assert len(moved) <= len(leaving)
+            assert all(r >= len(order) for _, r in moved)  # taken from the tail: read before any write
+
+
+@pytest.mark.parametrize("family", ["mamba", "rwkv", "transformer"])
+def test_rows_leave_in_every_order_and_join_between(family, request):
+    """Four rows finish in each of the 24 orders while newcomers (longer and shorter prompts and
+    sources than the rows there) join between leaves: every request gets generate()'s tokens."""
+    model = request.getfixturevalue(family)
+    vocab = min(model.config.get("src_vocab_size", model.vocab_size), 1000)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, vocab, n).tolist() for n in (3, 6, 2, 5, 12, 1, 4, 9)]  # 12: longer than any row there
+    most = 20  # past the cache's first 16 slots: the transformer's buffers grow mid-batch
+    expect = alone(model, prompts, [rt.SearchOptions(max_new_tokens=most, eos_id=-1)] * len(prompts))
+    for perm in itertools.permutations(range(4)):
+        engine = Engine(model, max_rows=6)
+        counts = [3 + 4 * k for k in perm]  # row i finishes perm[i]-th
+        reqs = [engine.submit(prompts[i], rt.SearchOptions(max_new_tokens=counts[i], eos_id=-1)) for i in range(4)]
+        late = []
+        for r in range(200):
+            engine.step()
+            if r in (2, 9, 14, 20):  # joins between the leaves (rows 0-3 end at rounds ~3-15 + prompt)
+                j = 4 + len(late)
+                late.append(engine.submit(prompts[j], rt.SearchOptions(max_new_tokens=most - 2 * len(late), eos_id=-1)))
+            if not engine.has_work():
+                break
+        assert not engine.has_work()
+        for req, i, n in [*zip(reqs, range(4), counts), *((q, 4 + k, most - 2 * k) for k, q in enumerate(late))]:
+            assert req.tokens == expect[i][:n], (perm, i)
+
+
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+@pytest.mark.parametrize("chunk", [3, 0])
+def test_long_prompts_prefilled_in_chunks_or_at_admission(family, chunk, request):
+    """prefill_chunk 3: prompts longer than 3 tokens go through the prefill graph 3 tokens a
+    round outside the batch, then join; 0: each is prefilled as it joins. generate()'s tokens."""
+    model = request.getfixturevalue(family)
+    prompts = random_prompts(10, model.vocab_size, seed=7)
+    options = [rt.SearchOptions(max_new_tokens=2 + i % 5, eos_id=-1) for i in range(10)]
+    engine = Engine(model, max_rows=4, prefill_chunk=chunk)
+    reqs = [engine.submit(prompts[0], options[0])]
+    staged = 0
+    for i in range(1, 10):
+        engine.step()  # the others arrive while rows run
+        staged = max(staged, len(engine._staged))
+        reqs.append(engine.submit(prompts[i], options[i]))
+    engine.run_until_done()
+    assert [r.tokens for r in reqs] == alone(model, prompts, options)
+    assert (staged > 0) == (chunk > 0)
+
+
+def test_transformer_join_and_leave_write_in_place(transformer):
+    """Once the batch's buffers have spare rows, a newcomer is written into them and a leaver's
+    place is taken by the last row: the buffers stay the same memory (no batch-wide copy)."""
+    prompts = random_prompts(5, transformer.config["src_vocab_size"], seed=2)
+    prompts = [p[:6] + [3] * max(0, 6 - len(p)) for p in prompts]  # one source length: no source growth
+    engine = Engine(transformer, max_rows=8)
+    reqs = [engine.submit(p, rt.SearchOptions(max_new_tokens=n, eos_id=-1)) for p, n in zip(prompts[:3], (4, 9, 9))]
+    engine.step()
+    engine.step()
+    engine.submit(prompts[3], rt.SearchOptions(max_new_tokens=6, eos_id=-1))  # grows the rows once
+    engine.step()
+    buffers = {k: id(v.base) for k, v in engine._state.arrays.items() if k != "past_lengths"}
+    assert all(v.base is not None for v in engine._state.arrays.values())
+    reqs.append(engine.submit(prompts[4], rt.SearchOptions(max_new_tokens=3, eos_id=-1)))  # joins in place
+    for _ in range(3):
+        engine.step()  # ... then the first request leaves, and the newcomer after its 3 tokens
+        assert {k: id(v.base) for k, v in engine._state.arrays.items() if k != "past_lengths"} == buffers
+    assert reqs[0].finished and reqs[-1].finished and engine.active_rows == 3
+    engine.run_until_done()
+    assert reqs[-1].tokens == alone(transformer, prompts[4:], [rt.SearchOptions(max_new_tokens=3, eos_id=-1)])[0]

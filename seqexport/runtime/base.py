@@ -144,6 +144,21 @@ class RuntimeModel:
         """The state of these rows, in this order (finished requests leave)."""
         return state.select(rows)
 
+    # The engine's variants consume the running batch's state (it holds no other reference):
+    # rows move within its arrays instead of the whole batch being copied.
+
+    def extend(self, state: State, newcomers: list[State]) -> State:
+        """`state`'s rows, then the newcomers' (join); `state` must not be used again."""
+        return self.join([state, *newcomers])
+
+    def retain(self, state: State, rows: list[int]) -> State:
+        """`take(state, rows)`, moving only the rows that change place when `rows` fills the
+        holes left by leavers from the tail (`swap_remove_order`); `state` must not be used again."""
+        moved = retain_rows(state.arrays, rows)
+        if moved is None:
+            return self.take(state, rows)
+        return State(moved, state.length).owning()
+
     def _run(self, graph: str, feeds: dict) -> dict:
         g = self.graphs[graph]
         if not self.io_binding:
@@ -157,3 +172,26 @@ class RuntimeModel:
     def _feed_back(self, graph: str, outputs: dict, arrays: dict) -> dict:
         """Next step's arrays: the old ones with every fed state input replaced."""
         return arrays | self._fed(graph, outputs)
+
+
+def swap_remove_order(n: int, leaving) -> list[int]:
+    """The rows that stay out of n, in their new order: each leaver's place below the new
+    size is taken by a survivor from the tail, so at most one row moves per leaver."""
+    gone = set(leaving)
+    size = n - len(gone)
+    tail = [i for i in range(size, n) if i not in gone]
+    return [tail.pop() if i in gone else i for i in range(size)]
+
+
+def retain_rows(arrays: dict, rows: list[int]) -> dict | None:
+    """Row i of each (b, ...) array becomes old row rows[i], moved in place: the first
+    len(rows) rows as views (contiguous: the batch axis leads). None when that cannot be done
+    in place (a row taken from below the new size elsewhere, or arrays that are not numpy)."""
+    size = len(rows)
+    moves = [(i, r) for i, r in enumerate(rows) if r != i]
+    if any(r < size for _, r in moves) or any(type(a) is not np.ndarray for a in arrays.values()):
+        return None  # a source inside the kept prefix could be overwritten before it is read
+    for a in arrays.values():
+        for i, r in moves:
+            a[i] = a[r]
+    return {k: a[:size] for k, a in arrays.items()}

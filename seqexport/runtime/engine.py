@@ -10,14 +10,27 @@ or `engine.start()` to run the steps on a background thread (submit from any thr
 request's `on_event` sees each token as it comes, then None when it ends).
 
 Each `step()` is one scheduling round, vLLM-style:
-1. leave: cancelled, timed-out and finished requests drop their rows (`model.take`);
-2. admit: waiting requests, as many as the row and state caps allow, are prefilled together
-   (`model.begin(prompts)`: a transformer's encoder and start token, a Mamba's prefill graph
-   for each prompt length), pick their first token, and join the running batch (`model.join`);
-3. decode: one `model.step` over every running row; each row picks its next token.
+1. leave: cancelled, timed-out and finished requests drop their rows (`model.retain`: a
+   survivor from the tail takes each leaver's place, so at most one row moves per leaver);
+2. admit: waiting requests, as many as the row and state caps allow, start
+   (`model.begin_rows`: a transformer's encoder, a recurrent model's zero state) and join the
+   running batch (`model.extend`: a transformer's buffers have spare rows, so only the
+   newcomers' rows are written) with the tokens they still have to feed (a transformer's start
+   token, a Mamba's or RWKV's prompt);
+3. decode: one `model.step` over every row, each feeding its next prompt token or its last
+   pick; a row past its prompt picks its next token from its logits.
+
+Prefill never stalls the running rows: a prompt goes through the batched step a token a
+round (a row more in a batched step costs far less than a prefill graph run), and a prompt
+longer than `prefill_chunk` first goes through the prefill graph `prefill_chunk` tokens a
+round, outside the batch (`model.feed`; the same state as one prefill over it all). Only a
+newcomer that finds the batch empty, with no one to stall, is prefilled at once
+(`model.begin`: generate()'s own start, the shortest time to a first token). The price is
+a later first token for a prompt that joins a running batch (a round per prompt token);
+`prefill_chunk=0` prefills every newcomer at admission instead (each stalls the batch once).
 
 The engine never asks which family it runs: rows join and leave through the model's
-`join`/`take`, and a model whose rows cannot sit at different positions
+`extend`/`retain`, and a model whose rows cannot sit at different positions
 (`continuous_batching = False`) gets new requests only when the batch is empty.
 
 Reproducibility: generate() draws a batch's samples from one generator seeded once per call,
@@ -37,10 +50,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
-from seqexport.runtime.base import RuntimeModel, State
+from seqexport.runtime.base import RuntimeModel, State, swap_remove_order
 from seqexport.runtime.generate import SearchOptions, _as_rows, _eos, pick_tokens
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
+
+
+def _by_start(reqs: list["Request"]) -> dict[int | None, list["Request"]]:
+    """Requests grouped by their decoder start token (a transformer's; None: the default)."""
+    groups: dict[int | None, list[Request]] = {}
+    for req in reqs:
+        groups.setdefault(req.options.start_id, []).append(req)
+    return groups
 
 
 class QueueFull(Exception):
@@ -68,7 +89,9 @@ class Request:
     def __post_init__(self):
         self._rng = np.random.default_rng(self.options.seed)  # generate()'s for a batch of one
         self._picked = 0  # tokens picked so far, eos included (generate()'s step count)
-        self._next = -1  # the token the next decode step feeds
+        self._next = -1  # the token the next decode step feeds once _pending is empty
+        self._pending: list[int] = []  # tokens still to feed before the first pick, last first
+        self._eos: int | None = None  # set by the engine
         self._cancelled = False
 
     @property
@@ -87,18 +110,21 @@ class Engine:
     """Scheduler + batched step loop over one runtime model (knows nothing of HTTP)."""
 
     def __init__(self, model: RuntimeModel, max_rows: int = 16, max_queue: int = 256,
-                 max_state_bytes: int | None = None, max_prompt_tokens: int | None = None):
-        for name, v in (("max_rows", max_rows), ("max_queue", max_queue)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UsageError(f"{name} must be a positive integer, got {v!r}")
+                 max_state_bytes: int | None = None, max_prompt_tokens: int | None = None,
+                 prefill_chunk: int = 64):
+        for name, v, least in (("max_rows", max_rows, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise UsageError(f"{name} must be an integer >= {least}, got {v!r}")
         self.model = model
         self.max_rows = max_rows
         self.max_queue = max_queue
         self.max_state_bytes = max_state_bytes
         self.max_prompt_tokens = max_prompt_tokens
+        self.prefill_chunk = prefill_chunk
         self._waiting: deque[Request] = deque()
         self._rows: list[Request] = []  # running requests, in the order of the state's rows
         self._state: State | None = None
+        self._staged: list[tuple[Request, State]] = []  # long prompts prefilled a chunk a round
         self._cond = threading.Condition()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -114,15 +140,15 @@ class Engine:
 
     @property
     def active_rows(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + len(self._staged)
 
     @property
     def state_bytes(self) -> int:
         state = self._state
-        return state.nbytes if state is not None else 0
+        return (state.nbytes if state is not None else 0) + sum(s.nbytes for _, s in self._staged)
 
     def has_work(self) -> bool:
-        return bool(self._rows or self._waiting)
+        return bool(self._rows or self._staged or self._waiting)
 
     def submit(self, prompt, options: SearchOptions | None = None, *, on_event=None, stop=None,
                timeout: float | None = None, request_id: str | None = None) -> Request:
@@ -145,6 +171,7 @@ class Engine:
         now = time.monotonic()
         req = Request(row, options, request_id or f"req-{next(self._ids)}", on_event=on_event, stop=stop,
                       deadline=None if timeout is None else now + timeout, submitted=now)
+        req._eos = _eos(self.model, options)
         with self._cond:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue {self.max_queue})")
@@ -180,9 +207,9 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        for req in [*self._rows, *self._waiting]:
+        for req in [*self._rows, *(r for r, _ in self._staged), *self._waiting]:
             self._finish(req, "cancelled")
-        self._rows, self._state = [], None
+        self._rows, self._state, self._staged = [], None, []
         self._waiting.clear()
 
     def _loop(self) -> None:
@@ -202,6 +229,7 @@ class Engine:
         self._leave()
         try:
             self._admit()
+            self._prefill_staged()
             self._decode()
         except Exception as e:  # a batched run failed: its rows cannot go on, the engine can
             for req in self._rows:
@@ -213,7 +241,7 @@ class Engine:
         now = time.monotonic()
         with self._cond:
             waiting = list(self._waiting)
-        for req in [*self._rows, *waiting]:
+        for req in [*self._rows, *(r for r, _ in self._staged), *waiting]:
             if req._cancelled:
                 self._finish(req, "cancelled")
             elif req.deadline is not None and now > req.deadline:
@@ -223,39 +251,60 @@ class Engine:
                 self._waiting = deque(r for r in self._waiting if not r.finished)
 
     def _leave(self) -> None:
-        keep = [i for i, r in enumerate(self._rows) if not r.finished]
-        if len(keep) == len(self._rows):
+        self._staged = [(r, s) for r, s in self._staged if not r.finished]
+        gone = [i for i, r in enumerate(self._rows) if r.finished]
+        if not gone:
             return
-        self._state = self.model.take(self._state, keep) if keep else None
-        self._rows = [self._rows[i] for i in keep]
+        if len(gone) == len(self._rows):
+            self._rows, self._state = [], None
+            return
+        order = swap_remove_order(len(self._rows), gone)  # at most one row moves per leaver
+        self._state = self.model.retain(self._state, order)
+        self._rows = [self._rows[i] for i in order]
 
     def _room(self, pending: int, running: int) -> bool:
         """Whether one more waiting request may join, `pending` others already joining."""
-        if len(self._rows) + pending >= self.max_rows:
+        rows = len(self._rows) + len(self._staged)
+        if rows + pending >= self.max_rows:
             return False
         if running and not self.model.continuous_batching:
             return False  # rows of this model must start together: wait for an empty batch
         if self.max_state_bytes is not None:
-            if not self._rows:
+            if not rows:
                 return pending == 0  # nothing to measure a row by: one newcomer, measured next round
-            held = self._state.nbytes
-            return held + held / len(self._rows) * (pending + 1) <= self.max_state_bytes  # average rows
+            held = self.state_bytes
+            return held + held / rows * (pending + 1) <= self.max_state_bytes  # average rows
         return True
 
     def _admit(self) -> None:
         newcomers: list[Request] = []
-        running = len(self._rows)  # rows that were decoding before this round
+        running = len(self._rows) + len(self._staged)  # rows that were there before this round
         while self._room(len(newcomers), running):
             with self._cond:
                 if not self._waiting:
                     break
                 newcomers.append(self._waiting.popleft())
-        groups: dict[int | None, list[Request]] = {}
-        for req in newcomers:
-            groups.setdefault(req.options.start_id, []).append(req)
-        joining = [s for start_id, group in groups.items() for s in self._begin(group, start_id)]
-        if joining:
-            self._state = self.model.join(([self._state] if self._state is not None else []) + joining)
+        if not newcomers:
+            return
+        if not self.model.continuous_batching or not self.prefill_chunk:  # prefilled at admission
+            # (rows that must start together come only to an empty batch: see _room)
+            self._join(s for start_id, group in _by_start(newcomers).items() for s in self._begin(group, start_id))
+            return
+        if not running:  # no one to stall: the largest group of one length prefilled at once
+            by_len: dict[tuple, list[Request]] = {}
+            for req in newcomers:
+                by_len.setdefault((len(req.prompt), req.options.start_id), []).append(req)
+            first = max(by_len.values(), key=len)
+            self._join(self._begin(first, first[0].options.start_id))
+            newcomers = [r for r in newcomers if all(r is not f for f in first)]
+        for start_id, group in _by_start(newcomers).items():
+            self._begin_rows(group, start_id)
+
+    def _join(self, states) -> None:
+        """The running batch with these states' rows after its own (in place where it can)."""
+        states = list(states)
+        if states:
+            self._state = self.model.join(states) if self._state is None else self.model.extend(self._state, states)
 
     def _begin(self, group: list[Request], start_id: int | None) -> list[State]:
         """Prefill newcomers together (one `begin`), pick their first tokens; the state of
@@ -267,42 +316,101 @@ class Engine:
                 self._fail(group[0], e)
                 return []
             return [s for r in group for s in self._begin([r], start_id)]  # find the one at fault
-        self._pick_rows(group, logits)
+        self._pick_rows(group, logits, time.monotonic())
         keep = [i for i, r in enumerate(group) if not r.finished]
         self._rows += [group[i] for i in keep]
         if not keep:
             return []
         return [state if len(keep) == len(group) else self.model.take(state, keep)]
 
-    def _decode(self) -> None:
-        if not self._rows:
+    def _begin_rows(self, group: list[Request], start_id: int | None) -> None:
+        """Start newcomers (one `begin_rows`) and add them to the batch with the tokens they
+        still have to feed; a prompt longer than `prefill_chunk` is staged first. A prompt the
+        model refuses fails alone."""
+        try:
+            state, pending = self.model.begin_rows([r.prompt for r in group], start_id)
+        except SeqexportError as e:
+            if len(group) == 1:
+                self._fail(group[0], e)
+                return
+            for r in group:
+                self._begin_rows([r], start_id)
             return
-        tokens = np.array([r._next for r in self._rows], np.int64)  # (b,)
-        logits, self._state = self.model.step(tokens, self._state)  # (b, v)
-        self.steps += 1
-        self._pick_rows(self._rows, logits)
+        joining, stage = [], []
+        for i, (req, tokens) in enumerate(zip(group, pending)):
+            req._pending = tokens[::-1]  # popped from the end
+            (stage if len(tokens) > self.prefill_chunk else joining).append(i)
+        for i in stage:
+            self._staged.append((group[i], self.model.take(state, [i])))
+        if joining:
+            self._join([state if len(joining) == len(group) else self.model.take(state, joining)])
+            self._rows += [group[i] for i in joining]
 
-    def _pick_rows(self, reqs: list[Request], logits: np.ndarray) -> None:
+    def _prefill_staged(self) -> None:
+        """The oldest staged prompt's next chunk through the prefill graph (one bounded run a
+        round); once `prefill_chunk` tokens or fewer are left, it joins the batch."""
+        if not self._staged:
+            return
+        req, state = self._staged[0]
+        chunk = min(self.prefill_chunk, len(req._pending) - self.prefill_chunk)
+        tokens = req._pending[: -chunk - 1 : -1]  # the next `chunk`, in order
+        try:
+            state = self.model.feed(np.array([tokens], np.int64), state)  # (1, chunk)
+        except SeqexportError as e:
+            self._staged.pop(0)
+            self._fail(req, e)
+            return
+        del req._pending[-chunk:]
+        if len(req._pending) > self.prefill_chunk:
+            self._staged[0] = (req, state)
+            return
+        self._staged.pop(0)
+        self._join([state])
+        self._rows.append(req)
+
+    def _decode(self) -> None:
+        rows = self._rows
+        if not rows:
+            return
+        tokens, pick = [], []
+        for i, r in enumerate(rows):
+            pending = r._pending
+            if pending:
+                tokens.append(pending.pop())
+                if pending:
+                    continue  # more prompt to feed: these logits are not needed
+            else:
+                tokens.append(r._next)
+            pick.append(i)
+        logits, self._state = self.model.step(np.array(tokens, np.int64), self._state)  # (b,) -> (b, v)
+        self.steps += 1
+        if pick:
+            whole = len(pick) == len(rows)
+            self._pick_rows(rows if whole else [rows[i] for i in pick], logits if whole else logits[pick],
+                            time.monotonic())
+
+    def _pick_rows(self, reqs: list[Request], logits: np.ndarray, now: float) -> None:
         """Each request's next token from its row of the (b, v) logits, as Generator does for
         that request alone (greedy rows share one argmax; sampled rows draw from their own rng)."""
+        best = logits.argmax(-1).tolist()  # (b,)
         finite = np.isfinite(logits).all(-1)  # (b,)
-        best = logits.argmax(-1)  # (b,)
+        bad = not finite.all()
         for i, req in enumerate(reqs):
-            if not finite[i]:
+            if bad and not finite[i]:
                 self._fail(req, ArtifactError(f"the model produced NaN/Inf logits after {req._picked} new "
                                               "tokens; run `seqexport validate` on this export"))
                 continue
             opts = req.options
-            token = int(pick_tokens(logits[i : i + 1], opts, req._rng)[0]) if opts.do_sample else int(best[i])
-            self._take_token(req, token)
+            token = int(pick_tokens(logits[i : i + 1], opts, req._rng)[0]) if opts.do_sample else best[i]
+            self._take_token(req, token, now)
 
-    def _take_token(self, req: Request, token: int) -> None:
+    def _take_token(self, req: Request, token: int, now: float) -> None:
         req._picked += 1
-        if token == _eos(self.model, req.options):
+        if token == req._eos:
             self._finish(req, "stop")
             return
         req.tokens.append(token)
-        req.token_times.append(time.monotonic())
+        req.token_times.append(now)
         self.tokens_generated += 1
         self._emit(req, token)
         if req.stop is not None and req.stop(req.tokens):

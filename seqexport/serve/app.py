@@ -46,11 +46,12 @@ class ServeConfig:
     folder: str
     model_name: str | None = None  # the `model` clients name [the folder's name]
     provider: str = "auto"  # ONNX Runtime execution provider: auto, cpu, cuda
-    threads: int | None = None  # ORT intra-op threads [ORT's default]
+    threads: int | None = 1  # ORT intra-op threads (None: ORT's default, a spinning pool on every core)
     max_rows: int = 16  # rows of the running batch
     max_queue: int = 256  # waiting requests beyond which the server answers 503
     max_prompt_tokens: int = 2048  # longer prompts are refused (400)
     max_state_bytes: int | None = None  # cap on the running batch's cache/state memory
+    prefill_chunk: int = 64  # prompt tokens a joining request feeds through the batch's steps (Engine)
     request_timeout: float = 300.0  # seconds from submit to the last token (504 after)
 
     def to_dict(self) -> dict:
@@ -65,7 +66,7 @@ class ServingHost:
         self.model = load(config.folder, provider=config.provider, threads=config.threads)
         self.engine = Engine(self.model, max_rows=config.max_rows, max_queue=config.max_queue,
                              max_state_bytes=config.max_state_bytes,
-                             max_prompt_tokens=config.max_prompt_tokens).start()
+                             max_prompt_tokens=config.max_prompt_tokens, prefill_chunk=config.prefill_chunk).start()
         self.metrics = ServerMetrics(self.engine)
         self.name = config.model_name or Path(config.folder).resolve().name
         self.created = int(time.time())

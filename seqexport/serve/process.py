@@ -62,17 +62,7 @@ class ServerProcess:
 
     def session_pids(self) -> list[int]:
         """Live processes of the server's session (itself and whatever it started)."""
-        if self.proc is None:
-            return []
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.getsid(int(entry.name)) == self.proc.pid and _alive(int(entry.name)):
-                        pids.append(int(entry.name))
-                except (ProcessLookupError, PermissionError):
-                    pass
-        return pids
+        return session_pids(self.proc.pid) if self.proc is not None else []
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc is None:
@@ -84,17 +74,35 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        deadline = time.monotonic() + 10
-        while self.session_pids() and time.monotonic() < deadline:
-            time.sleep(0.3)  # Ray's processes exit on their own once the driver has gone
-        for pid in self.session_pids():
+        reap_session(self.proc.pid)
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session `sid` (a process started with start_new_session and its own)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                if os.getsid(int(entry.name)) == sid and _alive(int(entry.name)):
+                    pids.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
                 pass
-        deadline = time.monotonic() + 10
-        while self.session_pids() and time.monotonic() < deadline:
-            time.sleep(0.1)  # a killed process lingers until the kernel has torn it down
+    return pids
+
+
+def reap_session(sid: int, grace: float = 10.0) -> None:
+    """Wait up to `grace` s for session `sid`'s processes to end, then SIGKILL each, by pid."""
+    deadline = time.monotonic() + grace
+    while session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.3)  # Ray's processes exit on their own once the driver has gone
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.1)  # a killed process lingers until the kernel has torn it down
 
 
 def _end_with_parent() -> None:

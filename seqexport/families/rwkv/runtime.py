@@ -12,30 +12,14 @@ import numpy as np
 from seqexport.errors import InputError
 from seqexport.families.rwkv.specs import INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
+from seqexport.runtime.recurrent import RecurrentSteps
 from seqexport.runtime.session import check_token_ids
 
 
-class RwkvSteps:
+class RwkvSteps(RecurrentSteps):
     """What generation does with any RWKV-7 that has start/step (ONNX or eager)."""
 
     family = "rwkv"
-    supports_beams = False
-    prompt_frame = {"bos": True, "suffix": "", "eos": False}
-
-    def begin(self, rows: list[list[int]], start_id: int | None = None) -> tuple[np.ndarray, State]:
-        """Prefill the prompts; rows of equal length go together (no padding ever enters the
-        recurrent state), then the states join in order. Returns logits (b, v) and the state."""
-        by_len: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            by_len.setdefault(len(r), []).append(i)
-        states, logits, order = [], [], []
-        for _, idx in sorted(by_len.items()):
-            lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)), last_only=True)
-            states.append(st)
-            logits.append(lg[:, -1])
-            order += idx
-        inverse = np.argsort(order)
-        return np.concatenate(logits)[inverse], State.concat(states).select(inverse)
 
 
 class RwkvModel(RwkvSteps, RuntimeModel):
