@@ -2,11 +2,18 @@
 with it): two replicas answer with generate()'s tokens; one replica's process is killed
 under load, Ray Serve restarts it, and no accepted request is lost."""
 
+import json
 import os
+import shutil
 import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import openai
 import pytest
@@ -17,7 +24,7 @@ from click.testing import CliRunner
 import seqexport.runtime as rt
 from seqexport.cli import cli
 from seqexport.runtime.tokenizer import encode_prompt
-from seqexport.serve.process import ServerProcess
+from seqexport.serve.process import ServerProcess, free_port, reap_session, session_pids
 from seqexport.training.dates import make_split
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray's own pydantic fields
@@ -45,6 +52,45 @@ def replica_pids(server, want: int, seconds: float = 90.0) -> set[int]:
     return seen
 
 
+def ask(url: str, text: str, stream: bool, midway: Counter | None = None, lock=None) -> tuple[str, object]:
+    """One completion: ("completed", its text); ("errored", why) for an error the client can act
+    on (retry): an error status, an error event in the stream, or a stream broken off mid-way
+    (the connection closed before its end); ("lost", why) for no answer at all or a stream that
+    ended quietly without its last event (a client would take a cut text for the whole).
+    `midway`: streams past their first event and not ended, by the pid of the replica serving them."""
+    body = {"prompt": text, "max_tokens": 60, "temperature": 0, "ignore_eos": True, "stream": stream}
+    started = False
+    try:
+        with requests.post(url + "/v1/completions", timeout=60, json=body, stream=stream) as r:
+            started = True
+            if r.status_code != 200:
+                return "errored", (r.status_code, r.text[:200])
+            if not stream:
+                return "completed", r.json()["choices"][0]["text"]
+            pieces, finish, pid = [], None, int(r.headers["x-replica-pid"])
+            try:
+                for line in r.iter_lines():
+                    if not line.startswith(b"data: "):
+                        continue
+                    if line == b"data: [DONE]":
+                        return ("completed", "".join(pieces)) if finish else ("lost", "[DONE] without finish_reason")
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        return "errored", ("error event", event["error"].get("message", "")[:200])
+                    pieces.append(event["choices"][0]["text"])
+                    finish = event["choices"][0]["finish_reason"] or finish
+                    if midway is not None and len(pieces) == 1:
+                        with lock:
+                            midway[pid] += 1
+                return "lost", f"the stream ended quietly after {len(pieces)} events, without [DONE]"
+            finally:
+                if midway is not None and pieces:
+                    with lock:
+                        midway[pid] -= 1
+    except requests.RequestException as e:  # refused or reset: no answer, or a stream cut off
+        return ("errored", ("stream broken", type(e).__name__)) if started else ("lost", repr(e))
+
+
 def test_two_replicas_survive_one_killed_under_load(dates, tmp_path):
     folder, model = dates
     record = model.manifest["tokenizer"]
@@ -63,46 +109,42 @@ def test_two_replicas_survive_one_killed_under_load(dates, tmp_path):
                                       extra_body={"ignore_eos": True})
         assert answer.choices[0].text == expect[texts[0]]
 
-        outcome: list[tuple[str, str, object]] = []  # (kind, prompt, detail)
+        outcome: list[tuple[str, str, bool, object]] = []  # (kind, prompt, streamed, detail)
         lock = threading.Lock()
+        midway: Counter = Counter()  # replica pid -> streams it is in the middle of
 
         def client(k):
             for text in texts[k * PER_CLIENT : (k + 1) * PER_CLIENT]:
-                try:
-                    r = requests.post(server.url + "/v1/completions", timeout=60, json={
-                        "prompt": text, "max_tokens": 60, "temperature": 0, "ignore_eos": True})
-                except requests.RequestException as e:  # no answer at all: lost
-                    result = ("lost", text, repr(e))
-                else:
-                    if r.status_code == 200:
-                        result = ("completed", text, r.json()["choices"][0]["text"])
-                    else:  # an error status the client can act on (retry)
-                        result = ("errored", text, (r.status_code, r.text[:200]))
+                kind, detail = ask(server.url, text, k % 2 == 1, midway, lock)  # half the clients stream
                 with lock:
-                    outcome.append(result)
+                    outcome.append((kind, text, k % 2 == 1, detail))
 
         threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
         for t in threads:
             t.start()
-        while len(outcome) < CLIENTS:  # under load: every client has had an answer
-            time.sleep(0.01)
         victim = sorted(first)[0]
+        deadline = time.monotonic() + 60
+        while (len(outcome) < CLIENTS or midway[victim] < 1) and time.monotonic() < deadline:
+            time.sleep(0.002)  # under load (every client has had an answer), a stream half-way on the victim
+        cut = midway[victim]
         os.kill(victim, signal.SIGKILL)
         killed_after = len(outcome)
         for t in threads:
             t.join(120)
-        counts = Counter(kind for kind, _, _ in outcome)
+        counts = Counter(kind for kind, *_ in outcome)
+        streams = Counter(kind for kind, _, streamed, _ in outcome if streamed)
+        broken = sum(1 for k, _, _, d in outcome if k == "errored" and d[0] == "stream broken")
         print(f"\nfault test: sent {len(texts)}, completed {counts['completed']}, errored {counts['errored']}, "
-              f"lost {counts['lost']}; replica {victim} killed after {killed_after} answers; errors: "
-              f"{sorted({d for k, _, d in outcome if k == 'errored'})}")
+              f"lost {counts['lost']}; of the {sum(streams.values())} streamed: completed {streams['completed']}, "
+              f"errored {streams['errored']} ({broken} broken off mid-way), lost {streams['lost']}; replica "
+              f"{victim} killed after {killed_after} answers, {cut} of its streams half-way; errors: "
+              f"{sorted({str(d) for k, _, _, d in outcome if k == 'errored'})}")
         assert len(outcome) == len(texts) and counts["lost"] == 0
-        assert all(detail == expect[text] for kind, text, detail in outcome if kind == "completed")
-        assert all(500 <= d[0] < 600 for k, _, d in outcome if k == "errored")  # a server error: retry it
-        for kind, text, _ in outcome:  # the retries complete, on whichever replica is up
+        assert cut >= 1 and broken + streams["errored"] >= 1  # a stream was cut: its client saw it
+        assert all(detail == expect[text] for kind, text, _, detail in outcome if kind == "completed")
+        for kind, text, streamed, _ in outcome:  # the retries complete, on whichever replica is up
             if kind == "errored":
-                r = requests.post(server.url + "/v1/completions", timeout=60, json={
-                    "prompt": text, "max_tokens": 60, "temperature": 0, "ignore_eos": True})
-                assert r.status_code == 200 and r.json()["choices"][0]["text"] == expect[text]
+                assert ask(server.url, text, streamed) == ("completed", expect[text])
         restarted = replica_pids(server, 2)
         assert len(restarted) == 2 and victim not in restarted, (first, restarted)  # Ray Serve replaced it
     assert not server.session_pids()  # Ray's processes went with the server
@@ -128,3 +170,51 @@ def test_config_out_is_a_ray_serve_config_with_this_server(dates, tmp_path):
     assert build(app.args) is not None  # the builder Ray's `serve deploy` imports takes these args
     bad = CliRunner().invoke(cli, ["serve", str(folder), "--config-out", str(path), "--autoscale", "3:1"])
     assert bad.exit_code == 2 and "--autoscale 3:1" in bad.output
+
+
+def test_serve_joins_a_running_ray_cluster(dates, tmp_path, monkeypatch):
+    """`seqexport serve --address` against a real Ray cluster (a head started here with `ray
+    start --block`, in its own session): the replica runs in the cluster's workers, answers with
+    generate()'s tokens, and stopping the server leaves the cluster up; then the cluster goes."""
+    folder, model = dates
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a private cluster on 127.0.0.1, no token to share
+    temp = tempfile.mkdtemp(prefix="sxray", dir="/tmp")  # Ray's socket paths must stay short
+    port = free_port()
+    ray_bin = Path(sys.executable).parent / "ray"
+    head_log = tmp_path / "head.log"
+    with open(head_log, "wb") as out:
+        head = subprocess.Popen(
+            [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp}",
+             "--include-dashboard=false", "--disable-usage-stats", f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and head.poll() is None:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        assert head.poll() is None, head_log.read_text()[-3000:]
+        text = make_split("test", 1, seed=9)[0][0]
+        ids = encode_prompt(model.tokenizer, model.prompt_frame, text, model.manifest["tokenizer"])
+        expect = model.tokenizer.decode(rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12))[0])
+        log = tmp_path / "server.log"
+        with ServerProcess(folder, "--address", f"127.0.0.1:{port}", "--threads", "1", "--replica-cpus", "0.5",
+                           ready_timeout=180, log=log) as server:
+            c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+            answer = c.completions.create(model=folder.name, prompt=text, max_tokens=12, temperature=0)
+            assert answer.choices[0].text == expect, log.read_text()[-3000:]
+            replica = requests.get(server.url + "/health", timeout=10).json()["pid"]
+            assert replica in session_pids(head.pid) and replica not in server.session_pids()  # the cluster's worker
+        assert head.poll() is None  # the server left; the cluster stays
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(30)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        reap_session(head.pid)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not session_pids(head.pid)

@@ -190,7 +190,8 @@ def build_app(host: ServingHost) -> FastAPI:
             if params.stream:  # from here the stream's own end (or cancellation) frees the row
                 streaming = True
                 return StreamingResponse(_stream(host, req, listener, first, rid, len(ids), params),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Replica-Pid": str(os.getpid())})
             pieces, item = [first[1]], first
             while item[0] is not None:
                 item = await listener.queue.get()
