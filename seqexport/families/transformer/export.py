@@ -1,7 +1,8 @@
 """Transformer -> encoder.onnx + decoder.onnx with an explicit KV cache.
 
 The encoder graph also emits every decoder layer's cross-attention K/V, computed once per
-source. The decoder graph is the model's `decode_step_cached`: it serves the first step and
+source. The decoder graph is the model's `decode_step_cached` (traced from its export-side
+formulation in decoder_graph; validate compares it with DecoderGraph): it serves the first step and
 every later one, over a preallocated cache of which each row's first past_lengths[r] slots are
 valid; row r's positions start at past_lengths[r]. The wrappers only flatten the model's
 cache lists into graph inputs and outputs, in spec order.
@@ -19,6 +20,7 @@ from seqexport.export.common import (
     step,
     write_artifact,
 )
+from seqexport.families.transformer.decoder_graph import FastDecoderGraph
 from seqexport.families.transformer.specs import graph_specs
 from seqexport.models.transformer import Transformer
 from seqexport.parity.inputs import random_inputs
@@ -105,9 +107,11 @@ def export_transformer(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OP
 
     def build(tmp):
         with torch.no_grad():
-            for graph, varargs_from in (("encoder", None), ("decoder", 3)):
+            # the decoder traced from its batch-friendly formulation (decoder_graph), not the eager step
+            for graph, module, varargs_from in (("encoder", wrapper(model, "encoder"), None),
+                                                ("decoder", FastDecoderGraph(model), 3)):
                 with step(f"exporting {graph}"):
-                    export_graph(wrapper(model, graph), args[graph], specs[graph], tmp / f"{graph}.onnx", opset,
+                    export_graph(module, args[graph], specs[graph], tmp / f"{graph}.onnx", opset,
                                  dynamic_shapes_for(specs[graph], varargs_from=varargs_from))
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,

@@ -1,0 +1,78 @@
+"""The transformer decoder graph's export-side formulation: `Transformer.decode_step_cached`
+written for ONNX Runtime at batch. Same function and I/O as export.DecoderGraph (which traces
+the eager step; validate compares the two); the eager model stays the reference.
+
+What differs from tracing `decode_step_cached`, and why:
+- the residual stream is 2-D (b·t, d) between attentions: every linear is one Gemm with its
+  bias fused (a (b, t, d) input exports as MatMul + a separate Add per linear);
+- the masks are computed once as "hidden" masks for all layers (the eager code inverts or
+  compares them again in every layer: one node each).
+Parameters are used as they are (initializers keep their eager names: int8 matches them).
+
+Dimension letters as in models/transformer.py: b batch, t new positions, c cache slots,
+s source length, h heads, k head size, d model width, v vocabulary.
+"""
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from seqexport.models.transformer import MultiHeadAttention, Transformer
+
+
+def _heads(x: Tensor, b: int, mha: MultiHeadAttention) -> Tensor:
+    """(b·t, d) -> (b, h, t, k)"""
+    return x.reshape(b, -1, mha.n_heads, mha.d_k).transpose(1, 2)  # (b, h, t, k)
+
+
+def _merge(out: Tensor, d: int) -> Tensor:
+    """(b, h, t, k) -> (b·t, d)"""
+    return out.transpose(1, 2).reshape(-1, d)  # (b·t, d)
+
+
+class FastDecoderGraph(nn.Module):
+    """(input_ids, encoder_attention_mask, past_lengths, *past K/V) -> logits (b, t, v), the
+    new positions' self-attention K/V, each (b, h, t, k): export.DecoderGraph's I/O."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, encoder_attention_mask, past_lengths, *past):
+        dec = self.model.decoder
+        n = len(dec.layers)
+        b, t = input_ids.shape
+        c = past[2 * n].shape[2]
+        d = dec.embedding.embedding_dim
+        positions = past_lengths[:, None] + torch.arange(t, device=input_ids.device)  # (b, t)
+        x = (dec.embedding(input_ids) + dec.pe.pe[positions]).reshape(b * t, d)  # (b·t, d)
+        # True where a score is hidden: cache slots at or past the row's length, later new
+        # positions, source padding
+        past_hidden = (torch.arange(c, device=x.device)[None, :] >= past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, c)
+        later = torch.arange(t, device=x.device)
+        causal_hidden = later[None, :] > later[:, None]  # (t, t)
+        cross_hidden = (encoder_attention_mask == 0)[:, None, None, :]  # (b, 1, 1, s)
+        fill = torch.finfo(x.dtype).min
+        new_kv = []
+        for i, layer in enumerate(dec.layers):
+            sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+            past_k, past_v = past[2 * n + 2 * i], past[2 * n + 2 * i + 1]  # (b, h, c, k)
+            cross_k, cross_v = past[2 * i], past[2 * i + 1]  # (b, h, s, k)
+            scale = math.sqrt(sa.d_k)
+            q = _heads(sa.W_q(x), b, sa)  # (b, h, t, k)
+            k_new, v_new = _heads(sa.W_k(x), b, sa), _heads(sa.W_v(x), b, sa)
+            scores = torch.cat([(q @ past_k.transpose(-2, -1) / scale).masked_fill(past_hidden, fill),
+                                (q @ k_new.transpose(-2, -1) / scale).masked_fill(causal_hidden, fill)], dim=-1)
+            attn = sa.attention.softmax(scores)  # (b, h, t, c + t)
+            out = attn[..., :c] @ past_v + attn[..., c:] @ v_new  # (b, h, t, k)
+            x = sa.norm(sa.fc(_merge(out, d)) + x)  # (b·t, d)
+
+            q = _heads(ca.W_q(x), b, ca)
+            scores = (q @ cross_k.transpose(-2, -1) / math.sqrt(ca.d_k)).masked_fill(cross_hidden, fill)
+            out = ca.attention.softmax(scores) @ cross_v  # (b, h, t, k)
+            x = ca.norm(ca.fc(_merge(out, d)) + x)
+
+            x = ffn.norm(ffn.fc2(torch.relu(ffn.fc1(x))) + x)  # dropout: the export is in eval mode
+            new_kv += [k_new, v_new]
+        return (dec.fc_out(x).reshape(b, t, -1), *new_kv)  # (b, t, v)
