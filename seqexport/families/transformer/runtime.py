@@ -21,7 +21,7 @@ from seqexport.families.transformer.specs import (
     PAST_LENGTHS,
 )
 from seqexport.runtime import kv_buffer
-from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
+from seqexport.runtime.base import RuntimeModel, State, retain_rows, tokens_2d, zero_state
 from seqexport.runtime.session import check_token_ids, shape_and_dtype, to_numpy
 
 
@@ -35,6 +35,12 @@ class TransformerSteps:
     def begin(self, rows: list[list[int]], start_id: int | None = None) -> tuple[np.ndarray, State]:
         """Encode the sources (rows of unequal length, padding masked) and feed the decoder's
         start token (default: the tokenizer's bos, else 1). Returns logits (b, v) and the state."""
+        state, pending = self.begin_rows(rows, start_id)
+        return self.step(np.array([p[0] for p in pending], np.int64), state)
+
+    def begin_rows(self, rows: list[list[int]], start_id: int | None = None) -> tuple[State, list[list[int]]]:
+        """The encoder's state for these sources and the token each row's decoder still needs
+        (its start token), which the engine feeds in the running batch's next step."""
         src = np.full((len(rows), max(map(len, rows))), self.pad_id, np.int64)  # (b, s)
         mask = np.zeros_like(src)
         for i, r in enumerate(rows):
@@ -42,8 +48,11 @@ class TransformerSteps:
             mask[i, : len(r)] = 1
         if start_id is None:
             start_id = self.tokenizer.bos_id if self.tokenizer else 1
-        state = self.start(src, mask)
-        return self.step(np.full(len(rows), start_id, np.int64), state)
+        return self.start(src, mask), [[start_id] for _ in rows]
+
+    def feed(self, tokens, state: State) -> State:
+        """The state after these (b, t) tokens; their logits are not needed."""
+        return self.step(tokens, state)[1]
 
     # --- the self-attention cache as an appended buffer (kv_buffer) -------------------------
     # Both the ONNX model and the eager one keep it so; each sets `_axes` (buffer input ->
@@ -167,6 +176,26 @@ class TransformerModel(TransformerSteps, RuntimeModel):
         return trim_rows(state.select(rows), self._cross, self._axes if self.buffered else None,
                          self.max_new_tokens_limit)
 
+    def extend(self, state: State, newcomers: list[State]) -> State:
+        """The running batch with the newcomers' rows written into its spare rows (the rows
+        already there are not copied); grown (all copied once) when rows, source or cache
+        slots run out. `state` must not be used again."""
+        if not self.buffered:
+            return self.join([state, *newcomers])
+        ragged = {ENCODER_ATTENTION_MASK: 1} | dict.fromkeys(self._cross, 2) | self._axes  # name -> its padded axis
+        arrays = extend_rows(state.numpy().arrays, [s.numpy().arrays for s in newcomers], ragged)
+        return State(arrays, int(arrays[PAST_LENGTHS].max())).owning()
+
+    def retain(self, state: State, rows: list[int]) -> State:
+        """`take`, moving only the rows that change place (see RuntimeModel.retain); the source
+        and the cache are cut (copied) only once they are well past what the rows use."""
+        if not self.buffered:
+            return self.take(state, rows)
+        moved = retain_rows(state.numpy().arrays, rows)
+        if moved is None:
+            return self.take(state, rows)
+        return trim_rows(State(moved, state.length), self._cross, self._axes, self.max_new_tokens_limit, slack=True)
+
 
 def _pad(a: np.ndarray, axis: int, size: int) -> np.ndarray:
     """`a` zero-padded along `axis` to `size`."""
@@ -198,13 +227,60 @@ def join_rows(states: list[State], cross: list[str], axes: dict[str, int] | None
     return State(arrays, max(s.length for s in states)).owning()
 
 
-def trim_rows(state: State, cross: list[str], axes: dict[str, int] | None, limit: int) -> State:
+def extend_rows(arrays: dict[str, np.ndarray], newcomers: list[dict[str, np.ndarray]],
+                ragged: dict[str, int]) -> dict[str, np.ndarray]:
+    """Each (b, ...) array with the newcomers' rows after its own, zero-padded along its
+    `ragged` axis (source columns, cache slots) to the batch's size there. An array that is the
+    leading rows of a larger buffer (`spare_rows`) that fits gets them written in place; any
+    other is reallocated with room for as many rows again (the next joins write in place)."""
+    n = next(iter(arrays.values())).shape[0]
+    total = n + sum(next(iter(a.values())).shape[0] for a in newcomers)
+    out = {}
+    for name, a in arrays.items():
+        axis = ragged.get(name)
+        parts = [a] + [new[name] for new in newcomers]
+        size = max(p.shape[axis] for p in parts) if axis is not None else None
+        buf = spare_rows(a, total)
+        if buf is None or (axis is not None and buf.shape[axis] < size):
+            shape = list(a.shape)
+            shape[0] = 2 * total
+            if axis is not None:
+                shape[axis] = size
+            buf = np.zeros(shape, a.dtype)
+            start = 0
+        else:
+            parts, start = parts[1:], n  # the batch's own rows are in place already
+        for p in parts:
+            rows = slice(start, start + p.shape[0])
+            if axis is None:
+                buf[rows] = p
+            else:  # the row's columns past its own size must read as padding (0)
+                buf[rows] = 0
+                buf[(rows,) + (slice(None),) * (axis - 1) + (slice(0, p.shape[axis]),)] = p
+            start += p.shape[0]
+        out[name] = buf[:total]
+    return out
+
+
+def spare_rows(a: np.ndarray, rows: int) -> np.ndarray | None:
+    """The buffer `a` is the leading rows of, when it has at least `rows` rows (views of a
+    C-contiguous buffer's first rows are contiguous: a graph reads them as they are), else None."""
+    buf = a.base
+    if type(buf) is not np.ndarray or buf.shape[1:] != a.shape[1:] or buf.shape[0] < rows \
+            or not buf.flags.c_contiguous or buf.ctypes.data != a.ctypes.data:
+        return None
+    return buf
+
+
+def trim_rows(state: State, cross: list[str], axes: dict[str, int] | None, limit: int, slack: bool = False) -> State:
     """A state after rows left: the source cut to the last column any row still uses and a
-    cache buffer more than twice as large as its rows need cut down (copies; `state` is fresh)."""
+    cache buffer more than twice as large as its rows need cut down (copies; `state` is fresh).
+    `slack`: the source is cut only when a quarter of its columns or more are unused (each cut
+    copies every row; the running batch would otherwise copy at almost every leave)."""
     arrays = dict(state.arrays)
     mask = arrays[ENCODER_ATTENTION_MASK]
     used = int(np.flatnonzero(mask.any(0))[-1]) + 1 if mask.size else 0
-    if used < mask.shape[1]:
+    if used < (mask.shape[1] * 3 // 4 + 1 if slack else mask.shape[1]):
         arrays[ENCODER_ATTENTION_MASK] = np.ascontiguousarray(mask[:, :used])
         for name in cross:
             arrays[name] = np.ascontiguousarray(arrays[name][:, :, :used])
