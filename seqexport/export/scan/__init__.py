@@ -9,16 +9,20 @@ from seqexport.export.scan.lowerings import CHUNK, LOWERINGS, check_lowering, sc
 __all__ = ["CHUNK", "LOWERINGS", "custom_translation_table", "scan_for", "wkv_translation_table"]
 
 
-def custom_translation_table(lowering: str) -> dict | None:
-    """What `torch.onnx.export(custom_translation_table=...)` needs for a lowering, or None."""
-    check_lowering(lowering)
-    if lowering == "unrolled":
-        return None
+def custom_translation_table(lowering: str | None) -> dict:
+    """What `torch.onnx.export(custom_translation_table=...)` needs for a Mamba prefill with a
+    lowering, or (None) for its step graph: the scan op, and softplus (Δ) in vectorised ops."""
     from seqexport.export.scan import onnx_functions  # onnxscript only when exporting
 
+    table = {torch.ops.aten.softplus.default: onnx_functions.softplus}
+    if lowering is None:
+        return table
+    check_lowering(lowering)
     if lowering == "loop":
-        return {torch.ops.seqexport.selective_scan_chunked.default: onnx_functions.scan_chunked}
-    return {torch.ops.seqexport.selective_scan_doubling.default: onnx_functions.scan_doubling}
+        table[torch.ops.seqexport.selective_scan_chunked.default] = onnx_functions.scan_chunked
+    elif lowering == "parallel":
+        table[torch.ops.seqexport.selective_scan_doubling.default] = onnx_functions.scan_doubling
+    return table
 
 
 def wkv_translation_table() -> dict:

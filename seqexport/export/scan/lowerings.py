@@ -44,9 +44,12 @@ def _scan_chunk(
 
     h: (b, 1, d_in, n); u, delta: (b, k, d_in); B, C: (b, k, n).
     Returns y (b, k, d_in) and h (b, 1, d_in, n) after the k steps.
+    The outer products are matmuls with an inner size of 1 (exact products): traced, ONNX
+    Runtime runs them far faster than a Mul broadcasting over n (see onnx_functions).
     """
-    dA = torch.exp(delta.unsqueeze(-1) * A)  # (b, k, d_in, n)
-    dBu = (delta * u).unsqueeze(-1) * B.unsqueeze(2)  # (b, k, d_in, n)
+    ones = torch.ones(1, A.shape[-1], dtype=A.dtype, device=A.device)  # (1, n)
+    dA = torch.exp((delta.unsqueeze(-1) @ ones) * A)  # (b, k, d_in, n)
+    dBu = (delta * u).unsqueeze(-1) @ B.unsqueeze(2)  # (b, k, d_in, n)
     hs = []
     for dA_i, dBu_i in zip(dA.split(1, dim=1), dBu.split(1, dim=1), strict=True):
         h = dA_i * h + dBu_i  # (b, 1, d_in, n)

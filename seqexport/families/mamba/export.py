@@ -1,7 +1,8 @@
 """Mamba -> prefill.onnx (one of three scan lowerings) + step.onnx, with explicit state.
 
 Both graphs take and return every layer's (conv_state, ssm_state); zeros start a
-fresh sequence. The step graph is the model's one-token `step`: no loop in it.
+fresh sequence. The step graph is the model's one-token `step` (traced from its export-side
+formulation, `step_graph`): no loop in it.
 """
 
 import numpy as np
@@ -19,6 +20,7 @@ from seqexport.export.common import (
 )
 from seqexport.export.scan import LOWERINGS, custom_translation_table, scan_for
 from seqexport.families.mamba.specs import graph_specs
+from seqexport.families.mamba.step_graph import lm_step
 from seqexport.models.mamba import MambaLM, selective_scan_ref
 from seqexport.parity.inputs import random_inputs
 from seqexport.specs import GraphSpec
@@ -58,14 +60,16 @@ class PrefillGraph(nn.Module):
 
 
 class StepGraph(nn.Module):
-    """(input_ids (b, 1), *state) -> logits (b, 1, v), *new state."""
+    """(input_ids (b, 1), *state) -> logits (b, 1, v), *new state. `step_fn(model, ids, state)`:
+    the model's own step (validate's reference) or `step_graph.lm_step`, what step.onnx is
+    traced from (the same function in ops ONNX Runtime runs well at batch > 1)."""
 
-    def __init__(self, model: MambaLM):
+    def __init__(self, model: MambaLM, step_fn=MambaLM.step):
         super().__init__()
-        self.model = model
+        self.model, self.step_fn = model, step_fn
 
     def forward(self, input_ids, *state):
-        logits, new_state = self.model.step(input_ids, _pairs(state))
+        logits, new_state = self.step_fn(self.model, input_ids, _pairs(state))
         return (logits[:, None], *_flat(new_state))
 
 
@@ -105,8 +109,8 @@ def export_mamba(ckpt, preset: str | None, out, *, scan: str = "loop", seq_len: 
                              tmp / "prefill.onnx", opset, dynamic_shapes_for(specs["prefill"], varargs_from=1),
                              custom_translation_table(scan))
             with step("exporting step"):
-                export_graph(wrapper(model, "step"), step_args, specs["step"], tmp / "step.onnx", opset,
-                             dynamic_shapes_for(specs["step"], varargs_from=1))
+                export_graph(StepGraph(model, lm_step), step_args, specs["step"], tmp / "step.onnx", opset,
+                             dynamic_shapes_for(specs["step"], varargs_from=1), custom_translation_table(None))
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
                           options={"scan": scan, "seq_len": seq_len}, tokenizer=tokenizer)
