@@ -172,6 +172,7 @@ def test_config_out_is_a_ray_serve_config_with_this_server(dates, tmp_path):
     assert bad.exit_code == 2 and "--autoscale 3:1" in bad.output
 
 
+@pytest.mark.slow  # a Ray cluster, then a server on it: about a minute
 def test_serve_joins_a_running_ray_cluster(dates, tmp_path, monkeypatch):
     """`seqexport serve --address` against a real Ray cluster (a head started here with `ray
     start --block`, in its own session): the replica runs in the cluster's workers, answers with
