@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -15,10 +16,13 @@ from click.testing import CliRunner
 import seqexport.bench
 import seqexport.bench.run as bench_run
 import seqexport.bench.scaling as bench_scaling
+import seqexport.families
+import seqexport.runtime
 from seqexport.bench.lowering_study import format_rows, study, study_scan
 from seqexport.bench.run import _ms, format_table, run_bench
 from seqexport.bench.scaling import measure_scaling
 from seqexport.bench.timing import median_ratio, time_eager_and_ort
+from seqexport.checkpoints.presets import build_preset
 from seqexport.cli import cli
 from seqexport.errors import UsageError
 from tests.conftest import UNROLLED_LEN
@@ -99,6 +103,46 @@ def test_unrolled_prefill_only_at_its_length(mamba_exports):
     result = run_bench(folder, provider="cpu", fast=True, contexts=(4,))
     assert [p["length"] for p in result["prefills"]] == [UNROLLED_LEN]
     assert any("unrolled" in n for n in result["notes"])
+
+
+@pytest.fixture(scope="module")
+def rwkv_tiny(tmp_path_factory):
+    """(checkpoint, exported folder) of the tiny RWKV-7 preset."""
+    from seqexport.families.rwkv.export import export_rwkv
+
+    ckpt = build_preset("rwkv", "tiny", seed=0)
+    out = tmp_path_factory.mktemp("export") / "rwkv-tiny"
+    export_rwkv(ckpt, "tiny", out)
+    return ckpt, out
+
+
+def test_rwkv_fast(rwkv_tiny):
+    ckpt, folder = rwkv_tiny
+    result = run_bench(folder, provider="cpu", fast=True, contexts=(3, 17))
+    _check_common(result, "rwkv")
+    assert [s["batch"] for s in result["steps"]] == [1]
+    assert [p["length"] for p in result["prefills"]] == [3, 17]
+    assert {p["lowering"] for p in result["prefills"]} == {"scan"}
+    # per layer two token shifts (c) and a WKV matrix per head (h, n, n), float32, at any context
+    cfg = ckpt.config
+    assert set(result["state_bytes"].values()) == {cfg.n_layer * (2 * cfg.n_embd + cfg.n_head * cfg.head_size**2) * 4}
+
+
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_prefill_cases_compute_what_their_columns_name(family, mamba_exports, request):
+    """Against the eager full forward (`eager`): the runtime's prefill as generation runs it and
+    the bare session give the last position's logits, `ort_all` every position's."""
+    ckpt, folder = mamba_exports("loop") if family == "mamba" else request.getfixturevalue("rwkv_tiny")
+    model = ckpt.model.float().eval()
+    runtime = seqexport.runtime.load(folder, provider="cpu", threads=1)
+    bench = seqexport.families.get(family).bench
+    (case,) = bench.prefill_cases(runtime, model, (2,), (19,), np.random.default_rng(0), [])
+    full = case.fns["eager"]()[0].detach().numpy()  # (b, 19, v)
+    assert full.shape[:2] == (2, 19)
+    for name, want in (("ort", full[:, -1:]), ("ort_session", full[:, -1:]), ("ort_all", full)):
+        got = np.asarray(case.fns[name]()[0])
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=name)
 
 
 def test_user_errors(transformer_tiny, tmp_path):
