@@ -19,6 +19,7 @@ import seqexport
 from seqexport.checkpoints.io import Checkpoint, checkpoint_sha256, save_checkpoint
 from seqexport.errors import ExportError
 from seqexport.export.atomic import atomic_folder
+from seqexport.export.decompose import skipping_needless_decompositions
 from seqexport.export.weights import WEIGHTS_FILE, Weights, share_weights
 from seqexport.manifest import graph_entry, sha256_file, write_manifest
 from seqexport.specs import GraphSpec
@@ -103,7 +104,7 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
     keep = [t for t in spec.inputs if t.role == "keep"]
     if keep:
         args = tuple(a for a, t in zip(args, spec.inputs, strict=True) if t.role != "keep")
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), skipping_needless_decompositions():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module, args, dynamo=True, opset_version=opset,
