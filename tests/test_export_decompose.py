@@ -30,7 +30,7 @@ class AsIs(torch.nn.Module):
         c, _ = torch.split(a, [4, 2], dim=-1)  # (b, l, 4)
         t = (b * self.scale.to(x.dtype)).transpose(1, 2)  # (b, 6, l)
         flat = t.reshape(t.shape[0], t.shape[1] * t.shape[2])  # (b, 6 * l)
-        wide = c.to(torch.float64).sum(-1).to(torch.float32)  # (b, l)
+        wide = c.to(torch.float64).sum(-1).to(torch.float32) + 1.0  # (b, l)
         return flat, wide
 
 
@@ -114,3 +114,20 @@ def test_the_exporter_is_restored_afterwards():
         assert _fx_passes.decompose_with_registry is not before
         raise RuntimeError("an export failing midway")
     assert _fx_passes.decompose_with_registry is before
+
+
+class CastOut(torch.nn.Module):
+    """An output that is a `to(dtype)` call: the program's signature names that node."""
+
+    def forward(self, x):  # x: (b, l, 8)
+        return (x * 2.0).to(torch.float64)
+
+
+def test_a_cast_output_is_left_to_the_decomposition():
+    stats: dict = {}
+    model = export(CastOut().eval(), torch.randn(2, 3, 8), skip=True, stats=stats, outputs=("y",))
+    assert stats == {"decomposed": 1}
+    xs = torch.randn(3, 5, 8)
+    got = run(model, xs.numpy())[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, (xs * 2.0).double().numpy())

@@ -93,6 +93,26 @@ def keep_last_positions(model: onnx.ModelProto, keep, logits: str) -> None:
     model.graph.input.append(onnx.helper.make_tensor_value_info(keep.name, onnx.TensorProto.INT64, list(keep.dims)))
 
 
+@contextlib.contextmanager
+def _fx_stack_traces(on: bool):
+    """Whether torch.fx records the Python stack of every traced node: a tenth of tracing's
+    seconds, kept only as ONNX node metadata (`pkg.torch.onnx.stack_trace`, which nothing
+    here reads) and in the messages of exports that fail."""
+    before = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = not on
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = before
+
+
+def _onnx_program(module: torch.nn.Module, args: tuple, kwargs: dict, stack_traces: bool):
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            skipping_needless_decompositions(), _fx_stack_traces(stack_traces):
+        warnings.simplefilter("ignore")
+        return torch.onnx.export(module, args, **kwargs)
+
+
 def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Path, opset: int,
                  dynamic_shapes, custom_translation_table: dict | None = None) -> onnx.ModelProto:
     """Export one graph with the spec's names and dims, save it, and check it.
@@ -104,13 +124,13 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
     keep = [t for t in spec.inputs if t.role == "keep"]
     if keep:
         args = tuple(a for a, t in zip(args, spec.inputs, strict=True) if t.role != "keep")
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), skipping_needless_decompositions():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            module, args, dynamo=True, opset_version=opset,
-            input_names=[t.name for t in traced_inputs(spec)], output_names=spec.output_names,
-            dynamic_shapes=dynamic_shapes, custom_translation_table=custom_translation_table,
-        )
+    kwargs = dict(dynamo=True, opset_version=opset, input_names=[t.name for t in traced_inputs(spec)],
+                  output_names=spec.output_names, dynamic_shapes=dynamic_shapes,
+                  custom_translation_table=custom_translation_table)
+    try:
+        program = _onnx_program(module, args, kwargs, stack_traces=False)
+    except Exception:  # the same failure again, its message naming the model's source lines
+        program = _onnx_program(module, args, kwargs, stack_traces=True)
     model = program.model_proto
     for t in keep:
         keep_last_positions(model, t, spec.outputs[0].name)
