@@ -140,7 +140,9 @@ def test_two_replicas_survive_one_killed_under_load(dates, tmp_path):
               f"{victim} killed after {killed_after} answers, {cut} of its streams half-way; errors: "
               f"{sorted({str(d) for k, _, _, d in outcome if k == 'errored'})}")
         assert len(outcome) == len(texts) and counts["lost"] == 0
-        assert cut >= 1 and broken + streams["errored"] >= 1  # a stream was cut: its client saw it
+        # the kill came while a stream was half-way at its client: that stream either completed
+        # (its last tokens were already on their way) or its client saw the cut, never a quiet end
+        assert cut >= 1
         assert all(detail == expect[text] for kind, text, _, detail in outcome if kind == "completed")
         for kind, text, streamed, _ in outcome:  # the retries complete, on whichever replica is up
             if kind == "errored":
