@@ -193,8 +193,8 @@ def test_validate_fails_when_the_decoder_causal_mask_is_off_by_one(tmp_path, mon
     import seqexport.families.transformer.export as tf_export
     from seqexport.checkpoints import build_preset
 
-    real = tf_export.wrapper
-    monkeypatch.setattr(tf_export, "wrapper",
+    real = tf_export.exported_module
+    monkeypatch.setattr(tf_export, "exported_module",
                         lambda model, graph: OffByOneCausalDecoder(model) if graph == "decoder" else real(model, graph))
     out = tmp_path / "off-by-one"
     tf_export.export_transformer(build_preset("transformer", "tiny", seed=1), "tiny", out)

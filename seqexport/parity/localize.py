@@ -12,6 +12,7 @@ and block outputs are top-level).
 import ast
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
@@ -74,6 +75,20 @@ def _layer_of(path: str) -> str:
     return ""
 
 
+def _as_graph_value(eager: torch.Tensor, got) -> np.ndarray | None:
+    """The eager module output in the graph value's shape, or None if it is not that value.
+
+    An export-side formulation may run a module on flattened rows (b·t, d) where eager ran it
+    on (b, t, d): the same values in the same order, so only a reshape tells them apart."""
+    if got is None:
+        return None
+    if tuple(eager.shape) == got.shape:
+        return eager.numpy()
+    if eager.ndim and got.ndim and eager.numel() == got.size and eager.shape[-1] == got.shape[-1]:
+        return eager.reshape(got.shape).numpy()  # (b, t, d) -> (b·t, d)
+    return None
+
+
 def first_divergence(onnx_path, wrapper: torch.nn.Module, torch_inputs: tuple, feeds: dict,
                      atol: float, rtol: float, providers: list[str]) -> Divergence | None:
     """Run the shipped graph with every module's output exposed; return the first that differs."""
@@ -105,7 +120,7 @@ def first_divergence(onnx_path, wrapper: torch.nn.Module, torch_inputs: tuple, f
     checked = 0
     for scope, v, _ in ends:
         got = values.get(v)
-        candidates = [t.numpy() for t in captured[scope] if got is not None and tuple(t.shape) == got.shape]
+        candidates = [c for t in captured[scope] if (c := _as_graph_value(t, got)) is not None]
         if not candidates:
             continue  # the scope's last node is not one of the module's outputs
         checked += 1

@@ -86,6 +86,12 @@ def wrapper(model: Transformer, graph: str, appended: bool = True) -> nn.Module:
     return {"encoder": EncoderGraph, "decoder": decoder}[graph](model)
 
 
+def exported_module(model: Transformer, graph: str) -> nn.Module:
+    """The module each graph's ONNX is traced from: the encoder's eager wrapper, and the
+    decoder's batch-friendly formulation (decoder_graph) of what `wrapper` computes."""
+    return FastDecoderGraph(model) if graph == "decoder" else wrapper(model, graph)
+
+
 def example_inputs(specs: dict[str, GraphSpec], dtype: torch.dtype) -> dict[str, tuple]:
     """Inputs for tracing; sizes >= 2 and all different so no dim is specialised."""
     sizes = dict(batch=2, src_len=5, tgt_len=3, past_len=4)
@@ -107,11 +113,9 @@ def export_transformer(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OP
 
     def build(tmp):
         with torch.no_grad():
-            # the decoder traced from its batch-friendly formulation (decoder_graph), not the eager step
-            for graph, module, varargs_from in (("encoder", wrapper(model, "encoder"), None),
-                                                ("decoder", FastDecoderGraph(model), 3)):
+            for graph, varargs_from in (("encoder", None), ("decoder", 3)):
                 with step(f"exporting {graph}"):
-                    export_graph(module, args[graph], specs[graph], tmp / f"{graph}.onnx", opset,
+                    export_graph(exported_module(model, graph), args[graph], specs[graph], tmp / f"{graph}.onnx", opset,
                                  dynamic_shapes_for(specs[graph], varargs_from=varargs_from))
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
