@@ -306,17 +306,24 @@ def bench_serve(folder, clients, n_requests, max_tokens, http, json_path, **kw):
             json.dump(result, f, indent=2)
 
 
+def _exit_interrupted(message: str) -> None:
+    """Say so and exit 130 at once. Everything has unwound (temporary folders are gone), and
+    interpreter shutdown after a Ctrl-C that landed inside an import could die of SIGINT (-2)."""
+    click.echo(message, err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(INTERRUPTED)
+
+
 def main():
     # SIGTERM unwinds like Ctrl-C, so an interrupted export removes its temporary folder.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         code = cli.main(prog_name="seqexport", standalone_mode=False)
     except click.exceptions.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
-        click.echo("interrupted", err=True)
-        code = INTERRUPTED
+        _exit_interrupted("interrupted")
     except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        code = INTERRUPTED
+        _exit_interrupted("\ninterrupted")
     except click.ClickException as e:  # usage errors: one line, naming where help is
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""

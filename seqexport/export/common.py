@@ -113,6 +113,17 @@ def _onnx_program(module: torch.nn.Module, args: tuple, kwargs: dict, stack_trac
         return torch.onnx.export(module, args, **kwargs)
 
 
+def _stop_inside(error: BaseException) -> BaseException | None:
+    """A KeyboardInterrupt or SystemExit that `error` was raised from, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if not isinstance(error, Exception):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Path, opset: int,
                  dynamic_shapes, custom_translation_table: dict | None = None) -> onnx.ModelProto:
     """Export one graph with the spec's names and dims, save it, and check it.
@@ -129,8 +140,11 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
                   custom_translation_table=custom_translation_table)
     try:
         program = _onnx_program(module, args, kwargs, stack_traces=False)
-    except Exception:  # the same failure again, its message naming the model's source lines
-        program = _onnx_program(module, args, kwargs, stack_traces=True)
+    except Exception as e:
+        stop = _stop_inside(e)
+        if stop is not None:  # Ctrl-C or SIGTERM, which torch.onnx wraps in its export error
+            raise stop from None
+        program = _onnx_program(module, args, kwargs, stack_traces=True)  # its message names source lines
     model = program.model_proto
     for t in keep:
         keep_last_positions(model, t, spec.outputs[0].name)
