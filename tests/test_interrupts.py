@@ -14,6 +14,13 @@ import pytest
 from seqexport.export import atomic
 
 
+def sigint_as_a_terminal_sends_it() -> None:
+    """Child side, before exec: SIGINT handled by default, also when the test run itself was
+    started in the background (a shell starts background jobs with SIGINT ignored, and a
+    Python started with it ignored never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _tree(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
@@ -82,7 +89,8 @@ def test_signals_are_held_during_the_swap(earlier, monkeypatch):
 def export_under_way(target: Path) -> subprocess.Popen:
     """An export to `target` in a subprocess, returned once its temporary folder exists."""
     proc = subprocess.Popen([sys.executable, "-m", "seqexport.cli", "export", "transformer", "--preset", "tiny",
-                             "--out", str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--out", str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_a_terminal_sends_it)
     deadline = time.time() + 120
     while time.time() < deadline and not list(target.parent.glob(f".{target.name}.tmp-*")):
         time.sleep(0.05)
@@ -105,7 +113,8 @@ def test_ctrl_c_during_an_export_is_one_line_and_exit_130(tmp_path):
 def test_ctrl_c_before_the_command_starts_its_work(tmp_path):
     """Interrupted while torch is still being imported: the same one line and exit 130."""
     proc = subprocess.Popen([sys.executable, "-m", "seqexport.cli", "export", "mamba", "--preset", "tiny",
-                             "--out", str(tmp_path / "m")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--out", str(tmp_path / "m")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_a_terminal_sends_it)
     time.sleep(0.8)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

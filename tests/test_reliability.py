@@ -22,6 +22,13 @@ from seqexport.errors import ArtifactError, InputError, SeqexportError
 DTYPES = [np.int64, np.int32, np.uint8, np.float32, np.bool_]
 
 
+def sigint_as_a_terminal_sends_it() -> None:
+    """Child side, before exec: SIGINT handled by default, also when the test run itself was
+    started in the background (a shell starts background jobs with SIGINT ignored, and a
+    Python started with it ignored never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def tf(transformer_tiny):
     return rt.load(transformer_tiny[1], provider="cpu", threads=1)
@@ -213,7 +220,7 @@ def _export_then_interrupt(target, sig, before):
     proc = subprocess.Popen(
         [sys.executable, "-m", "seqexport.cli", "export", "transformer", "--preset", "tiny", "--seed", "1",
          "--out", str(target), "--overwrite"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=sigint_as_a_terminal_sends_it,
     )
     deadline = time.time() + 120
     begun = None
