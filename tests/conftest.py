@@ -1,5 +1,7 @@
 """Shared fixtures: tiny exports made once per test session (exporting is the slow part)."""
 
+import signal
+
 import pytest
 import torch
 
@@ -81,3 +83,10 @@ def bundled_exports(tmp_path_factory):
         return made[family]
 
     return get
+
+
+def sigint_as_a_terminal_sends_it() -> None:
+    """Child side, before exec: SIGINT handled by default, also when the test run itself was
+    started in the background (a shell starts background jobs with SIGINT ignored, and a
+    Python started with it ignored never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

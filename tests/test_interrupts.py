@@ -12,13 +12,7 @@ from pathlib import Path
 import pytest
 
 from seqexport.export import atomic
-
-
-def sigint_as_a_terminal_sends_it() -> None:
-    """Child side, before exec: SIGINT handled by default, also when the test run itself was
-    started in the background (a shell starts background jobs with SIGINT ignored, and a
-    Python started with it ignored never raises KeyboardInterrupt)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+from tests.conftest import sigint_as_a_terminal_sends_it
 
 
 def _tree(folder: Path) -> dict[str, bytes]:

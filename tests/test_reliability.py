@@ -18,15 +18,9 @@ from hypothesis import strategies as st
 import seqexport.runtime as rt
 from seqexport.cli import cli
 from seqexport.errors import ArtifactError, InputError, SeqexportError
+from tests.conftest import sigint_as_a_terminal_sends_it
 
 DTYPES = [np.int64, np.int32, np.uint8, np.float32, np.bool_]
-
-
-def sigint_as_a_terminal_sends_it() -> None:
-    """Child side, before exec: SIGINT handled by default, also when the test run itself was
-    started in the background (a shell starts background jobs with SIGINT ignored, and a
-    Python started with it ignored never raises KeyboardInterrupt)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="module")
