@@ -1,7 +1,8 @@
 """Export time: where a preset export's seconds go, and ours beside Optimum's in one run.
 
     scripts/bench_export_time.py phases [--family transformer] [--preset base]
-        one export in this process, each phase timed (wall and CPU seconds), per graph:
+        one export in this process (graphs one after another), each phase timed (wall and CPU
+        seconds), per graph:
         torch.export tracing, run_decompositions, type promotion, translation to ONNX,
         the onnxscript optimizer, serialising the ModelProto, our own passes, saving.
     scripts/bench_export_time.py compare [--rounds 3] [--optimum /tmp/optvenv/bin/optimum-cli]
@@ -191,6 +192,7 @@ def main() -> None:
     c.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if args.cmd == "phases":
+        os.environ["SEQEXPORT_EXPORT_JOBS"] = "1"  # every graph in this process, where the phases are timed
         phases(args.family, args.preset)
     else:
         compare(args.rounds, args.optimum, args.threads)

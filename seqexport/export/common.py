@@ -20,6 +20,7 @@ from seqexport.checkpoints.io import Checkpoint, checkpoint_sha256, save_checkpo
 from seqexport.errors import ExportError
 from seqexport.export.atomic import atomic_folder
 from seqexport.export.decompose import skipping_needless_decompositions
+from seqexport.export.type_promotion import skipping_needless_type_promotion
 from seqexport.export.weights import WEIGHTS_FILE, Weights, share_weights
 from seqexport.manifest import graph_entry, sha256_file, write_manifest
 from seqexport.specs import GraphSpec
@@ -108,7 +109,8 @@ def _fx_stack_traces(on: bool):
 
 def _onnx_program(module: torch.nn.Module, args: tuple, kwargs: dict, stack_traces: bool):
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            skipping_needless_decompositions(), _fx_stack_traces(stack_traces):
+            skipping_needless_decompositions(), skipping_needless_type_promotion(), \
+            _fx_stack_traces(stack_traces):
         warnings.simplefilter("ignore")
         return torch.onnx.export(module, args, **kwargs)
 

@@ -13,11 +13,10 @@ from seqexport.errors import UsageError
 from seqexport.export import DEFAULT_OPSET
 from seqexport.export.common import (
     dynamic_shapes_for,
-    export_graph,
     model_in_dtype,
-    step,
     write_artifact,
 )
+from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.export.scan import LOWERINGS, custom_translation_table, scan_for
 from seqexport.families.mamba.specs import graph_specs
 from seqexport.families.mamba.step_graph import lm_step
@@ -104,13 +103,13 @@ def export_mamba(ckpt, preset: str | None, out, *, scan: str = "loop", seq_len: 
 
     def build(tmp):
         with torch.no_grad():
-            with step(f"exporting prefill (scan: {scan})"):
-                export_graph(wrapper(model, "prefill", scan_for(scan)), prefill_args, specs["prefill"],
-                             tmp / "prefill.onnx", opset, dynamic_shapes_for(specs["prefill"], varargs_from=1),
-                             custom_translation_table(scan))
-            with step("exporting step"):
-                export_graph(StepGraph(model, lm_step), step_args, specs["step"], tmp / "step.onnx", opset,
-                             dynamic_shapes_for(specs["step"], varargs_from=1), custom_translation_table(None))
+            export_graphs([
+                GraphJob(f"prefill (scan: {scan})", wrapper(model, "prefill", scan_for(scan)), prefill_args,
+                         specs["prefill"], tmp / "prefill.onnx", opset,
+                         dynamic_shapes_for(specs["prefill"], varargs_from=1), custom_translation_table(scan)),
+                GraphJob("step", StepGraph(model, lm_step), step_args, specs["step"], tmp / "step.onnx", opset,
+                         dynamic_shapes_for(specs["step"], varargs_from=1), custom_translation_table(None)),
+            ])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
                           options={"scan": scan, "seq_len": seq_len}, tokenizer=tokenizer)

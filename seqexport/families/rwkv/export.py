@@ -12,11 +12,10 @@ from torch import nn
 from seqexport.export import DEFAULT_OPSET
 from seqexport.export.common import (
     dynamic_shapes_for,
-    export_graph,
     model_in_dtype,
-    step,
     write_artifact,
 )
+from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.export.scan import wkv_translation_table
 from seqexport.export.scan.wkv_lowering import wkv7_chunked
 from seqexport.families.rwkv.specs import graph_specs
@@ -94,14 +93,14 @@ def export_rwkv(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dt
 
     def build(tmp):
         with torch.no_grad():
-            with step("exporting prefill (WKV: chunked Scan)"):
-                export_graph(wrapper(model, "prefill", wkv7_chunked), prefill_args, specs["prefill"],
-                             tmp / "prefill.onnx", opset, dynamic_shapes_for(specs["prefill"], varargs_from=1),
-                             wkv_translation_table())
-            with step("exporting step"):
+            export_graphs([
+                GraphJob("prefill (WKV: chunked Scan)", wrapper(model, "prefill", wkv7_chunked), prefill_args,
+                         specs["prefill"], tmp / "prefill.onnx", opset,
+                         dynamic_shapes_for(specs["prefill"], varargs_from=1), wkv_translation_table()),
                 # traced from the batch-friendly formulation (step_graph), not the eager step
-                export_graph(FastStepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
-                             dynamic_shapes_for(specs["step"], varargs_from=1))
+                GraphJob("step", FastStepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
+                         dynamic_shapes_for(specs["step"], varargs_from=1)),
+            ])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
                           options={}, tokenizer=tokenizer)

@@ -15,11 +15,10 @@ from torch import nn
 from seqexport.export import DEFAULT_OPSET
 from seqexport.export.common import (
     dynamic_shapes_for,
-    export_graph,
     model_in_dtype,
-    step,
     write_artifact,
 )
+from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.transformer.decoder_graph import FastDecoderGraph
 from seqexport.families.transformer.specs import graph_specs
 from seqexport.models.transformer import Transformer
@@ -113,10 +112,9 @@ def export_transformer(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OP
 
     def build(tmp):
         with torch.no_grad():
-            for graph, varargs_from in (("encoder", None), ("decoder", 3)):
-                with step(f"exporting {graph}"):
-                    export_graph(exported_module(model, graph), args[graph], specs[graph], tmp / f"{graph}.onnx", opset,
-                                 dynamic_shapes_for(specs[graph], varargs_from=varargs_from))
+            export_graphs([GraphJob(graph, exported_module(model, graph), args[graph], specs[graph], tmp / f"{graph}.onnx",
+                                    opset, dynamic_shapes_for(specs[graph], varargs_from=varargs_from))
+                           for graph, varargs_from in (("encoder", None), ("decoder", 3))])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
                           options={}, tokenizer=tokenizer)
