@@ -8,47 +8,71 @@ import sys
 
 import pytest
 
-from seqexport.errors import ExportError, UsageError
+from seqexport.errors import UsageError
 from seqexport.export import parallel
-from seqexport.families.transformer import export as transformer_export
-from seqexport.presets import build_preset
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forked exports need os.fork")
 
 
-def export_with(jobs: str, out, monkeypatch, family="transformer"):
-    monkeypatch.setenv("SEQEXPORT_EXPORT_JOBS", jobs)
-    ckpt = build_preset(family, "tiny", seed=0)
-    {"transformer": transformer_export.export_transformer}[family](ckpt, "tiny", out)
-    return out
+def run_script(script: str, *args, jobs: str = "2", timeout: int = 300) -> subprocess.CompletedProcess:
+    """A fresh Python (one thread, as `seqexport export` runs; a test worker may have others,
+    and then the export is sequential)."""
+    env = {**os.environ, "SEQEXPORT_EXPORT_JOBS": jobs}
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
-def test_side_by_side_export_writes_the_sequential_artifact(tmp_path, monkeypatch, capsys):
-    one = export_with("1", tmp_path / "one", monkeypatch)
-    assert "(2 processes)" not in capsys.readouterr().err
-    two = export_with("2", tmp_path / "two", monkeypatch)
-    assert "exporting encoder and decoder (2 processes)" in capsys.readouterr().err
+EXPORT = """
+import sys
+from seqexport.families.transformer.export import export_transformer
+from seqexport.presets import build_preset
+export_transformer(build_preset("transformer", "tiny", seed=0), "tiny", sys.argv[1])
+"""
+
+
+def test_side_by_side_export_writes_the_sequential_artifact(tmp_path):
+    one = run_script(EXPORT, tmp_path / "one", jobs="1")
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert "(2 processes)" not in one.stderr
+    two = run_script(EXPORT, tmp_path / "two", jobs="2")
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "exporting encoder and decoder (2 processes)" in two.stderr
     for name in ("encoder.onnx", "decoder.onnx", "weights.onnx.data"):
-        assert (one / name).read_bytes() == (two / name).read_bytes(), name
-    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())  # no .proto left
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
 
-def test_a_graph_failing_in_its_process_fails_the_export_and_writes_nothing(tmp_path, monkeypatch):
-    real = transformer_export.exported_module
+BROKEN_ENCODER = """
+import sys
+from seqexport.errors import ExportError
+from seqexport.families.transformer import export as transformer_export
+from seqexport.presets import build_preset
 
-    def broken(model, graph):
-        module = real(model, graph)
-        if graph == "encoder":  # the first graph: traced in the forked process
-            def fail(input_ids, attention_mask):
-                raise RuntimeError("the encoder cannot be traced today")
-            module.forward = fail
-        return module
+real = transformer_export.exported_module
 
-    monkeypatch.setattr(transformer_export, "exported_module", broken)
-    with pytest.raises(ExportError, match="the encoder cannot be traced today"):
-        export_with("2", tmp_path / "out", monkeypatch)
-    assert not (tmp_path / "out").exists()
-    assert list(tmp_path.iterdir()) == []  # nor a temporary folder
+def broken(model, graph):
+    module = real(model, graph)
+    if graph == "encoder":  # the first graph: traced in the forked process
+        def fail(input_ids, attention_mask):
+            raise RuntimeError("the encoder cannot be traced today")
+        module.forward = fail
+    return module
+
+transformer_export.exported_module = broken
+try:
+    transformer_export.export_transformer(build_preset("transformer", "tiny", seed=0), "tiny", sys.argv[1])
+except ExportError as e:
+    print("ExportError:", e)
+    sys.exit(3)
+"""
+
+
+def test_a_graph_failing_in_its_process_fails_the_export_and_writes_nothing(tmp_path):
+    r = run_script(BROKEN_ENCODER, tmp_path / "out")
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "exporting encoder and decoder (2 processes)" in r.stderr
+    assert "ExportError: exporting encoder:" in r.stdout and "the encoder cannot be traced today" in r.stdout
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor a temporary one
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", ""])
@@ -104,9 +128,7 @@ def test_a_session_left_for_the_collector_does_not_hang_the_forked_export(tmp_pa
     """A forked child that finalised an inherited ONNX Runtime session would wait forever for
     threads that were not forked (a test worker hung so): the child never collects them."""
     _, folder = transformer_tiny
-    env = {**os.environ, "SEQEXPORT_EXPORT_JOBS": "2"}
-    r = subprocess.run([sys.executable, "-c", HELD_SESSION, str(tmp_path / "out"), str(folder / "encoder.onnx")],
-                       env=env, capture_output=True, text=True, timeout=150)
+    r = run_script(HELD_SESSION, tmp_path / "out", folder / "encoder.onnx", timeout=150)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "exporting encoder and decoder (2 processes)" in r.stderr
     assert (tmp_path / "out" / "decoder.onnx").exists()
