@@ -295,3 +295,50 @@ def test_transformer_join_and_leave_write_in_place(transformer):
     assert reqs[0].finished and reqs[-1].finished and engine.active_rows == 3
     engine.run_until_done()
     assert reqs[-1].tokens == alone(transformer, prompts[4:], [rt.SearchOptions(max_new_tokens=3, eos_id=-1)])[0]
+
+
+def test_the_starter_begins_transformer_newcomers_beside_the_batch(transformer):
+    """With start(), a transformer newcomer's encoder runs on the starter thread while the
+    batch decodes: tokens stay generate()'s, a source the model refuses fails alone there, and
+    close() cancels what is still waiting or begun and stops both threads."""
+    too_long = [5] * (transformer.config["max_len"] + 5)
+    prompts = random_prompts(24, transformer.config["src_vocab_size"], seed=11)
+    options = rt.SearchOptions(max_new_tokens=12, eos_id=-1)
+    engine = Engine(transformer, max_rows=4).start()
+    assert engine._starter is not None and engine._starter.is_alive()
+    try:
+        reqs = []
+        for i, p in enumerate(prompts):
+            reqs.append(engine.submit(p, options))
+            if i == 10:
+                bad = engine.submit(too_long, options)
+            time.sleep(0.001)
+        assert all(r.wait(60) for r in reqs) and bad.wait(60)
+    finally:
+        engine.close()
+    assert engine.begun_ahead > 0  # the starter, not the engine thread, began some of them
+    assert [r.tokens for r in reqs] == alone(transformer, prompts, [options] * len(prompts))
+    assert bad.finish_reason == "error" and "positional table" in str(bad.error)
+
+    engine = Engine(transformer, max_rows=2).start()
+    starter, loop = engine._starter, engine._thread
+    waiting = [engine.submit(p, rt.SearchOptions(max_new_tokens=40, eos_id=-1)) for p in prompts[:12]]
+    time.sleep(0.05)
+    engine.close()
+    assert not starter.is_alive() and not loop.is_alive()
+    assert all(r.done.is_set() for r in waiting)
+    assert {r.finish_reason for r in waiting} <= {"length", "cancelled"} and waiting[-1].finish_reason == "cancelled"
+    assert not engine.has_work()
+
+
+def test_start_ahead_zero_begins_newcomers_inline(transformer):
+    engine = Engine(transformer, max_rows=4, start_ahead=0).start()
+    assert engine._starter is None
+    try:
+        reqs = [engine.submit(p, rt.SearchOptions(max_new_tokens=6)) for p in random_prompts(8, 200, seed=3)]
+        assert all(r.wait(60) for r in reqs)
+    finally:
+        engine.close()
+    assert engine.begun_ahead == 0
+    with pytest.raises(UsageError, match="start_ahead"):
+        Engine(transformer, start_ahead=-1)

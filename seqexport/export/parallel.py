@@ -100,15 +100,30 @@ def export_graphs(jobs: list[GraphJob]) -> None:
     common._pending[first:first] = [(job.spec.name, Path(job.path), model, job.module) for job, model in done]
 
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _fork(job: GraphJob) -> tuple[int, Path]:
     out = Path(job.path).with_suffix(".proto")
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # every object so far out of the collector's reach, here and in the child
-    pid = os.fork()
+    # A Ctrl-C or SIGTERM that lands during the fork could otherwise be handled in the child
+    # only (seen: the child's at-fork hooks ran the handler, the parent exported on); blocked
+    # across it, it reaches the parent once unblocked.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+        gc.unfreeze()
+        raise
     if pid:
         gc.unfreeze()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         return pid, out
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's _stop ends the child at once
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     code = 1
     try:  # the child: export, hand the graph (or the error) back, never return into the caller
         torch.set_num_threads(1)  # one core each; the parent traces on the other
