@@ -12,6 +12,7 @@ import torch
 from onnx import numpy_helper
 
 from seqexport.export.decompose import skipping_needless_decompositions
+from seqexport.export.type_promotion import skipping_needless_type_promotion
 
 
 class AsIs(torch.nn.Module):
@@ -106,14 +107,16 @@ def test_program_with_an_op_onnx_lacks_is_decomposed():
     np.testing.assert_allclose(run(model, xs.numpy())[0], module(xs).numpy(), rtol=1e-6)
 
 
-def test_the_exporter_is_restored_afterwards():
+@pytest.mark.parametrize("skipping, patched", [(skipping_needless_decompositions, "decompose_with_registry"),
+                                               (skipping_needless_type_promotion, "insert_type_promotion_nodes")])
+def test_the_exporter_is_restored_afterwards(skipping, patched):
     from torch.onnx._internal.exporter import _fx_passes
 
-    before = _fx_passes.decompose_with_registry
-    with pytest.raises(RuntimeError), skipping_needless_decompositions():
-        assert _fx_passes.decompose_with_registry is not before
+    before = getattr(_fx_passes, patched)
+    with pytest.raises(RuntimeError), skipping():
+        assert getattr(_fx_passes, patched) is not before
         raise RuntimeError("an export failing midway")
-    assert _fx_passes.decompose_with_registry is before
+    assert getattr(_fx_passes, patched) is before
 
 
 class CastOut(torch.nn.Module):

@@ -1,13 +1,12 @@
 """`skipping_needless_type_promotion`: a program of one dtype skips torch.onnx's type-promotion
 pass and comes out as the same graph; a program that mixes dtypes still gets its casts and
-runs as eager does."""
+runs as eager does. (That the exporter is restored afterwards: test_export_decompose.py.)"""
 
 import contextlib
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 import torch
 
 from seqexport.export.type_promotion import skipping_needless_type_promotion
@@ -75,12 +74,3 @@ def test_mixed_dtypes_still_get_their_casts():
     assert "Cast" in {node.op_type for node in model.graph.node}
     check_runs_as_eager(Mixed().eval(), model)
 
-
-def test_the_exporter_is_restored_afterwards():
-    from torch.onnx._internal.exporter import _fx_passes
-
-    before = _fx_passes.insert_type_promotion_nodes
-    with pytest.raises(RuntimeError), skipping_needless_type_promotion():
-        assert _fx_passes.insert_type_promotion_nodes is not before
-        raise RuntimeError("an export failing midway")
-    assert _fx_passes.insert_type_promotion_nodes is before
