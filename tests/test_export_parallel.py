@@ -67,11 +67,14 @@ except ExportError as e:
 """
 
 
-def test_a_graph_failing_in_its_process_fails_the_export_and_writes_nothing(tmp_path):
-    r = run_script(BROKEN_ENCODER, tmp_path / "out")
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_graph_torch_cannot_export_fails_the_export_alike_and_writes_nothing(tmp_path, jobs):
+    """In its forked process or in this one: one ExportError naming the graph and the cause."""
+    r = run_script(BROKEN_ENCODER, tmp_path / "out", jobs=jobs)
     assert r.returncode == 3, r.stderr[-2000:]
-    assert "exporting encoder and decoder (2 processes)" in r.stderr
-    assert "ExportError: exporting encoder:" in r.stdout and "the encoder cannot be traced today" in r.stdout
+    assert ("exporting encoder and decoder (2 processes)" in r.stderr) == (jobs == "2")
+    assert "ExportError: graph 'encoder': torch.onnx cannot export it:" in r.stdout
+    assert "the encoder cannot be traced today" in r.stdout
     assert list(tmp_path.iterdir()) == []  # neither the folder nor a temporary one
 
 

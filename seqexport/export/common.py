@@ -146,7 +146,15 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
         stop = _stop_inside(e)
         if stop is not None:  # Ctrl-C or SIGTERM, which torch.onnx wraps in its export error
             raise stop from None
-        program = _onnx_program(module, args, kwargs, stack_traces=True)  # its message names source lines
+        try:  # again with a Python stack per node: its message names source lines
+            program = _onnx_program(module, args, kwargs, stack_traces=True)
+        except Exception as again:
+            stop = _stop_inside(again)
+            if stop is not None:
+                raise stop from None
+            # one error naming the graph (`--debug` shows torch's own traceback)
+            raise ExportError(f"graph {spec.name!r}: torch.onnx cannot export it: {type(again).__name__}: {again}") \
+                from again
     model = program.model_proto
     for t in keep:
         keep_last_positions(model, t, spec.outputs[0].name)
