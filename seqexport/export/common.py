@@ -115,6 +115,20 @@ def _onnx_program(module: torch.nn.Module, args: tuple, kwargs: dict, stack_trac
         return torch.onnx.export(module, args, **kwargs)
 
 
+def fits_one_protobuf(module: torch.nn.Module) -> bool:
+    """Whether a graph holding this module's weights stays under protobuf's 2 GB limit
+    (above it the weights go to a side file: ByteSize itself fails there)."""
+    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    return weights <= TWO_GB - (256 << 20)
+
+
+def _raise_if_stopped(error: BaseException) -> None:
+    """Re-raise a Ctrl-C or SIGTERM that torch.onnx wrapped in its export error."""
+    stop = _stop_inside(error)
+    if stop is not None:
+        raise stop from None
+
+
 def _stop_inside(error: BaseException) -> BaseException | None:
     """A KeyboardInterrupt or SystemExit that `error` was raised from, if any."""
     seen = set()
@@ -143,15 +157,11 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
     try:
         program = _onnx_program(module, args, kwargs, stack_traces=False)
     except Exception as e:
-        stop = _stop_inside(e)
-        if stop is not None:  # Ctrl-C or SIGTERM, which torch.onnx wraps in its export error
-            raise stop from None
+        _raise_if_stopped(e)
         try:  # again with a Python stack per node: its message names source lines
             program = _onnx_program(module, args, kwargs, stack_traces=True)
         except Exception as again:
-            stop = _stop_inside(again)
-            if stop is not None:
-                raise stop from None
+            _raise_if_stopped(again)
             # one error naming the graph (`--debug` shows torch's own traceback)
             raise ExportError(f"graph {spec.name!r}: torch.onnx cannot export it: {type(again).__name__}: {again}") \
                 from again
@@ -162,9 +172,7 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
     if _pending is not None:  # inside write_artifact: saved there with the other graphs' weights
         _pending.append((spec.name, Path(path), model, module))
         return model
-    # Over the 2 GB protobuf limit the weights go to a side file (ByteSize itself fails there).
-    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
-    large = weights > TWO_GB - (256 << 20)
+    large = not fits_one_protobuf(module)
     onnx.save_model(model, str(path), save_as_external_data=large,
                     location=path.name + ".data" if large else None)
     onnx.checker.check_model(str(path), full_check=True)

@@ -63,16 +63,11 @@ def export_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _fits_one_protobuf(module: torch.nn.Module) -> bool:
-    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
-    return weights <= common.TWO_GB - (256 << 20)
-
-
 def export_graphs(jobs: list[GraphJob]) -> None:
     """Run every job (inside `write_artifact`: its graphs join the pending ones, in order)."""
     workers = min(len(jobs), export_jobs())
     if workers < 2 or not hasattr(os, "fork") or common._pending is None or threading.active_count() > 1 or \
-            not all(_fits_one_protobuf(j.module) for j in jobs):
+            not all(common.fits_one_protobuf(j.module) for j in jobs):
         for job in jobs:
             with common.step(f"exporting {job.label}"):
                 job.run()
@@ -112,18 +107,17 @@ def _fork(job: GraphJob) -> tuple[int, Path]:
     # only (seen: the child's at-fork hooks ran the handler, the parent exported on); blocked
     # across it, it reaches the parent once unblocked.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    pid = -1  # stays so when the fork fails: this process goes on as the parent
     try:
         pid = os.fork()
-    except BaseException:
+    finally:
+        if pid:
+            gc.unfreeze()
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's _stop ends the child at once
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
-        gc.unfreeze()
-        raise
     if pid:
-        gc.unfreeze()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         return pid, out
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's _stop ends the child at once
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     code = 1
     try:  # the child: export, hand the graph (or the error) back, never return into the caller
         torch.set_num_threads(1)  # one core each; the parent traces on the other

@@ -189,7 +189,7 @@ class Engine:
                       deadline=None if timeout is None else now + timeout, submitted=now)
         req._eos = _eos(self.model, options)
         with self._cond:
-            if len(self._waiting) + len(self._ready) + self._starting >= self.max_queue:
+            if self.queue_length >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue {self.max_queue})")
             self._waiting.append(req)
             self._cond.notify()
@@ -256,9 +256,7 @@ class Engine:
                 self._starting += 1
             try:
                 result = None if req.finished else self.model.begin_rows([req.prompt], req.options.start_id)
-            except SeqexportError as e:  # this prompt fails alone, when it would have joined
-                result = e
-            except Exception as e:  # noqa: BLE001 - the engine thread fails the request with it
+            except Exception as e:  # this prompt fails alone: the engine thread fails it with this
                 result = e
             with self._cond:
                 self._starting -= 1

@@ -98,13 +98,14 @@ class TransformerSteps:
 
 
 class TransformerModel(TransformerSteps, RuntimeModel):
+    begin_rows_runs_a_graph = True  # the encoder: the engine's starter thread runs it
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         spec = self.specs["decoder"]
         # A decoder with per-row lengths (appended cache) or an older one that concatenates.
         self.buffered = spec.lengths is not None
         self.continuous_batching = self.buffered  # rows may join at any step boundary
-        self.begin_rows_runs_a_graph = True  # the encoder: the engine's starter thread runs it
         self._axes = {inp: kv_buffer.axis_of(spec.input(inp).dims) for _, inp in spec.appends}
         self._first = next(iter(self._axes), None)
         self._appends = spec.appends
