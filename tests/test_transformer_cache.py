@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
@@ -128,7 +129,7 @@ def test_an_artifact_whose_decoder_concatenates_runs_and_validates(tmp_path):
 def test_cache_layouts_compare_side_by_side(transformer_tiny):
     """scripts/bench_kv_cache.py's measurement: both layouts timed at each context, bounds from
     the valid cache only (what a step must read), whatever the buffer's spare slots."""
-    from seqexport.families.transformer.bench import compare_cache_layouts
+    from seqexport.families.transformer.bench import compare_cache_layouts, step_linear_shapes
 
     r = compare_cache_layouts({"appended": transformer_tiny[1], "concat": CONCAT_ARTIFACT}, (4, 70),
                               threads=1, repeats=1, sample_s=0.01)
@@ -142,3 +143,24 @@ def test_cache_layouts_compare_side_by_side(transformer_tiny):
         assert row["moved_bytes"]["appended"] == per_slot * row["context"] + cross + 8  # + past_lengths
         gbs = r["bandwidth"]["gbs"]
         assert row["appended_bound_ms"] == pytest.approx((r["weights_bytes"] + row["moved_bytes"]["appended"]) / gbs / 1e6)
+    # the linears-only floor: every linear the step runs, whose weights are the bound's weights
+    model = transformer_tiny[0].model
+    norms = sum(p.numel() for n, p in model.decoder.named_parameters() if ".norm." in n)
+    assert sum(4 * (n * k + n) for n, k in step_linear_shapes(model)) + 4 * norms == r["weights_bytes"]
+    assert r["linears_only_ms"] > 0
+
+
+def test_linear_chain_computes_each_linear():
+    """The GEMV floor times real Gemms: each output is x @ Wᵀ + b of its own input (numpy)."""
+    from onnx import numpy_helper
+
+    from seqexport.bench.gemv_floor import linear_chain
+
+    model = linear_chain([(5, 3), (2, 5), (4, 3)])
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal((1, i.shape[1]), np.float32) for i in session.get_inputs()}
+    outs = session.run(None, feeds)
+    for i, (x, y) in enumerate(zip(["x3", "x5", "x3"], outs)):
+        np.testing.assert_allclose(y, feeds[x] @ weights[f"w{i}"].T + weights[f"b{i}"], rtol=1e-5, atol=1e-6)

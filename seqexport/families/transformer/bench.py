@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from seqexport.bench.cases import Case, bare_session, split_feeds
+from seqexport.bench.gemv_floor import linear_chain_run
 from seqexport.bench.tables import StepTable
 from seqexport.errors import UsageError
 from seqexport.families.transformer.specs import (
@@ -175,6 +176,8 @@ def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, r
         times = time_paired(fns, repeats, sample_s)
         rows.append({"context": past, **{f"{k}_ms": v * 1e3 for k, v in times.items()}, "moved_bytes": moved})
     bw = measure_bandwidth(512, repeats=9, threads=threads)
+    chain, _ = linear_chain_run(step_linear_shapes(eager), threads)
+    floor_ms = time_paired({"linears": chain}, repeats, sample_s)["linears"] * 1e3
     ref = next(iter(models))
     for row in rows:
         for label in models:
@@ -182,7 +185,14 @@ def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, r
             row[f"{label}_bound_ms"] = bound
             row[f"{label}_over_bound"] = row[f"{label}_ms"] / bound
             row[f"ratio_{label}"] = row[f"{label}_ms"] / row[f"{ref}_ms"]
-    return {"bandwidth": bw, "weights_bytes": weights, "labels": list(models), "rows": rows}
+    return {"bandwidth": bw, "weights_bytes": weights, "labels": list(models), "rows": rows,
+            "linears_only_ms": floor_ms, "linears_only_over_weights_bound": floor_ms / (weights / (bw["gbs"] * 1e9) * 1e3)}
+
+
+def step_linear_shapes(model) -> list[tuple[int, int]]:
+    """(out, in) of every linear one decode step runs: the weights of `step_weight_bytes`."""
+    return [tuple(m.weight.shape) for n, m in model.decoder.named_modules()
+            if isinstance(m, torch.nn.Linear) and ".cross_attn.W_k" not in n and ".cross_attn.W_v" not in n]
 
 
 def _weights_model(rt):
