@@ -1,11 +1,15 @@
-"""Where a prefill graph's time goes: ONNX Runtime's own profiler over one exported folder.
+"""Where a prefill graph's time goes, or a transformer decoder step's: ONNX Runtime's own
+profiler over one exported folder.
 
     .venv/bin/python scripts/profile_prefill.py exported/mamba-130m --length 1024 --threads 2
+    .venv/bin/python scripts/profile_prefill.py exported/transformer-base --length 4096
 
 Runs the prefill graph (the runtime's session options and shared weights) on a fresh state,
 `--runs` times after a warm-up, with `logits_to_keep` 1 (what generation asks for) and 0 (every
 position; what exports without the input always did), and prints the kernel time by operator
-type and by top-level node (a Loop's body counts under its Loop), as shares of the total.
+type and by top-level node (a Loop's body counts under its Loop), as shares of the total. For a
+transformer, `--length` is the decoder step's context: one token over a cache of that many
+valid slots, in the buffer the runtime would hold (`seqexport bench`'s step).
 """
 
 import argparse
@@ -26,10 +30,17 @@ from seqexport.runtime.session import session_options
 
 def profile(folder: Path, graph: str, length: int, keep: int | None, threads: int, runs: int) -> dict:
     model = load(folder, "cpu", threads=threads)
+    if model.family == "transformer":  # the decoder step at this context
+        from seqexport.families.transformer.bench import PROMPT_LEN, _step_feeds
+
+        graph, keeps = "decoder", []
+        feeds = {k: np.asarray(v) for k, v in
+                 _step_feeds(model, 1, length, np.random.default_rng(0), PROMPT_LEN[False]).items()}
     g = model.graphs[graph]
     shared = model.shared_weights.for_graph(g.path) if model.shared_weights else None
-    feeds = random_inputs(g.spec, dict(batch=1, seq_len=length), np.random.default_rng(0), zero_state=True)
-    keeps = [t.name for t in g.spec.inputs if t.role == "keep"]
+    if model.family != "transformer":
+        feeds = random_inputs(g.spec, dict(batch=1, seq_len=length), np.random.default_rng(0), zero_state=True)
+        keeps = [t.name for t in g.spec.inputs if t.role == "keep"]
     if keep is not None:
         feeds |= {name: np.array([keep], np.int64) for name in keeps}
     plain = ort.InferenceSession(str(g.path), session_options(threads, shared), providers=["CPUExecutionProvider"])
@@ -50,20 +61,30 @@ def profile(folder: Path, graph: str, length: int, keep: int | None, threads: in
         events = json.loads(Path(session.end_profiling()).read_text())
     runs_seen = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     first_timed = runs_seen[1]["ts"] if len(runs_seen) > 1 else 0
-    top = {n.name for n in onnx.load_model(str(g.path), load_external_data=False).graph.node}
+    body = _body_node_names(onnx.load_model(str(g.path), load_external_data=False).graph)
     by_op, by_node, in_body = Counter(), Counter(), Counter()
     for e in events:
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time") or e["ts"] < first_timed:
             continue
         op, node = e.get("args", {}).get("op_name", "?"), e["name"].removesuffix("_kernel_time")
-        if node in top:  # a Loop/Scan's time includes its body's nodes, listed apart below
+        if node in body:  # a Loop/Scan's time includes its body's nodes: listed apart below
+            in_body[op] += e["dur"]
+        else:  # a top-level node (those ORT fused have new names: none is in a body)
             by_op[op] += e["dur"]
             by_node[node] += e["dur"]
-        else:
-            in_body[op] += e["dur"]
     return {"graph": graph, "length": length, "logits_to_keep": keep if keeps else "(no input)",
             "wall_ms_median": float(np.median(walls)) * 1e3, "kernel_us": by_op, "node_us": by_node,
             "body_us": in_body, "runs": runs}
+
+
+def _body_node_names(graph) -> set[str]:
+    """Names of the nodes inside every Loop/Scan/If body of `graph`, at any depth."""
+    names = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                names |= {n.name for n in sub.node} | _body_node_names(sub)
+    return names
 
 
 def show(r: dict, top: int) -> None:
@@ -86,7 +107,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--top", type=int, default=10)
     args = p.parse_args()
-    for keep in (1, 0):
+    is_transformer = load(args.folder, "cpu", threads=1, verify=False).family == "transformer"
+    for keep in ((None,) if is_transformer else (1, 0)):
         show(profile(args.folder, args.graph, args.length, keep, args.threads, args.runs), args.top)
 
 

@@ -164,3 +164,20 @@ def test_linear_chain_computes_each_linear():
     outs = session.run(None, feeds)
     for i, (x, y) in enumerate(zip(["x3", "x5", "x3"], outs)):
         np.testing.assert_allclose(y, feeds[x] @ weights[f"w{i}"].T + weights[f"b{i}"], rtol=1e-5, atol=1e-6)
+
+
+def test_profile_script_shows_the_decoder_step(transformer_tiny):
+    """scripts/profile_prefill.py on a transformer profiles the decoder step at a context: its
+    fused nodes count as top-level (not as a Loop body's), and its linears show as Gemm."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "profile_prefill.py"), str(transformer_tiny[1]),
+                          "--length", "40", "--threads", "1", "--runs", "2", "--top", "40"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "decoder L=40" in out.stdout
+    top, body = out.stdout.split("inside Loop/Scan bodies")
+    assert "Gemm" in top and "MatMul" in top
+    assert body.strip() == ", by operator type:"  # the decoder has no Loop or Scan
