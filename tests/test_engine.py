@@ -297,30 +297,40 @@ def test_transformer_join_and_leave_write_in_place(transformer):
     assert reqs[-1].tokens == alone(transformer, prompts[4:], [rt.SearchOptions(max_new_tokens=3, eos_id=-1)])[0]
 
 
-def test_the_starter_begins_transformer_newcomers_beside_the_batch(transformer):
-    """With start(), a transformer newcomer's encoder runs on the starter thread while the
-    batch decodes: tokens stay generate()'s, a source the model refuses fails alone there, and
-    close() cancels what is still waiting or begun and stops both threads."""
-    too_long = [5] * (transformer.config["max_len"] + 5)
-    prompts = random_prompts(24, transformer.config["src_vocab_size"], seed=11)
-    options = rt.SearchOptions(max_new_tokens=12, eos_id=-1)
-    engine = Engine(transformer, max_rows=4).start()
+@pytest.mark.parametrize("family", ["transformer", "mamba", "rwkv"])
+def test_the_starter_begins_newcomers_beside_the_batch(family, request):
+    """With start(), a newcomer is begun on the starter thread while the batch decodes (a
+    transformer's encoder; a Mamba's or RWKV's whole prefill and first pick): tokens stay
+    generate()'s, a prompt the model refuses fails alone there, and close() cancels what is
+    still waiting or begun and stops both threads."""
+    model = request.getfixturevalue(family)
+    if family == "transformer":
+        vocab = model.config["src_vocab_size"]
+        bad_prompt, bad_text = [5] * (model.config["max_len"] + 5), "positional table"
+    else:
+        vocab = model.vocab_size
+        bad_prompt, bad_text = [5, vocab + 3, 6], f"token id {vocab + 3}"
+    prompts = random_prompts(24, vocab, seed=11)
+    greedy = rt.SearchOptions(max_new_tokens=12, eos_id=-1)
+    options = [greedy if i % 3 else rt.SearchOptions(max_new_tokens=12, eos_id=-1, do_sample=True, seed=i,
+                                                      temperature=1.2, top_k=30) for i in range(len(prompts))]
+    engine = Engine(model, max_rows=4).start()
     assert engine._starter is not None and engine._starter.is_alive()
     try:
         reqs = []
-        for i, p in enumerate(prompts):
-            reqs.append(engine.submit(p, options))
+        for i, (p, o) in enumerate(zip(prompts, options)):
+            reqs.append(engine.submit(p, o))
             if i == 10:
-                bad = engine.submit(too_long, options)
+                bad = engine.submit(bad_prompt, greedy)
             time.sleep(0.001)
         assert all(r.wait(60) for r in reqs) and bad.wait(60)
     finally:
         engine.close()
     assert engine.begun_ahead > 0  # the starter, not the engine thread, began some of them
-    assert [r.tokens for r in reqs] == alone(transformer, prompts, [options] * len(prompts))
-    assert bad.finish_reason == "error" and "positional table" in str(bad.error)
+    assert [r.tokens for r in reqs] == alone(model, prompts, options)  # seeded samples too
+    assert bad.finish_reason == "error" and bad_text in str(bad.error)
 
-    engine = Engine(transformer, max_rows=2).start()
+    engine = Engine(model, max_rows=2).start()
     starter, loop = engine._starter, engine._thread
     waiting = [engine.submit(p, rt.SearchOptions(max_new_tokens=40, eos_id=-1)) for p in prompts[:12]]
     time.sleep(0.05)

@@ -135,8 +135,9 @@ class RuntimeModel:
     # overrides join/take, or sets continuous_batching False (then the engine admits new
     # requests only when the running batch is empty).
     continuous_batching = True
-    # Whether `begin_rows` runs a graph (a transformer's encoder): then the engine runs it on a
-    # thread of its own, beside the batched step (a zero recurrent state is not worth the handoff).
+    # Whether `begin_rows` runs a graph (a transformer's encoder): then the engine's starter
+    # thread runs it beside the batched step; otherwise (a zero recurrent state) the starter
+    # runs `begin` instead, the prompt's whole prefill.
     begin_rows_runs_a_graph = False
 
     def join(self, states: list[State]) -> State:

@@ -29,13 +29,17 @@ newcomer that finds the batch empty, with no one to stall, is prefilled at once
 a later first token for a prompt that joins a running batch (a round per prompt token);
 `prefill_chunk=0` prefills every newcomer at admission instead (each stalls the batch once).
 
-Admission off the critical path: with `start()`, for a model whose `begin_rows` runs a graph
-(`begin_rows_runs_a_graph`: a transformer's encoder), a second thread (the "starter") runs
-it for waiting requests while the engine thread runs the batched step; ONNX Runtime releases the GIL, so on two cores the newcomer's encoder no
-longer stalls the rows already decoding (on the bundled transformer the encoder of one
-source costs about half a batch-16 step). The engine thread then only joins what the
-starter has ready, in arrival order. `start_ahead=0`, or `step()` called directly, starts
-newcomers inline on the engine thread as before.
+Admission off the critical path: with `start()`, a second thread (the "starter") begins
+waiting requests while the engine thread runs the batched step; ONNX Runtime releases the
+GIL, so on two cores a newcomer's graph no longer stalls the rows already decoding. For a
+model whose `begin_rows` runs a graph (`begin_rows_runs_a_graph`: a transformer's encoder,
+about half a batch-16 step on the bundled model) the starter runs `begin_rows`; for one whose
+`begin_rows` only makes a zero state (Mamba, RWKV-7) it runs `begin`, generate()'s own start
+(the whole prompt through the prefill graph, then the first token's logits), so the newcomer
+joins with its first token picked instead of feeding its prompt through the batch a token a
+round (on the bundled Mamba its prompt held a row for about as many rounds as it then
+generated). The engine thread only joins what the starter has ready, in arrival order.
+`start_ahead=0`, or `step()` called directly, starts newcomers inline on the engine thread.
 
 The engine never asks which family it runs: rows join and leave through the model's
 `extend`/`retain`, and a model whose rows cannot sit at different positions
@@ -70,6 +74,14 @@ def _by_start(reqs: list["Request"]) -> dict[int | None, list["Request"]]:
     for req in reqs:
         groups.setdefault(req.options.start_id, []).append(req)
     return groups
+
+
+@dataclass
+class _Begun:
+    """A request the starter began with `begin`: its first token's logits (1, v) and its state."""
+
+    logits: np.ndarray
+    state: State
 
 
 class QueueFull(Exception):
@@ -133,8 +145,8 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.start_ahead = start_ahead  # requests the starter thread may have begun before they join
         self._waiting: deque[Request] = deque()
-        # begun by the starter, in arrival order: (request, (state, pending) or the error it raised)
-        self._ready: deque[tuple[Request, tuple | Exception]] = deque()
+        # begun by the starter, in arrival order: (request, _Begun, (state, pending) or the error raised)
+        self._ready: deque[tuple[Request, "_Begun | tuple | Exception"]] = deque()
         self._starting = 0  # requests the starter holds right now
         self._starter: threading.Thread | None = None
         self._rows: list[Request] = []  # running requests, in the order of the state's rows
@@ -213,8 +225,7 @@ class Engine:
             self._stopping = False
             self._thread = threading.Thread(target=self._loop, name="seqexport-engine", daemon=True)
             self._thread.start()
-            if self.start_ahead and self.model.continuous_batching and self.prefill_chunk and \
-                    getattr(self.model, "begin_rows_runs_a_graph", False):
+            if self.start_ahead and self.model.continuous_batching and self.prefill_chunk:
                 self._starter = threading.Thread(target=self._start_loop, name="seqexport-starter", daemon=True)
                 self._starter.start()
         return self
@@ -245,7 +256,9 @@ class Engine:
             self.step()
 
     def _start_loop(self) -> None:
-        """The starter: `begin_rows` for waiting requests, at most `start_ahead` ready at once."""
+        """The starter: `begin_rows` (a graph: a transformer's encoder) or else `begin` (the
+        prompt's prefill and first logits) for waiting requests, at most `start_ahead` ready at once."""
+        prefills = not getattr(self.model, "begin_rows_runs_a_graph", False)
         while True:
             with self._cond:
                 while not self._stopping and not (self._waiting and len(self._ready) < self.start_ahead):
@@ -255,7 +268,12 @@ class Engine:
                 req = self._waiting.popleft()
                 self._starting += 1
             try:
-                result = None if req.finished else self.model.begin_rows([req.prompt], req.options.start_id)
+                if req.finished:
+                    result = None
+                elif prefills:
+                    result = _Begun(*self.model.begin([req.prompt], req.options.start_id))
+                else:
+                    result = self.model.begin_rows([req.prompt], req.options.start_id)
             except Exception as e:  # this prompt fails alone: the engine thread fails it with this
                 result = e
             with self._cond:
@@ -333,6 +351,8 @@ class Engine:
         for req, result in ready:
             if isinstance(result, Exception):
                 self._fail(req, result)
+            elif isinstance(result, _Begun):
+                self._join(self._started([req], result.logits, result.state))
             else:
                 self._enter([req], *result)
         newcomers: list[Request] = []
@@ -373,6 +393,11 @@ class Engine:
                 self._fail(group[0], e)
                 return []
             return [s for r in group for s in self._begin([r], start_id)]  # find the one at fault
+        return self._started(group, logits, state)
+
+    def _started(self, group: list[Request], logits: np.ndarray, state: State) -> list[State]:
+        """Begun requests' first tokens picked from their (k, v) logits; the rows that go on
+        join the running requests (the caller joins the state returned)."""
         self._pick_rows(group, logits, time.monotonic())
         keep = [i for i, r in enumerate(group) if not r.finished]
         self._rows += [group[i] for i in keep]
