@@ -231,9 +231,11 @@ def engine_options(f):
         click.option("--max-state-mb", type=click.FloatRange(min=0, min_open=True),
                      help="Cap on the running batch's cache/state memory, MiB [none]."),
         click.option("--prefill-chunk", type=click.IntRange(min=0), default=64, show_default=True,
-                     help="Prompt tokens a request joining a running batch feeds through its steps, one a round "
-                          "(no prefill stalls the batch); a longer prompt's earlier tokens are prefilled this many "
-                          "a round. 0: prefill each request as it joins."),
+                     help="N > 0: newcomers are begun on a starter thread beside the batched step (a "
+                          "transformer's encoder, a Mamba's or RWKV-7's prefill), and where the engine thread "
+                          "begins one itself it feeds up to N prompt tokens through the batched steps, one a round, "
+                          "longer prompts' earlier tokens prefilled N a round. 0: no starter; each request is "
+                          "prefilled as it joins (stalls the batch)."),
         click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
                      help="ONNX Runtime intra-op threads per engine (the engine thread and the HTTP server need "
                           "CPU too; more replicas use more cores)."),
