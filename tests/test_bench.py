@@ -72,6 +72,11 @@ def test_transformer_fast(transformer_tiny):
     assert by[1, 4] < by[1, 16] < by[2, 16]
     assert result["prefills"] == []
     assert "decoder step" in format_table(result)
+    # the GEMV floor: the step's linears alone, beside the bound
+    sw = result["step_weights"]
+    assert _positive(result["linears_only_ms"])
+    assert sw["linears_only_over_bound"] == pytest.approx(result["linears_only_ms"] / sw["bound_ms"])
+    assert "the step's linears alone" in format_table(result)
 
 
 def test_mamba_fast_through_cli(mamba_exports, tmp_path):

@@ -187,7 +187,7 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
             "notes": notes,
         }
         result["steps"] = _time_cases(bench.step_cases(rt, model, batches, contexts, prompt_len, rng), **timing)
-        result |= bench.extra_results(rt, contexts, rng)
+        result |= bench.extra_results(rt, contexts, rng, threads=threads, repeats=repeats, sample_s=cfg["sample_s"])
         result["prefills"] = _time_cases(bench.prefill_cases(rt, model, batches, contexts, rng, notes), **timing)
         result["generation"] = [_generation(rt, ckpt, bench, b, prompt_len, new_tokens, rng=rng, **timing)
                                 for b in batches]
@@ -201,6 +201,8 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
     result["bandwidth"] = bw
     weights = bench.step_weight_bytes(model, dtype)
     result["step_weights"] = {"bytes": weights, "bound_ms": weights / (bw["gbs"] * 1e9) * 1e3}
+    if "linears_only_ms" in result:
+        result["step_weights"]["linears_only_over_bound"] = result["linears_only_ms"] / result["step_weights"]["bound_ms"]
     for row in result["steps"]:
         # Weights are read once for the whole batch. With the state: what the family says a step
         # must move (the transformer's valid cache, read once), else the state read and the new

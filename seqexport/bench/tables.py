@@ -46,6 +46,10 @@ def format_table(result: dict) -> str:
         f"weights read per step {sw['bytes'] / 1e6:.2f} MB -> bound {sw['bound_ms']:.3f} ms",
         f"ratios: ORT (runtime step) ÷ the faster eager of torch at {n} thread(s) and at 1",
     ]
+    if "linears_only_ms" in r:
+        lines.insert(-1, f"the step's linears alone (independent Gemms at batch 1, no other operator): "
+                         f"{r['linears_only_ms']:.3f} ms, {sw['linears_only_over_bound']:.2f}x the weights' bound "
+                         "(the floor ORT's GEMV sets)")
     if "artifact" in r:
         a = r["artifact"]
         share = f" ({a['graphs_and_weights_over_weights']:.3f}x the {a['model_weight_bytes'] / 1e6:.1f} MB of weights)" \

@@ -127,8 +127,13 @@ def prefill_cases(rt, model, batches, contexts, rng, notes: list[str]):
     return ()  # the encoder runs once per source: nothing to time per token
 
 
-def extra_results(rt, contexts, rng) -> dict:
-    return {}
+def extra_results(rt, contexts, rng, threads: int = 2, repeats: int = 7, sample_s: float = 0.3) -> dict:
+    """The step's linears alone, timed as independent Gemms at batch 1 (`bench.gemv_floor`):
+    the floor ORT's GEMV sets under the step, beside the bandwidth bound."""
+    from seqexport.bench.timing import time_paired
+
+    chain, _ = linear_chain_run(step_linear_shapes(_weights_model(rt)), threads)
+    return {"linears_only_ms": time_paired({"linears": chain}, repeats, sample_s)["linears"] * 1e3}
 
 
 def step_weight_bytes(model, dtype: str) -> int:
