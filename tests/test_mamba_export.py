@@ -102,7 +102,7 @@ def test_prefill_from_nonzero_state(graphs):
 def test_50_steps_after_prefill_match_full_forward(graphs):
     lowering, g = graphs
     rng = np.random.default_rng(9)
-    length = UNROLLED_LEN if lowering == "unrolled" else 21  # a prompt longer than one scan chunk (16)
+    length = UNROLLED_LEN if lowering == "unrolled" else 21  # a prompt longer than two scan chunks (8 each)
     ids = rng.integers(0, g.config.vocab_size, (2, length))
     logits, state = g.run(g.prefill, ids, g.zeros(2))
     seq = np.concatenate([ids, logits[:, -1].argmax(-1)[:, None]], axis=1)

@@ -12,7 +12,7 @@ class Cases(RecurrentCases):
 
     @property
     def prompt_len(self) -> int:
-        # a prompt longer than one scan chunk (16 steps), or the unrolled graph's fixed length
+        # a prompt longer than two scan chunks (8 steps each), or the unrolled graph's fixed length
         return self.rt.prefill_len or 21
 
     def prefill_shapes(self):
