@@ -32,11 +32,12 @@ from torch import Tensor
 
 from seqexport.families.mamba import LOWERINGS  # declared with the family (the CLI lists them)
 
-# time steps per chunk, unrolled in the loop lowering's Scan body. 8 beat 16 at every length
-# measured (begin() median, 1 thread): bundled mamba-dates 3.1 -> 2.0 ms at 4 tokens,
-# 5.5 -> 3.7 at 24; the 130m preset 201 -> 175 ms at 16, 5.09 -> 4.86 s at 1024; tiny
-# 33.2 -> 29.0 ms at 1024 (a short prompt computed a whole chunk of 16; a longer body gained
-# nothing). RWKV-7's WKV chunk stays 16: 8 was slower at 1024 tokens on its 0.1B preset.
+# time steps per chunk, unrolled in the loop lowering's Scan body (a prompt shorter than a
+# chunk computes all of it). 8 against 16, begin() medians, 1 thread, paired: short prompts
+# faster (bundled mamba-dates 4.1 -> 3.2 ms at 4 tokens, 6.4 -> 5.4 at 24; the 130m preset
+# 201 -> 175 ms at 16), 1024 tokens the same within noise (130m 5.59 vs 5.61 s; tiny 2-6%
+# slower in two paired runs, 13% faster in a third). RWKV-7's WKV chunk stays 16: 8 was
+# faster on short prompts but 8% slower at 1024 tokens on its 0.1B preset.
 CHUNK = 8
 
 Scan = Callable[..., tuple[Tensor, Tensor]]
