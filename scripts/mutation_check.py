@@ -130,6 +130,10 @@ FAULTS = (
     Fault("M28", "RWKV-7 step graph: the state update drops v·k", "seqexport/families/rwkv/step_graph.py",
           "rows = torch.cat([row(kk * a), row(k)], dim=-2)  # (b, h, 2, n)",
           "rows = torch.cat([row(kk * a), 0 * row(k)], dim=-2)  # (b, h, 2, n)", ("tests/test_rwkv_export.py",)),
+    Fault("M29", "exported decoder: self-attention scores not scaled by 1/sqrt(k)",
+          "seqexport/families/transformer/decoder_graph.py",
+          "q = _heads(sa.W_q(x) / scale, b, sa)  # (b, h, t, k)",
+          "q = _heads(sa.W_q(x), b, sa)  # (b, h, t, k)", ("tests/test_transformer_export.py",)),
 )
 
 

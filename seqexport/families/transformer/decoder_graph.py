@@ -7,10 +7,11 @@ What differs from tracing `decode_step_cached`, and why:
   bias fused (a (b, t, d) input exports as MatMul + a separate Add per linear);
 - the masks are computed once as "hidden" masks for all layers (the eager code inverts or
   compares them again in every layer: one node each);
-- scores are scaled after the mask, not straight after q·Kᵀ: ORT folds a scale that follows
-  the MatMul into it (FusedMatMul alpha ≠ 1), and MLAS then packs the whole cache through
-  its general GEMM instead of its one-row kernel: at context 4096 each layer's q·Kᵀ took
-  2.1 ms instead of about 0.8 (one thread). Masked scores stay far below every kept one.
+- q is scaled by 1/√k as it leaves its linear, before its heads are split, not the scores
+  after q·Kᵀ: ORT folds a scale next to a MatMul into it (FusedMatMul alpha ≠ 1), and MLAS
+  then runs its general GEMM, which packs the whole cache, instead of its one-row kernel: at
+  context 4096 each layer's q·Kᵀ took 2.1 ms instead of about 0.8 (one thread). Scaling
+  before the product keeps the eager order's magnitudes (float16 scores stay in range).
 Parameters are used as they are (initializers keep their eager names: int8 matches them).
 
 Dimension letters as in models/transformer.py: b batch, t new positions, c cache slots,
@@ -64,17 +65,17 @@ class FastDecoderGraph(nn.Module):
             past_k, past_v = past[2 * n + 2 * i], past[2 * n + 2 * i + 1]  # (b, h, c, k)
             cross_k, cross_v = past[2 * i], past[2 * i + 1]  # (b, h, s, k)
             scale = math.sqrt(sa.d_k)
-            q = _heads(sa.W_q(x), b, sa)  # (b, h, t, k)
+            q = _heads(sa.W_q(x) / scale, b, sa)  # (b, h, t, k)
             k_new, v_new = _heads(sa.W_k(x), b, sa), _heads(sa.W_v(x), b, sa)
             scores = torch.cat([(q @ past_k.transpose(-2, -1)).masked_fill(past_hidden, fill),
                                 (q @ k_new.transpose(-2, -1)).masked_fill(causal_hidden, fill)], dim=-1)
-            attn = sa.attention.softmax(scores / scale)  # (b, h, t, c + t)
+            attn = sa.attention.softmax(scores)  # (b, h, t, c + t)
             out = attn[..., :c] @ past_v + attn[..., c:] @ v_new  # (b, h, t, k)
             x = sa.norm(sa.fc(_merge(out, d)) + x)  # (b·t, d)
 
-            q = _heads(ca.W_q(x), b, ca)
+            q = _heads(ca.W_q(x) / math.sqrt(ca.d_k), b, ca)
             scores = (q @ cross_k.transpose(-2, -1)).masked_fill(cross_hidden, fill)
-            out = ca.attention.softmax(scores / math.sqrt(ca.d_k)) @ cross_v  # (b, h, t, k)
+            out = ca.attention.softmax(scores) @ cross_v  # (b, h, t, k)
             x = ca.norm(ca.fc(_merge(out, d)) + x)
 
             x = ffn.norm(ffn.fc2(torch.relu(ffn.fc1(x))) + x)  # dropout: the export is in eval mode
