@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from seqexport.manifest import read_manifest
 from seqexport.parity.inputs import random_inputs
 from seqexport.runtime.models import load
 from seqexport.runtime.session import session_options
@@ -30,16 +31,17 @@ from seqexport.runtime.session import session_options
 
 def profile(folder: Path, graph: str, length: int, keep: int | None, threads: int, runs: int) -> dict:
     model = load(folder, "cpu", threads=threads)
-    if model.family == "transformer":  # the decoder step at this context
+    transformer = model.family == "transformer"
+    g = model.graphs["decoder" if transformer else graph]
+    shared = model.shared_weights.for_graph(g.path) if model.shared_weights else None
+    rng = np.random.default_rng(0)
+    if transformer:  # the decoder step: one token over `length` valid cache slots
         from seqexport.families.transformer.bench import PROMPT_LEN, _step_feeds
 
-        graph, keeps = "decoder", []
-        feeds = {k: np.asarray(v) for k, v in
-                 _step_feeds(model, 1, length, np.random.default_rng(0), PROMPT_LEN[False]).items()}
-    g = model.graphs[graph]
-    shared = model.shared_weights.for_graph(g.path) if model.shared_weights else None
-    if model.family != "transformer":
-        feeds = random_inputs(g.spec, dict(batch=1, seq_len=length), np.random.default_rng(0), zero_state=True)
+        feeds = {k: np.asarray(v) for k, v in _step_feeds(model, 1, length, rng, PROMPT_LEN[False]).items()}
+        keeps = []
+    else:
+        feeds = random_inputs(g.spec, dict(batch=1, seq_len=length), rng, zero_state=True)
         keeps = [t.name for t in g.spec.inputs if t.role == "keep"]
     if keep is not None:
         feeds |= {name: np.array([keep], np.int64) for name in keeps}
@@ -72,7 +74,7 @@ def profile(folder: Path, graph: str, length: int, keep: int | None, threads: in
         else:  # a top-level node (those ORT fused have new names: none is in a body)
             by_op[op] += e["dur"]
             by_node[node] += e["dur"]
-    return {"graph": graph, "length": length, "logits_to_keep": keep if keeps else "(no input)",
+    return {"graph": g.spec.name, "length": length, "logits_to_keep": keep if keeps else "(no input)",
             "wall_ms_median": float(np.median(walls)) * 1e3, "kernel_us": by_op, "node_us": by_node,
             "body_us": in_body, "runs": runs}
 
@@ -107,8 +109,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--top", type=int, default=10)
     args = p.parse_args()
-    is_transformer = load(args.folder, "cpu", threads=1, verify=False).family == "transformer"
-    for keep in ((None,) if is_transformer else (1, 0)):
+    transformer = read_manifest(args.folder, verify=False)["family"] == "transformer"
+    for keep in ((None,) if transformer else (1, 0)):
         show(profile(args.folder, args.graph, args.length, keep, args.threads, args.runs), args.top)
 
 

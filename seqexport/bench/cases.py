@@ -11,7 +11,7 @@
                                      a runtime state as after `context` tokens
     step_cases(rt, model, batches, contexts, prompt_len, rng) -> Iterable[Case]
     prefill_cases(rt, model, batches, contexts, rng, notes) -> Iterable[Case]
-    extra_results(rt, contexts, rng, threads=, repeats=, sample_s=) -> dict
+    extra_results(rt, model, contexts, rng, threads=, repeats=, sample_s=) -> dict
                                      top-level result keys of this family only (timed alike)
     step_weight_bytes(model, dtype) -> int        weight bytes one decode step reads
     generation_prompts(rt, batch, prompt_len, rng) -> np.ndarray (b, prompt_len)

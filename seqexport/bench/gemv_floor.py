@@ -8,6 +8,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from seqexport.bench.timing import time_paired
+
 
 def linear_chain(shapes: list[tuple[int, int]], seed: int = 0) -> onnx.ModelProto:
     """One Gemm (transB, bias) per (out, in) weight shape, each reading a (1, in) input of
@@ -25,14 +27,12 @@ def linear_chain(shapes: list[tuple[int, int]], seed: int = 0) -> onnx.ModelProt
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def linear_chain_run(shapes: list[tuple[int, int]], threads: int):
-    """A no-argument callable that runs the chain once (CPU, `threads` intra-op threads), and
-    the bytes of weights it reads."""
-    model = linear_chain(shapes)
+def linear_chain_ms(shapes: list[tuple[int, int]], threads: int, repeats: int, sample_s: float) -> float:
+    """Median milliseconds of one run of the chain (CPU, `threads` intra-op threads)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(linear_chain(shapes).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     feeds = {i.name: rng.standard_normal((1, i.shape[1]), np.float32) for i in session.get_inputs()}
-    weight_bytes = sum(4 * (n * k + n) for n, k in shapes)
-    return (lambda: session.run(None, feeds)), weight_bytes
+    return time_paired({"linears": lambda: session.run(None, feeds)}, repeats, sample_s)["linears"] * 1e3

@@ -187,7 +187,8 @@ def run_bench(folder, provider: str = "auto", batches=(1,), contexts=None, new_t
             "notes": notes,
         }
         result["steps"] = _time_cases(bench.step_cases(rt, model, batches, contexts, prompt_len, rng), **timing)
-        result |= bench.extra_results(rt, contexts, rng, threads=threads, repeats=repeats, sample_s=cfg["sample_s"])
+        result |= bench.extra_results(rt, model, contexts, rng, threads=threads, repeats=repeats,
+                                      sample_s=cfg["sample_s"])
         result["prefills"] = _time_cases(bench.prefill_cases(rt, model, batches, contexts, rng, notes), **timing)
         result["generation"] = [_generation(rt, ckpt, bench, b, prompt_len, new_tokens, rng=rng, **timing)
                                 for b in batches]

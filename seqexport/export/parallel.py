@@ -24,7 +24,7 @@ import pickle
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -46,7 +46,7 @@ class GraphJob:
     path: Path
     opset: int
     dynamic_shapes: object
-    custom_translation_table: dict | None = field(default=None)
+    custom_translation_table: dict | None = None
 
     def run(self) -> onnx.ModelProto:
         return common.export_graph(self.module, self.args, self.spec, self.path, self.opset, self.dynamic_shapes,

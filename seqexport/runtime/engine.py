@@ -145,7 +145,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.start_ahead = start_ahead  # requests the starter thread may have begun before they join
         self._waiting: deque[Request] = deque()
-        # begun by the starter, in arrival order: (request, _Begun, (state, pending) or the error raised)
+        # begun by the starter, in arrival order: (request, a _Begun, a (state, pending) or the error raised)
         self._ready: deque[tuple[Request, _Begun | tuple | Exception]] = deque()
         self._starting = 0  # requests the starter holds right now
         self._starter: threading.Thread | None = None

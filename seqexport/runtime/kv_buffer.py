@@ -10,9 +10,10 @@ what continuous batching needs.
 
 Buffers grow by about a sixteenth when full (amortised: a few slots copied per step; a step
 reads every slot, masked, so spare slots cost reading time: an eighth spare at 4096 tokens
-was about 0.4 ms of the base decoder's 15) and are shared between a state and the next one. A state may write only while it is the newest over
-its buffers (`State.writer`); stepping an older state again (a branch) copies first, so an
-earlier state is never changed under its holder. numpy only.
+was about 0.4 ms of the base decoder's 15) and are shared between a state and the next one.
+A state may write only while it is the newest over its buffers (`State.writer`); stepping an
+older state again (a branch) copies first, so an earlier state is never changed under its
+holder. numpy only.
 """
 
 import numpy as np

@@ -82,7 +82,7 @@ def prefill_cases(rt, model, batches, lengths, rng: np.random.Generator, *, scan
                        {"batch": batch, "length": length, "lowering": lowering}, fns)
 
 
-def extra_results(rt, contexts, rng: np.random.Generator, **timing) -> dict:
+def extra_results(rt, model, contexts, rng: np.random.Generator, **timing) -> dict:
     """The state's bytes at each context (batch 1): the same at every one."""
     return {"state_bytes": {str(c): decode_state(rt, 1, c, rng).nbytes for c in contexts}}
 

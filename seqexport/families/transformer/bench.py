@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from seqexport.bench.cases import Case, bare_session, split_feeds
-from seqexport.bench.gemv_floor import linear_chain_run
+from seqexport.bench.gemv_floor import linear_chain_ms
 from seqexport.bench.tables import StepTable
 from seqexport.errors import UsageError
 from seqexport.families.transformer.specs import (
@@ -127,13 +127,10 @@ def prefill_cases(rt, model, batches, contexts, rng, notes: list[str]):
     return ()  # the encoder runs once per source: nothing to time per token
 
 
-def extra_results(rt, contexts, rng, threads: int = 2, repeats: int = 7, sample_s: float = 0.3) -> dict:
+def extra_results(rt, model, contexts, rng, threads: int = 2, repeats: int = 7, sample_s: float = 0.3) -> dict:
     """The step's linears alone, timed as independent Gemms at batch 1 (`bench.gemv_floor`):
     the floor ORT's GEMV sets under the step, beside the bandwidth bound."""
-    from seqexport.bench.timing import time_paired
-
-    chain, _ = linear_chain_run(step_linear_shapes(_weights_model(rt)), threads)
-    return {"linears_only_ms": time_paired({"linears": chain}, repeats, sample_s)["linears"] * 1e3}
+    return {"linears_only_ms": linear_chain_ms(step_linear_shapes(model), threads, repeats, sample_s)}
 
 
 def step_weight_bytes(model, dtype: str) -> int:
@@ -184,8 +181,7 @@ def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, r
     # measured before and after the steps (it drifts by a fifth on this machine): the higher,
     # so that the bound stays a time reading the bytes cannot beat
     bw = max(before, measure_bandwidth(512, repeats=9, threads=threads), key=lambda b: b["gbs"])
-    chain, _ = linear_chain_run(step_linear_shapes(eager), threads)
-    floor_ms = time_paired({"linears": chain}, repeats, sample_s)["linears"] * 1e3
+    floor_ms = linear_chain_ms(step_linear_shapes(eager), threads, repeats, sample_s)
     ref = next(iter(models))
     for row in rows:
         for label in models:
