@@ -297,6 +297,26 @@ def test_transformer_join_and_leave_write_in_place(transformer):
     assert reqs[-1].tokens == alone(transformer, prompts[4:], [rt.SearchOptions(max_new_tokens=3, eos_id=-1)])[0]
 
 
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_a_bad_prompt_that_joins_by_feeding_fails_alone(family, request):
+    """Newcomers to an empty batch: the largest group of one length is prefilled, the others
+    join with their prompts still to feed. A token id out of range among those fails its own
+    request at admission, not the batched step of every row (a CI run caught that race)."""
+    model = request.getfixturevalue(family)
+    vocab = model.vocab_size
+    greedy = rt.SearchOptions(max_new_tokens=6, eos_id=-1)
+    prompts = [[5, 6, 7, 8, 9], [9, 8, 7, 6, 5], [1, 2, 3, 4, 5], [4, 4, 4, 4]]
+    bad_prompt = [5, vocab + 3, 6]
+    engine = Engine(model, max_rows=8)
+    reqs = [engine.submit(p, greedy) for p in prompts[:3]]
+    bad = engine.submit(bad_prompt, greedy)
+    reqs.append(engine.submit(prompts[3], greedy))
+    engine.run_until_done()
+    assert bad.finish_reason == "error" and f"token id {vocab + 3}" in str(bad.error)
+    assert [r.finish_reason for r in reqs] == ["length"] * 4
+    assert [r.tokens for r in reqs] == alone(model, prompts, [greedy] * 4)
+
+
 @pytest.mark.parametrize("family", ["transformer", "mamba", "rwkv"])
 def test_the_starter_begins_newcomers_beside_the_batch(family, request):
     """With start(), a newcomer is begun on the starter thread while the batch decodes (a

@@ -6,6 +6,7 @@ row, independent along the batch, that no padding may ever enter.
 import numpy as np
 
 from seqexport.runtime.base import State
+from seqexport.runtime.session import check_token_ids
 
 
 class RecurrentSteps:
@@ -29,7 +30,10 @@ class RecurrentSteps:
 
     def begin_rows(self, rows: list[list[int]], start_id: int | None = None) -> tuple[State, list[list[int]]]:
         """The engine's start for rows that join a running batch: a zero state and every prompt
-        token still to feed (through the batched step, a token a round: no prefill stalls it)."""
+        token still to feed (through the batched step, a token a round: no prefill stalls it).
+        The ids are checked here: fed later, a bad one would fail every row of the batch."""
+        for r in rows:
+            check_token_ids("prompt", np.array([r], np.int64), self.vocab_size)
         return self.start(len(rows)), [list(r) for r in rows]
 
     def feed(self, tokens, state: State) -> State:
