@@ -134,6 +134,21 @@ FAULTS = (
           "seqexport/families/transformer/decoder_graph.py",
           "q = _heads(sa.W_q(x) / scale, b, sa)  # (b, h, t, k)",
           "q = _heads(sa.W_q(x), b, sa)  # (b, h, t, k)", ("tests/test_transformer_export.py",)),
+    Fault("M30", "Mamba ragged prefill: Δ not zeroed past a row's end (padding enters the SSM state)",
+          "seqexport/families/mamba/export.py",
+          "return self.scan(u, delta * ragged.valid(attention_mask, delta), A, B, C, D, h0)",
+          "return self.scan(u, delta, A, B, C, D, h0)", ("tests/test_ragged_prefill.py",)),
+    Fault("M31", "RWKV-7 ragged prefill: token shifts read at the padded end, not the row's own",
+          "seqexport/families/rwkv/export.py",
+          "ends = [ragged.at_ends(x, lengths, 1, axis=1)[:, 0] for x in seen]  # (b, c) each",
+          "ends = [x[:, -1] for x in seen]  # (b, c) each", ("tests/test_ragged_prefill.py",)),
+    Fault("M32", "ragged prefill: the last token's hidden state not rotated to the end (padding's logits)",
+          "seqexport/export/ragged.py",
+          "    handle = module.register_forward_hook(lambda _m, _args, out: last_token_last(out, lengths))",
+          "    handle = module.register_forward_hook(lambda _m, _args, out: out)", ("tests/test_ragged_prefill.py",)),
+    Fault("M33", "Mamba ragged prefill: conv state taken at the padded end", "seqexport/families/mamba/export.py",
+          "return ragged.at_ends(x_cat, lengths + mixer.d_conv, mixer.d_conv, axis=2)",
+          "return x_cat[:, :, -mixer.d_conv:]", ("tests/test_ragged_prefill.py",)),
 )
 
 

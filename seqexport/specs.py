@@ -158,4 +158,7 @@ def _legacy_spec(name: str, inputs: tuple[TensorSpec, ...], outputs: tuple[Tenso
 
 # Names every family's step graphs share: the tokens fed and the logits returned.
 INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"  # (b, l) 1 = token, 0 = padding
+# a prefill's logits for the last N positions only (0: all), as Hugging Face's `logits_to_keep`
+LOGITS_TO_KEEP = "logits_to_keep"
 LOGITS = "logits"

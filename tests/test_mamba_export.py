@@ -32,7 +32,10 @@ class Graphs:
         for i, (conv, ssm) in enumerate(state):
             feed[S.past_conv(i)] = conv
             feed[S.past_ssm(i)] = ssm
-        if S.LOGITS_TO_KEEP in [i.name for i in sess.get_inputs()]:
+        names = [i.name for i in sess.get_inputs()]
+        if S.ATTENTION_MASK in names:
+            feed[S.ATTENTION_MASK] = np.ones_like(ids)  # every row all tokens
+        if S.LOGITS_TO_KEEP in names:
             feed[S.LOGITS_TO_KEEP] = np.array([0], np.int64)  # every position's logits
         out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
         return out[S.LOGITS], [(out[S.present_conv(i)], out[S.present_ssm(i)]) for i in range(len(state))]

@@ -9,7 +9,7 @@ import torch
 
 import seqexport.families.mamba.export as mamba_export
 import seqexport.runtime as rt
-from seqexport.families.mamba.specs import INPUT_IDS, LOGITS, LOGITS_TO_KEEP
+from seqexport.families.mamba.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 from seqexport.parity.validate import validate
 
 
@@ -23,7 +23,8 @@ def test_prefill_keeps_the_last_positions_asked_for(mamba_exports):
     zero = model.start(2).arrays
     states = None
     for keep, rows in ((0, 23), (1, 1), (5, 5), (23, 23), (100, 23)):
-        out = graph.run({INPUT_IDS: ids, **zero, LOGITS_TO_KEEP: np.array([keep], np.int64)})
+        out = graph.run({INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), **zero,
+                         LOGITS_TO_KEEP: np.array([keep], np.int64)})
         assert out[LOGITS].shape == (2, rows, model.vocab_size)
         np.testing.assert_allclose(out[LOGITS], want[:, -rows:].numpy(), atol=1e-4, rtol=1e-4)
         new = [v for k, v in out.items() if k != LOGITS]

@@ -126,15 +126,22 @@ class Request:
         return self.done.wait(timeout)
 
 
+def _pads_little(group: list[Request], newcomer: Request) -> bool:
+    """Whether `newcomer` may join a prefill run of `group`: its rows are padded to the longest
+    prompt, and the padding may at most equal the prompts' own tokens."""
+    lengths = [len(r.prompt) for r in group] + [len(newcomer.prompt)]
+    return len(lengths) * max(lengths) <= 2 * sum(lengths)
+
+
 class Engine:
     """Scheduler + batched step loop over one runtime model (knows nothing of HTTP)."""
 
     def __init__(self, model: RuntimeModel, max_rows: int = 16, max_queue: int = 256,
                  max_state_bytes: int | None = None, max_prompt_tokens: int | None = None,
-                 prefill_chunk: int = 64, start_ahead: int | None = None):
+                 prefill_chunk: int = 64, start_ahead: int | None = None, start_batch: int = 4):
         start_ahead = max_rows if start_ahead is None else start_ahead
         for name, v, least in (("max_rows", max_rows, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 0),
-                               ("start_ahead", start_ahead, 0)):
+                               ("start_ahead", start_ahead, 0), ("start_batch", start_batch, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise UsageError(f"{name} must be an integer >= {least}, got {v!r}")
         self.model = model
@@ -144,6 +151,7 @@ class Engine:
         self.max_prompt_tokens = max_prompt_tokens
         self.prefill_chunk = prefill_chunk
         self.start_ahead = start_ahead  # requests the starter thread may have begun before they join
+        self.start_batch = start_batch  # requests the starter begins in one prefill run (ragged_prefill)
         self._waiting: deque[Request] = deque()
         # begun by the starter, in arrival order: (request, a _Begun, a (state, pending) or the error raised)
         self._ready: deque[tuple[Request, _Begun | tuple | Exception]] = deque()
@@ -257,31 +265,49 @@ class Engine:
 
     def _start_loop(self) -> None:
         """The starter: `begin_rows` (a graph: a transformer's encoder) or else `begin` (the
-        prompt's prefill and first logits) for waiting requests, at most `start_ahead` ready at once."""
+        prompt's prefill and first logits) for waiting requests, at most `start_ahead` ready at
+        once; up to `start_batch` of them in one `begin` when the model prefills rows of
+        unequal length together (`ragged_prefill`)."""
         prefills = not getattr(self.model, "begin_rows_runs_a_graph", False)
+        batch = self.start_batch if prefills and getattr(self.model, "ragged_prefill", False) else 1
         while True:
             with self._cond:
                 while not self._stopping and not (self._waiting and len(self._ready) < self.start_ahead):
                     self._cond.wait()
                 if self._stopping:
                     return
-                req = self._waiting.popleft()
-                self._starting += 1
-            try:
-                if req.finished:
-                    result = None
-                elif prefills:
-                    result = _Begun(*self.model.begin([req.prompt], req.options.start_id))
-                else:
-                    result = self.model.begin_rows([req.prompt], req.options.start_id)
-            except Exception as e:  # this prompt fails alone: the engine thread fails it with this
-                result = e
+                room = min(batch, self.start_ahead - len(self._ready))
+                group = [self._waiting.popleft()]
+                while len(group) < room and self._waiting and _pads_little(group, self._waiting[0]):
+                    group.append(self._waiting.popleft())
+                n = len(group)
+                self._starting += n
+            results = self._begin_ahead([r for r in group if not r.finished], prefills)
             with self._cond:
-                self._starting -= 1
-                if result is not None:
-                    self._ready.append((req, result))
-                    self.begun_ahead += 1
+                self._starting -= n
+                self._ready.extend(results)
+                self.begun_ahead += len(results)
                 self._cond.notify_all()
+
+    def _begin_ahead(self, group: list[Request], prefills: bool) -> list[tuple[Request, object]]:
+        """(request, a _Begun, a (state, pending) or the error raised) for each of `group`, in
+        order; a prompt that fails fails alone (the group is begun again one by one)."""
+        if len(group) > 1:
+            try:
+                logits, state = self.model.begin([r.prompt for r in group])  # (k, v); one start id: recurrent
+                return [(r, _Begun(logits[i : i + 1], self.model.take(state, [i]))) for i, r in enumerate(group)]
+            except Exception:  # noqa: BLE001 - found below, request by request
+                pass
+        out = []
+        for req in group:
+            try:
+                if prefills:
+                    out.append((req, _Begun(*self.model.begin([req.prompt], req.options.start_id))))
+                else:
+                    out.append((req, self.model.begin_rows([req.prompt], req.options.start_id)))
+            except Exception as e:  # this prompt fails alone: the engine thread fails it with this
+                out.append((req, e))
+        return out
 
     # --- one scheduling round ---
 

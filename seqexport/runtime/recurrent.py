@@ -3,10 +3,13 @@ and `step(tokens, state, last_only=...)` (Mamba, RWKV-7; ONNX or eager): a fixed
 row, independent along the batch, that no padding may ever enter.
 """
 
+from functools import cached_property
+
 import numpy as np
 
 from seqexport.runtime.base import State
 from seqexport.runtime.session import check_token_ids
+from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 
 
 class RecurrentSteps:
@@ -14,16 +17,31 @@ class RecurrentSteps:
     prompt_frame = {"bos": True, "suffix": "", "eos": False}
 
     def begin(self, rows: list[list[int]], start_id: int | None = None) -> tuple[np.ndarray, State]:
-        """Prefill the prompts; rows of equal length go together (no padding ever enters the
-        recurrent state), then the states join in order. Returns logits (b, v) and the state."""
+        """Prefill the prompts, then the states join in order. Returns logits (b, v) and the state.
+
+        No padding ever enters a recurrent state: with a prefill graph that takes an attention
+        mask (`ragged_prefill`), the prompts of two tokens or more go in one run, right-padded,
+        each row's state and logits taken at its own end; one-token prompts go through the
+        step graph, as alone. Otherwise rows of equal length go together, a run per length."""
         by_len: dict[int, list[int]] = {}
+        ragged = getattr(self, "ragged_prefill", False)
         for i, r in enumerate(rows):
-            by_len.setdefault(len(r), []).append(i)
+            by_len.setdefault(min(len(r), 2) if ragged else len(r), []).append(i)
         states, logits, order = [], [], []
-        for _, idx in sorted(by_len.items()):
-            lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)), last_only=True)
+        for n, idx in sorted(by_len.items()):
+            if ragged and n == 2:
+                longest = max(len(rows[i]) for i in idx)
+                ids = np.zeros((len(idx), longest), np.int64)  # (k, longest), right-padded
+                mask = np.zeros_like(ids)
+                for j, i in enumerate(idx):
+                    ids[j, : len(rows[i])] = rows[i]
+                    mask[j, : len(rows[i])] = 1
+                lg, st = self.prefill_rows(ids, mask, self.start(len(idx)))  # (k, v)
+            else:
+                lg, st = self.step(np.array([rows[i] for i in idx], np.int64), self.start(len(idx)), last_only=True)
+                lg = lg[:, -1]
             states.append(st)
-            logits.append(lg[:, -1])
+            logits.append(lg)
             order += idx
         inverse = np.argsort(order)
         return np.concatenate(logits)[inverse], State.concat(states).select(inverse)
@@ -39,3 +57,36 @@ class RecurrentSteps:
     def feed(self, tokens, state: State) -> State:
         """The state after these (b, t) tokens; their logits are not needed (a prompt's chunk)."""
         return self.step(tokens, state, last_only=True)[1]
+
+
+class PrefillRows:
+    """An exported recurrent LM's prefill graph inputs: rows of unequal length in one run when
+    the graph takes an attention mask (export.ragged), the head for the last position only
+    when it takes `logits_to_keep`. For a RuntimeModel with "prefill" and "step" graphs."""
+
+    def prefill_rows(self, ids: np.ndarray, mask: np.ndarray, state: State) -> tuple[np.ndarray, State]:
+        """Right-padded rows in one prefill run: ids and mask (b, l), a mask row 1s then 0s.
+        Returns each row's logits after its own last token (b, v) and the state after its own
+        tokens (see RecurrentSteps.begin)."""
+        ids = check_token_ids("tokens", ids, self.vocab_size)
+        out = self._run("prefill", {INPUT_IDS: ids, **state.arrays, **self._prefill_extras(mask, True)})
+        return out[LOGITS][:, -1], State(self._feed_back("prefill", out, state.arrays), int(mask.sum(1).max()))
+
+    def _prefill_extras(self, mask: np.ndarray, last_only: bool) -> dict:
+        """The prefill inputs besides tokens and state that this export's graph takes."""
+        names = self._prefill_inputs
+        extra = {ATTENTION_MASK: mask} if ATTENTION_MASK in names else {}
+        if LOGITS_TO_KEEP in names:  # exports before it compute every position
+            extra[LOGITS_TO_KEEP] = np.array([1 if last_only else 0], np.int64)
+        return extra
+
+    @cached_property
+    def _prefill_inputs(self) -> frozenset:
+        return frozenset(self.specs["prefill"].input_names)
+
+    @cached_property
+    def ragged_prefill(self) -> bool:
+        """Whether rows of unequal length share one prefill run (exports before: a run per
+        length; a prefill graph of fixed length takes none)."""
+        spec = self.specs["prefill"]
+        return ATTENTION_MASK in self._prefill_inputs and not isinstance(spec.input(INPUT_IDS).dims[1], int)

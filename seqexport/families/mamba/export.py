@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from seqexport.errors import UsageError
-from seqexport.export import DEFAULT_OPSET
+from seqexport.export import DEFAULT_OPSET, ragged
 from seqexport.export.common import (
     dynamic_shapes_for,
     model_in_dtype,
@@ -39,23 +39,45 @@ def _flat(state):
 
 
 class PrefillGraph(nn.Module):
-    """(input_ids (b, l), *state[, logits_to_keep (1,)]) -> logits (b, l or the last kept, v),
-    *new state; the scan is a lowering. Traced without logits_to_keep: export adds it to the
-    graph (`keep_last_positions`); here it slices the eager logits alike, for validate."""
+    """(input_ids (b, l), attention_mask (b, l), *state[, logits_to_keep (1,)]) -> logits (b, l
+    or the last kept, v), *new state; the scan is a lowering. Rows of unequal length are
+    right-padded (export.ragged): each row's state is the one after its own tokens and its
+    kept logits its own last ones. Traced without logits_to_keep: export adds it to the graph
+    (`keep_last_positions`); here it slices the eager logits alike, for validate."""
 
     def __init__(self, model: MambaLM, scan=selective_scan_ref):
         super().__init__()
         self.model = model
         self.scan = scan
 
-    def forward(self, input_ids, *state):
+    def forward(self, input_ids, attention_mask, *state):
         keep = None
         if len(state) % 2:  # (conv, ssm) pairs, then logits_to_keep
             *state, keep = state
-        logits, new_state = self.model(input_ids, _pairs(state), scan=self.scan)
+        lengths = ragged.row_lengths(attention_mask)  # (b,)
+
+        def scan(u, delta, A, B, C, D, h0):  # delta (b, l, d_in): 0 past a row's end keeps h
+            return self.scan(u, delta * ragged.valid(attention_mask, delta), A, B, C, D, h0)
+
+        layers = self.model.backbone.layers
+        with ragged.outputs_of([layer.mixer.in_proj for layer in layers]) as seen, \
+                ragged.rotated_output(self.model.backbone.norm_f, lengths):
+            logits, new_state = self.model(input_ids, _pairs(state), scan=scan)
+        new_state = [(_conv_state_at_ends(layer.mixer, projected, conv, lengths), ssm)
+                     for layer, projected, (conv, _), (_, ssm) in zip(layers, seen, _pairs(state), new_state, strict=True)]
         if keep is not None and int(keep[0]) > 0:
             logits = logits[:, -int(keep[0]):]  # (b, kept, v)
         return (logits, *_flat(new_state))
+
+
+
+def _conv_state_at_ends(mixer, projected, conv_state, lengths):
+    """A mixer's new conv state per row: the last k conv inputs up to the row's own end (as
+    `MambaMixer.forward` takes them at the padded end). projected: in_proj's output (b, l, 2 d_in);
+    conv_state (b, d_in, k) before the tokens; lengths (b,) -> (b, d_in, k)."""
+    x = projected[..., : mixer.d_inner].transpose(1, 2)  # (b, d_in, l)
+    x_cat = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # (b, d_in, k + l)
+    return ragged.at_ends(x_cat, lengths + mixer.d_conv, mixer.d_conv, axis=2)
 
 
 class StepGraph(nn.Module):
@@ -106,7 +128,7 @@ def export_mamba(ckpt, preset: str | None, out, *, scan: str = "loop", seq_len: 
             export_graphs([
                 GraphJob(f"prefill (scan: {scan})", wrapper(model, "prefill", scan_for(scan)), prefill_args,
                          specs["prefill"], tmp / "prefill.onnx", opset,
-                         dynamic_shapes_for(specs["prefill"], varargs_from=1), custom_translation_table(scan)),
+                         dynamic_shapes_for(specs["prefill"], varargs_from=2), custom_translation_table(scan)),
                 GraphJob("step", StepGraph(model, lm_step), step_args, specs["step"], tmp / "step.onnx", opset,
                          dynamic_shapes_for(specs["step"], varargs_from=1), custom_translation_table(None)),
             ])

@@ -10,9 +10,9 @@ from functools import cached_property
 import numpy as np
 
 from seqexport.errors import InputError
-from seqexport.families.mamba.specs import INPUT_IDS, LOGITS, LOGITS_TO_KEEP
+from seqexport.families.mamba.specs import INPUT_IDS, LOGITS
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
-from seqexport.runtime.recurrent import RecurrentSteps
+from seqexport.runtime.recurrent import PrefillRows, RecurrentSteps
 from seqexport.runtime.session import check_token_ids
 
 
@@ -22,7 +22,7 @@ class MambaSteps(RecurrentSteps):
     family = "mamba"
 
 
-class MambaModel(MambaSteps, RuntimeModel):
+class MambaModel(PrefillRows, MambaSteps, RuntimeModel):
     @property
     def vocab_size(self) -> int:
         return self.config["vocab_size"]
@@ -49,7 +49,6 @@ class MambaModel(MambaSteps, RuntimeModel):
         """
         ids, squeeze = tokens_2d(tokens)
         ids = check_token_ids("tokens", ids, self.vocab_size)
-        keep = {LOGITS_TO_KEEP: np.array([1 if last_only else 0], np.int64)} if self._keeps else {}
         pieces = []
         pos = 0
         while pos < ids.shape[1]:
@@ -58,7 +57,8 @@ class MambaModel(MambaSteps, RuntimeModel):
             if n == 1 or (fixed is not None and n < fixed):
                 graph, n, extra = "step", 1, {}
             else:
-                graph, n, extra = "prefill", (fixed or n), keep
+                graph, n = "prefill", (fixed or n)
+                extra = self._prefill_extras(np.ones((ids.shape[0], n), np.int64), last_only)
             out = self._run(graph, {INPUT_IDS: ids[:, pos : pos + n], **state.arrays, **extra})
             state = State(self._feed_back(graph, out, state.arrays), state.length + n)
             pieces.append(out[LOGITS])
@@ -67,11 +67,6 @@ class MambaModel(MambaSteps, RuntimeModel):
             pieces = [pieces[-1][:, -1:]]  # (b, 1, v)
         logits = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
         return (logits[:, 0] if squeeze else logits), state
-
-    @cached_property
-    def _keeps(self) -> bool:
-        """Whether the prefill graph takes `logits_to_keep` (exports before it compute every position)."""
-        return any(t.name == LOGITS_TO_KEEP for t in self.specs["prefill"].inputs)
 
 
 Model = MambaModel

@@ -4,12 +4,9 @@ The SSM state and the logits stay float32 in every export; the conv state follow
 dtype. Torch-free: the runtime reads it.
 """
 
-from seqexport.specs import INPUT_IDS, LOGITS, GraphSpec, TensorSpec
+from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP, GraphSpec, TensorSpec
 
-# the prefill's logits for the last N positions only (0: all), as Hugging Face's `logits_to_keep`
-LOGITS_TO_KEEP = "logits_to_keep"
-
-__all__ = ["INPUT_IDS", "LOGITS", "LOGITS_TO_KEEP", "graph_specs", "past_conv", "past_ssm", "present_conv", "present_ssm"]
+__all__ = ["ATTENTION_MASK", "INPUT_IDS", "LOGITS", "LOGITS_TO_KEEP", "graph_specs", "past_conv", "past_ssm", "present_conv", "present_ssm"]
 
 
 def past_conv(i: int) -> str:
@@ -42,6 +39,8 @@ def graph_specs(config: dict, dtype: str = "float32", prefill_len: int | None = 
         return GraphSpec(
             name,
             inputs=(TensorSpec(INPUT_IDS, "int64", ("batch", length), "tokens", vocab),)
+            # rows of unequal length in one prefill: right-padded (export.ragged)
+            + ((TensorSpec(ATTENTION_MASK, "int64", ("batch", length), "mask"),) if keep else ())
             + tuple(t for i in range(n_layer) for t in layer_state(past_conv(i), past_ssm(i), "state"))
             + ((TensorSpec(LOGITS_TO_KEEP, "int64", (1,), "keep"),) if keep else ()),
             outputs=(TensorSpec(LOGITS, "float32", ("batch", "kept_len" if keep else length, vocab)),)

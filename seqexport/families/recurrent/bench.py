@@ -69,7 +69,9 @@ def prefill_cases(rt, model, batches, lengths, rng: np.random.Generator, *, scan
     keep = [t.name for t in rt.specs["prefill"].inputs if t.role == "keep"]
     for batch in batches:
         for length in lengths:
-            feeds = random_inputs(rt.specs["prefill"], dict(batch=batch, seq_len=length), rng, zero_state=True)
+            # every row its whole length (an attention mask of ones), as generation prefills
+            feeds = random_inputs(rt.specs["prefill"], dict(batch=batch, seq_len=length), rng, pad_rows=False,
+                                  zero_state=True)
             feeds |= {name: np.array([1], np.int64) for name in keep}
             ids, fresh = feeds[INPUT_IDS], rt.start(batch)
             tids = torch.from_numpy(ids)  # (b, length)

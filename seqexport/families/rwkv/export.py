@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from seqexport.export import DEFAULT_OPSET
+from seqexport.export import DEFAULT_OPSET, ragged
 from seqexport.export.common import (
     dynamic_shapes_for,
     model_in_dtype,
@@ -39,19 +39,32 @@ def _flat(state):
 
 
 class PrefillGraph(nn.Module):
-    """(input_ids (b, l), *state[, logits_to_keep (1,)]) -> logits (b, l or the last kept, v),
-    *new state; the WKV is the chunked Scan. Traced without logits_to_keep: export adds it to
-    the graph (`keep_last_positions`); here it slices the eager logits alike, for validate."""
+    """(input_ids (b, l), attention_mask (b, l), *state[, logits_to_keep (1,)]) -> logits (b, l
+    or the last kept, v), *new state; the WKV is the chunked Scan. Rows of unequal length are
+    right-padded (export.ragged): each row's state is the one after its own tokens and its
+    kept logits its own last ones. Traced without logits_to_keep: export adds it to the graph
+    (`keep_last_positions`); here it slices the eager logits alike, for validate."""
 
     def __init__(self, model: RwkvLM, scan=wkv7_ref):
         super().__init__()
         self.model, self.scan = model, scan
 
-    def forward(self, input_ids, *state):
+    def forward(self, input_ids, attention_mask, *state):
         keep = None
         if len(state) % 3:  # (att_shift, wkv, ffn_shift) triples, then logits_to_keep
             *state, keep = state
-        logits, new_state = self.model(input_ids, _layers(state), scan=self.scan)
+        lengths = ragged.row_lengths(attention_mask)  # (b,)
+
+        def scan(r, w, k, v, a, b, s0):  # (b, l, h, n) each: past a row's end S passes unchanged
+            m = ragged.valid(attention_mask, w)
+            return self.scan(r, torch.where(m > 0, w, torch.ones_like(w)), k * m, v, a, b * m, s0)
+
+        norms = [ln for block in self.model.blocks for ln in (block.ln1, block.ln2)]
+        with ragged.outputs_of(norms) as seen, ragged.rotated_output(self.model.ln_out, lengths):
+            logits, new_state = self.model(input_ids, _layers(state), scan=scan)
+        # token shifts: each layer's ln1 / ln2 output at the row's last token (seen in call order)
+        ends = [ragged.at_ends(x, lengths, 1, axis=1)[:, 0] for x in seen]  # (b, c) each
+        new_state = [(ends[2 * i], wkv, ends[2 * i + 1]) for i, (_, wkv, _) in enumerate(new_state)]
         if keep is not None and int(keep[0]) > 0:
             logits = logits[:, -int(keep[0]):]  # (b, kept, v)
         return (logits, *_flat(new_state))
@@ -96,7 +109,7 @@ def export_rwkv(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dt
             export_graphs([
                 GraphJob("prefill (WKV: chunked Scan)", wrapper(model, "prefill", wkv7_chunked), prefill_args,
                          specs["prefill"], tmp / "prefill.onnx", opset,
-                         dynamic_shapes_for(specs["prefill"], varargs_from=1), wkv_translation_table()),
+                         dynamic_shapes_for(specs["prefill"], varargs_from=2), wkv_translation_table()),
                 # traced from the batch-friendly formulation (step_graph), not the eager step
                 GraphJob("step", FastStepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
                          dynamic_shapes_for(specs["step"], varargs_from=1)),

@@ -5,14 +5,12 @@
     logits, state = model.step(prompt_ids, state)  # several tokens go through the prefill graph
 """
 
-from functools import cached_property
-
 import numpy as np
 
 from seqexport.errors import InputError
-from seqexport.families.rwkv.specs import INPUT_IDS, LOGITS, LOGITS_TO_KEEP
+from seqexport.families.rwkv.specs import INPUT_IDS, LOGITS
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
-from seqexport.runtime.recurrent import RecurrentSteps
+from seqexport.runtime.recurrent import PrefillRows, RecurrentSteps
 from seqexport.runtime.session import check_token_ids
 
 
@@ -22,7 +20,7 @@ class RwkvSteps(RecurrentSteps):
     family = "rwkv"
 
 
-class RwkvModel(RwkvSteps, RuntimeModel):
+class RwkvModel(PrefillRows, RwkvSteps, RuntimeModel):
     @property
     def vocab_size(self) -> int:
         return self.config["vocab_size"]
@@ -41,16 +39,13 @@ class RwkvModel(RwkvSteps, RuntimeModel):
         ids, squeeze = tokens_2d(tokens)
         ids = check_token_ids("tokens", ids, self.vocab_size)
         graph = "step" if ids.shape[1] == 1 else "prefill"
-        extra = {LOGITS_TO_KEEP: np.array([1 if last_only else 0], np.int64)} if graph == "prefill" and self._keeps else {}
+        extra = {}
+        if graph == "prefill":
+            extra = self._prefill_extras(np.ones(ids.shape, np.int64), last_only)
         out = self._run(graph, {INPUT_IDS: ids, **state.arrays, **extra})
         state = State(self._feed_back(graph, out, state.arrays), state.length + ids.shape[1])
         logits = out[LOGITS][:, -1:] if last_only else out[LOGITS]
         return (logits[:, 0] if squeeze else logits), state
-
-    @cached_property
-    def _keeps(self) -> bool:
-        """Whether the prefill graph takes `logits_to_keep` (exports before it compute every position)."""
-        return any(t.name == LOGITS_TO_KEEP for t in self.specs["prefill"].inputs)
 
 
 Model = RwkvModel

@@ -5,12 +5,9 @@ The WKV state and the logits stay float32 in every export; the two token shifts 
 model dtype. Torch-free: the runtime reads it.
 """
 
-from seqexport.specs import INPUT_IDS, LOGITS, GraphSpec, TensorSpec
+from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP, GraphSpec, TensorSpec
 
-# the prefill's logits for the last N positions only (0: all), as Hugging Face's `logits_to_keep`
-LOGITS_TO_KEEP = "logits_to_keep"
-
-__all__ = ["INPUT_IDS", "LOGITS", "LOGITS_TO_KEEP", "KINDS", "graph_specs", "past", "present"]
+__all__ = ["ATTENTION_MASK", "INPUT_IDS", "LOGITS", "LOGITS_TO_KEEP", "KINDS", "graph_specs", "past", "present"]
 
 # a layer's state, in the order of models/rwkv.py's LayerState
 KINDS = ("att_shift", "wkv_state", "ffn_shift")
@@ -40,6 +37,8 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
         return GraphSpec(
             name,
             inputs=(TensorSpec(INPUT_IDS, "int64", ("batch", length), "tokens", vocab),)
+            # rows of unequal length in one prefill: right-padded (export.ragged)
+            + ((TensorSpec(ATTENTION_MASK, "int64", ("batch", length), "mask"),) if keep else ())
             + tuple(t for i in range(n_layer) for t in layer_state(past, i, "state"))
             + ((TensorSpec(LOGITS_TO_KEEP, "int64", (1,), "keep"),) if keep else ()),
             outputs=(TensorSpec(LOGITS, "float32", ("batch", "kept_len" if keep else length, vocab)),)
