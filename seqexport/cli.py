@@ -236,6 +236,9 @@ def engine_options(f):
                           "begins one itself it feeds up to N prompt tokens through the batched steps, one a round, "
                           "longer prompts' earlier tokens prefilled N a round. 0: no starter; each request is "
                           "prefilled as it joins (stalls the batch)."),
+        click.option("--start-batch", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="Waiting requests the starter thread prefills in one run, for a model whose prefill takes "
+                          "prompts of unequal length (Mamba and RWKV-7 exports with an attention mask)."),
         click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
                      help="ONNX Runtime intra-op threads per engine (the engine thread and the HTTP server need "
                           "CPU too; more replicas use more cores)."),

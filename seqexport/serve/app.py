@@ -52,6 +52,7 @@ class ServeConfig:
     max_prompt_tokens: int = 2048  # longer prompts are refused (400)
     max_state_bytes: int | None = None  # cap on the running batch's cache/state memory
     prefill_chunk: int = 64  # prompt tokens a joining request feeds through the batch's steps (Engine)
+    start_batch: int = 4  # waiting requests the starter prefills in one run (Engine; ragged prefill)
     request_timeout: float = 300.0  # seconds from submit to the last token (504 after)
 
     def to_dict(self) -> dict:
@@ -66,7 +67,8 @@ class ServingHost:
         self.model = load(config.folder, provider=config.provider, threads=config.threads)
         self.engine = Engine(self.model, max_rows=config.max_rows, max_queue=config.max_queue,
                              max_state_bytes=config.max_state_bytes,
-                             max_prompt_tokens=config.max_prompt_tokens, prefill_chunk=config.prefill_chunk).start()
+                             max_prompt_tokens=config.max_prompt_tokens, prefill_chunk=config.prefill_chunk,
+                             start_batch=config.start_batch).start()
         self.metrics = ServerMetrics(self.engine)
         self.name = config.model_name or Path(config.folder).resolve().name
         self.created = int(time.time())

@@ -161,8 +161,9 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
 
         args = ["--no-ray", "--max-rows", str(max(clients)), "--max-queue", str(max(n_requests, 1)),
                 "--provider", provider] + (["--threads", str(threads)] if threads else [])
-        if "prefill_chunk" in engine_options:
-            args += ["--prefill-chunk", str(engine_options["prefill_chunk"])]
+        for name in ("prefill_chunk", "start_batch"):
+            if name in engine_options:
+                args += ["--" + name.replace("_", "-"), str(engine_options[name])]
         server = ServerProcess(folder, *args)
         server.start()
         over_http(server.url, work[:4], 1)  # warm up
