@@ -23,9 +23,11 @@ Each `step()` is one scheduling round, vLLM-style:
 Prefill never stalls the running rows: a prompt goes through the batched step a token a
 round (a row more in a batched step costs far less than a prefill graph run), and a prompt
 longer than `prefill_chunk` first goes through the prefill graph `prefill_chunk` tokens a
-round, outside the batch (`model.feed`; the same state as one prefill over it all). Only a
-newcomer that finds the batch empty, with no one to stall, is prefilled at once
-(`model.begin`: generate()'s own start, the shortest time to a first token). The price is
+round, outside the batch (`model.feed`; the same state as one prefill over it all). Only
+newcomers that find the batch empty, with no one to stall, are prefilled at once
+(`model.begin`: generate()'s own start, the shortest time to a first token): those of one
+length, or, where the model prefills prompts of unequal length together (`ragged_prefill`),
+as many as padding to the longest does not double. The price is
 a later first token for a prompt that joins a running batch (a round per prompt token);
 `prefill_chunk=0` prefills every newcomer at admission instead (each stalls the batch once).
 
@@ -398,6 +400,11 @@ class Engine:
             for req in newcomers:
                 by_len.setdefault((len(req.prompt), req.options.start_id), []).append(req)
             first = max(by_len.values(), key=len)
+            if getattr(self.model, "ragged_prefill", False):  # or prompts of unequal length in one run
+                first = [newcomers[0]]
+                for req in newcomers[1:]:
+                    if _pads_little(first, req):
+                        first.append(req)
             self._join(self._begin(first, first[0].options.start_id))
             newcomers = [r for r in newcomers if all(r is not f for f in first)]
         for start_id, group in _by_start(newcomers).items():
