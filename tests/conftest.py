@@ -61,6 +61,17 @@ def mamba_exports(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def rwkv_tiny(tmp_path_factory):
+    """(checkpoint, exported folder) of the tiny RWKV-7 preset."""
+    from seqexport.families.rwkv.export import export_rwkv
+
+    ckpt = build_preset("rwkv", "tiny", seed=0)
+    out = tmp_path_factory.mktemp("export") / "rwkv-tiny"
+    export_rwkv(ckpt, "tiny", out)
+    return ckpt, out
+
+
+@pytest.fixture(scope="session")
 def bundled_exports(tmp_path_factory):
     """family -> (checkpoint, exported folder) of the bundled trained models."""
     from seqexport.checkpoints import bundled

@@ -22,7 +22,6 @@ from seqexport.bench.lowering_study import format_rows, study, study_scan
 from seqexport.bench.run import _ms, format_table, run_bench
 from seqexport.bench.scaling import measure_scaling
 from seqexport.bench.timing import median_ratio, time_eager_and_ort
-from seqexport.checkpoints.presets import build_preset
 from seqexport.cli import cli
 from seqexport.errors import UsageError
 from tests.conftest import UNROLLED_LEN
@@ -108,17 +107,6 @@ def test_unrolled_prefill_only_at_its_length(mamba_exports):
     result = run_bench(folder, provider="cpu", fast=True, contexts=(4,))
     assert [p["length"] for p in result["prefills"]] == [UNROLLED_LEN]
     assert any("unrolled" in n for n in result["notes"])
-
-
-@pytest.fixture(scope="module")
-def rwkv_tiny(tmp_path_factory):
-    """(checkpoint, exported folder) of the tiny RWKV-7 preset."""
-    from seqexport.families.rwkv.export import export_rwkv
-
-    ckpt = build_preset("rwkv", "tiny", seed=0)
-    out = tmp_path_factory.mktemp("export") / "rwkv-tiny"
-    export_rwkv(ckpt, "tiny", out)
-    return ckpt, out
 
 
 def test_rwkv_fast(rwkv_tiny):

@@ -34,14 +34,9 @@ def dates(bundled_exports):
 
 
 @pytest.fixture(scope="module")
-def rwkv(tmp_path_factory):
+def rwkv(rwkv_tiny):
     """The tiny RWKV-7 preset: a family the engine was not written for, through the same API."""
-    from seqexport.checkpoints.presets import build_preset
-    from seqexport.families.rwkv.export import export_rwkv
-
-    out = tmp_path_factory.mktemp("export") / "rwkv-tiny"
-    export_rwkv(build_preset("rwkv", "tiny", seed=0), "tiny", out)
-    return rt.load(out, provider="cpu", threads=1)
+    return rt.load(rwkv_tiny[1], provider="cpu", threads=1)
 
 
 @pytest.fixture(scope="module")

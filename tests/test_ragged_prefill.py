@@ -10,20 +10,9 @@ import pytest
 import torch
 
 import seqexport.runtime as rt
-from seqexport.checkpoints.presets import build_preset
 from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 
 LENGTHS = (5, 1, 17, 2, 9, 33, 16, 1, 9)
-
-
-@pytest.fixture(scope="module")
-def rwkv_tiny(tmp_path_factory):
-    from seqexport.families.rwkv.export import export_rwkv
-
-    ckpt = build_preset("rwkv", "tiny", seed=4)
-    out = tmp_path_factory.mktemp("export") / "rwkv-tiny"
-    export_rwkv(ckpt, "tiny", out)
-    return ckpt, out
 
 
 @pytest.fixture(params=["mamba-loop", "mamba-parallel", "rwkv"])
