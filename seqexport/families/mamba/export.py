@@ -70,7 +70,6 @@ class PrefillGraph(nn.Module):
         return (logits, *_flat(new_state))
 
 
-
 def _conv_state_at_ends(mixer, projected, conv_state, lengths):
     """A mixer's new conv state per row: the last k conv inputs up to the row's own end (as
     `MambaMixer.forward` takes them at the padded end). projected: in_proj's output (b, l, 2 d_in);
