@@ -395,16 +395,17 @@ class Engine:
             # (rows that must start together come only to an empty batch: see _room)
             self._join(s for start_id, group in _by_start(newcomers).items() for s in self._begin(group, start_id))
             return
-        if not running:  # no one to stall: the largest group of one length prefilled at once
-            by_len: dict[tuple, list[Request]] = {}
-            for req in newcomers:
-                by_len.setdefault((len(req.prompt), req.options.start_id), []).append(req)
-            first = max(by_len.values(), key=len)
-            if getattr(self.model, "ragged_prefill", False):  # or prompts of unequal length in one run
+        if not running:  # no one to stall: prefilled at once, prompts of unequal length together
+            if getattr(self.model, "ragged_prefill", False):  # where the model takes them in one run
                 first = [newcomers[0]]
                 for req in newcomers[1:]:
                     if _pads_little(first, req):
                         first.append(req)
+            else:  # else the largest group of one length
+                by_len: dict[tuple, list[Request]] = {}
+                for req in newcomers:
+                    by_len.setdefault((len(req.prompt), req.options.start_id), []).append(req)
+                first = max(by_len.values(), key=len)
             self._join(self._begin(first, first[0].options.start_id))
             newcomers = [r for r in newcomers if all(r is not f for f in first)]
         for start_id, group in _by_start(newcomers).items():
