@@ -106,6 +106,27 @@ def test_every_session_gets_the_same_weight_memory(exports):
     assert first.data_ptr() == shared.data.ctypes.data + next(iter(model.manifest["weights"]["tensors"].values()))["offset"]
 
 
+def packs(graph) -> bool:
+    """Whether this graph's session prepacks its weights (ORT's own option, as the session holds it)."""
+    try:
+        return graph.session.get_session_options().get_session_config_entry("session.disable_prepacking") != "1"
+    except Exception:  # noqa: BLE001 - ORT raises when the entry was never set: packing is on
+        return True
+
+
+def test_a_small_model_packs_its_shared_weights_and_a_large_one_reads_the_pages(exports, monkeypatch):
+    """Mamba's prefill and step read the same weights: packed in each session when they are few
+    (the bundled models: faster batched steps), read from the one mapped file when they are many.
+    A transformer's encoder and decoder share only a positional table: they pack either way."""
+    import seqexport.runtime.session as session
+
+    mamba, transformer = exports["mamba"][1], exports["transformer"][1]
+    assert all(packs(g) for g in rt.load(mamba, provider="cpu").graphs.values())
+    monkeypatch.setattr(session, "PACK_SHARED_BYTES", 0)  # as if the weights were large
+    assert not any(packs(g) for g in rt.load(mamba, provider="cpu").graphs.values())
+    assert all(packs(g) for g in rt.load(transformer, provider="cpu").graphs.values())
+
+
 def old_layout(folder, out, per_graph_data: bool):
     """The folder as seqexport wrote it before the shared file: weights inside each graph (or in
     `<graph>.onnx.data`), no "weights" entry, a full copy of the checkpoint."""
