@@ -2,7 +2,10 @@
 (torch at 1 thread: on a busy 2-core machine its 2-thread barriers stall) against the runtime's
 prefill as generation runs it (the last position's logits) and with every position's.
 
-    .venv/bin/python scripts/bench_prefill_ratio.py DIR LENGTH ROUNDS [ORT_THREADS]
+    .venv/bin/python scripts/bench_prefill_ratio.py DIR LENGTH ROUNDS [ORT_THREADS [TORCH_THREADS]]
+
+ORT_THREADS defaults to 2, TORCH_THREADS to 1; give both the same count to compare like with
+like on a quiet machine.
 """
 import json
 import statistics
@@ -18,12 +21,14 @@ from seqexport.manifest import read_manifest
 from seqexport.parity.validate import eager_checkpoint
 
 folder, L, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-torch.set_num_threads(1)
+torch_threads = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+torch.set_num_threads(torch_threads)
 m = rt.load(folder, 'cpu', threads=int(sys.argv[4]) if len(sys.argv) > 4 else 2)
 model = eager_checkpoint(Path(folder), read_manifest(folder, verify=False), None).model.eval()
 ids = np.random.default_rng(0).integers(0, m.vocab_size, (1, L))
 tids = torch.from_numpy(ids)
-fns = {"eager_ref_1t": lambda: model(tids), "ort_last": lambda: m.step(ids, m.start(1), last_only=True),
+EAGER = f"eager_ref_{torch_threads}t"
+fns = {EAGER: lambda: model(tids), "ort_last": lambda: m.step(ids, m.start(1), last_only=True),
        "ort_all": lambda: m.step(ids, m.start(1))}  # ort_last falls back to all on exports without the input
 t = {k: [] for k in fns}
 with torch.inference_mode():
@@ -34,7 +39,7 @@ with torch.inference_mode():
             if r:  # round 0 warms up
                 t[k].append(time.perf_counter() - s)
 med = {k: statistics.median(v) for k, v in t.items()}
-ratio = {f"{k}/eager": statistics.median(a / b for a, b in zip(t[k], t["eager_ref_1t"]))
+ratio = {f"{k}/eager": statistics.median(a / b for a, b in zip(t[k], t[EAGER]))
          for k in ("ort_last", "ort_all")}
 print(json.dumps({"folder": folder, "L": L, "rounds": rounds, "median_s": {k: round(v, 3) for k, v in med.items()},
                   "paired_ratio": {k: round(v, 3) for k, v in ratio.items()}}))
