@@ -93,6 +93,12 @@ def test_int8_copy_validates_and_keeps_the_accuracy(dates_exports, tmp_path, fam
                             if i or p[0] != "v"},
     }[family]
     assert set(q["kept_float"]["decoder" if family == "transformer" else "step"]) == expected
+    # only learned weights go int8: an exact broadcast or sum the export writes as a MatMul by a
+    # constant of ones (Mamba's step: Δ ⊗ 1) stays float32 (as int8, Δ went through uint8)
+    for name, g in m["graphs"].items():
+        graph = onnx.load(str(out / g["file"]), load_external_data=False)
+        int8_names = [t.name for t in graph.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+        assert int8_names and all(n.startswith("model.") for n in int8_names), (name, int8_names)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "12"])
     assert result.exit_code == 0, result.output
     assert "int8: top-1 agreement" in result.output

@@ -52,9 +52,23 @@ def _scopes(node: onnx.NodeProto) -> list[str]:
     return [s.removeprefix("model.") for s in raw.strip("[]").replace("'", "").split(", ") if s]
 
 
+def _ones(model: onnx.ModelProto) -> set[str]:
+    """Initializers that hold only 1s: the export writes exact broadcasts and sums as MatMuls by
+    them (Mamba's step: Δ ⊗ 1), which are arithmetic, not learned weights."""
+    return {i.name for i in model.graph.initializer
+            if np.prod(i.dims) <= 4096 and np.all(numpy_helper.to_array(i) == 1)}
+
+
+def structural_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Top-level MatMul/Gemm nodes whose constant operand is all ones: they stay float32 always
+    (quantised, Mamba's step took Δ through uint8 before exp(ΔA))."""
+    ones = _ones(model)
+    return [n for n in model.graph.node if n.op_type in WEIGHT_OPS and any(x in ones for x in n.input)]
+
+
 def weight_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Top-level MatMul/Gemm nodes with a weight (an initializer) operand: what int8 changes."""
-    weights = {i.name for i in model.graph.initializer}
+    weights = {i.name for i in model.graph.initializer} - _ones(model)
     return [n for n in model.graph.node if n.op_type in WEIGHT_OPS and any(x in weights for x in n.input)]
 
 
@@ -256,7 +270,8 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
             path.parent.mkdir()
             copy = onnx.ModelProto()
             copy.CopyFrom(models[name])  # the quantiser edits the model it is given
-            _quantize_graph(copy, path, mode, per_channel, sorted(keep[name]), feeds.get(name))
+            arithmetic = {n.name for n in structural_nodes(models[name])}
+            _quantize_graph(copy, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
             quantized[name] = onnx.load(str(path))
             if _io(quantized[name]) != _io(models[name]):
                 raise ExportError(f"graph {name!r}: the quantiser changed the graph's inputs or outputs")

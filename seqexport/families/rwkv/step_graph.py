@@ -10,9 +10,9 @@ What differs from tracing `RwkvLM.step`, and why (measured one thread, bundled r
   an inner size of 1 and an Add (each a pass over the (b, h, n, n) state);
 - ln_x, the per-head GroupNorm, is one LayerNormalization over the head size (the eager
   mean / var / rsqrt chain is ~8 nodes).
-- the bonus's sum over each head and the channel mix's square are a MatMul by ones and a
-  Mul (ORT's ReduceSum over n-wide spans and its Pow are slow kernels): bundled rwkv-dates
-  step 0.96-0.97x at batch 1, 8 and 16 (`scripts/bench_mamba_step.py OLD NEW`).
+- the channel mix's square is a Mul (ORT's Pow is a slower kernel). The bonus's per-head sum
+  stays a ReduceSum: as a MatMul by a ones constant, `seqexport quantize` would take that
+  constant for a weight and make the sum int8 (the int8 copy then failed validate).
 Parameters are used as they are (initializers keep their eager names: int8 matches them).
 
 Dimension letters as in models/rwkv.py: b batch, c n_embd, h heads, n head size.
@@ -71,9 +71,7 @@ def time_mix(att: TimeMix, x: Tensor, shift: Tensor, wkv: Tensor, v_first: Tenso
     # ln_x: GroupNorm with one group per head = LayerNorm over (n, 1), then the affine per channel
     y = F.layer_norm(y, (n, 1), eps=att.ln_x_eps)  # (b, h, n, 1)
     y = (y * att.ln_x.weight.float().reshape(h, n, 1) + att.ln_x.bias.float().reshape(h, n, 1)).to(x.dtype)
-    # the sum over each head's n as a MatMul by ones (ORT's ReduceSum over n-wide spans is slow)
-    ones = torch.ones(n, 1, dtype=torch.float32, device=x.device)  # (n, 1)
-    bonus = (row(r * k * att.r_k.float().reshape(c)) @ ones) * col(v)  # (b, h, 1, 1) * (b, h, n, 1)
+    bonus = col(r * k * att.r_k.float().reshape(c)).sum(-2, keepdim=True) * col(v)  # (b, h, n, 1)
     y = (y + bonus.to(x.dtype)).reshape(1, b, c)  # (1, b, c)
     return att.output(y * g).reshape(b, c), s, v_first  # (b, c)
 
