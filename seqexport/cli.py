@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import click
 
@@ -320,9 +321,26 @@ def _exit_interrupted(message: str) -> None:
     os._exit(INTERRUPTED)
 
 
+def sigint_outside_imports(signum, frame) -> None:
+    """Ctrl-C as KeyboardInterrupt, but never inside an import. Raised there it can unwind into a
+    C++ extension's initialisation (torch's pybind11) that cannot pass it on, and the process
+    aborts ("terminate called after throwing ... KeyboardInterrupt", SIGABRT). Inside one, the
+    signal is sent again 50 ms later, until it lands outside every import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+            again.daemon = True  # exiting never waits for it
+            again.start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
+
+
 def main():
     # SIGTERM unwinds like Ctrl-C, so an interrupted export removes its temporary folder.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
+        signal.signal(signal.SIGINT, sigint_outside_imports)
     try:
         code = cli.main(prog_name="seqexport", standalone_mode=False)
     except click.exceptions.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)

@@ -117,6 +117,33 @@ def test_ctrl_c_before_the_command_starts_its_work(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+def test_ctrl_c_inside_an_import_lands_once_the_import_is_done(tmp_path):
+    """The CLI's SIGINT handler defers a Ctrl-C that arrives inside an import (there it could unwind
+    into torch's C++ initialisation, which aborts the process) and raises it right after."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while this module is being imported\n"
+        "end = time.monotonic() + 0.3\n"
+        "while time.monotonic() < end:  # Python bytecode: where a handler runs\n"
+        "    pass\n"
+        "DONE = True\n")
+    script = (
+        "import signal, sys, time\n"
+        "from seqexport.cli import sigint_outside_imports\n"
+        "signal.signal(signal.SIGINT, sigint_outside_imports)\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "try:\n"
+        "    import slow_module\n"
+        "    time.sleep(5)\n"
+        "    print('never interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted after the import' if 'slow_module' in sys.modules and sys.modules['slow_module'].DONE"
+        " else 'interrupted inside the import')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         preexec_fn=sigint_as_a_terminal_sends_it)
+    assert out.returncode == 0 and out.stdout.strip() == "interrupted after the import", out.stdout + out.stderr
+
+
 def test_broken_pipe_is_silent(tmp_path, transformer_tiny):
     folder = transformer_tiny[1]
     proc = subprocess.run(f"{sys.executable} -m seqexport.cli inspect {folder} | head -1", shell=True,
