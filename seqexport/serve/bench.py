@@ -140,8 +140,11 @@ def batched(model, work, batch: int) -> dict:
 
 
 def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_tokens: int = 32,
-                    provider: str = "auto", threads: int | None = None, http: bool = False, log=None,
+                    provider: str = "auto", threads: int | None = 1, http: bool = False, log=None,
                     **engine_options) -> dict:
+    """`threads`: ONNX Runtime's intra-op threads, 1 as `serve` and `bench-serve` default to (None:
+    ORT's own default, a spinning pool over every core, which fights the engine's threads and the
+    clients for the CPU: bundled Mamba at 2 cores served 1.9-2.0x one at a time with it, 3.3x with 1)."""
     log = log or (lambda msg: None)
     model = load(folder, provider=provider, threads=threads)
     prompts = bench_prompts(model, n_requests)
