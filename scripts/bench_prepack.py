@@ -41,7 +41,7 @@ def main() -> None:
         times = {k: [] for k in models}
         for _ in range(args.rounds):
             for k, m in models.items():
-                times[k].append(run(m))
+                times[k].append(run(k, m))
         ratio = statistics.median(b / a for a, b in zip(times["pages"], times["packed"], strict=True))
         report[name] = {k: round(statistics.median(v), 3) for k, v in times.items()} | {"packed/pages": round(ratio, 3)}
 
@@ -49,8 +49,8 @@ def main() -> None:
         ids = rng.integers(3, packed.vocab_size, (b,))
         states = {k: m.step(ids, m.start(b))[1] for k, m in models.items()}  # warm-up
 
-        def steps(m, ids=ids, states=states):
-            st = states["pages" if m is pages else "packed"]
+        def steps(k, m, ids=ids, states=states):
+            st = states[k]
             t = time.perf_counter()
             for _ in range(args.steps):
                 _, st = m.step(ids, st)
@@ -59,7 +59,7 @@ def main() -> None:
         paired(f"step ms, batch {b}", steps)
     prompts = [rng.integers(3, packed.vocab_size, n).tolist() for n in (12, 20, 28, 36)]
 
-    def begin(m):
+    def begin(k, m):
         t = time.perf_counter()
         m.begin(prompts)
         return (time.perf_counter() - t) * 1e3

@@ -93,7 +93,7 @@ class SharedWeights:
         mine = self.for_graph(path)
         if any(v.data_type() == "tensor(int8)" for v in mine.values()):
             return True
-        packed = self._packed[str(path)] & set(mine)
+        packed = self._packed[str(path)] & mine.keys()
         if sum(self.record["tensors"][n]["length"] for n in packed) <= PACK_SHARED_BYTES:
             return True  # a small model: a packed copy per graph costs little memory
         others = {n for p, names in self._graphs.items() if p != str(path) for n in names}
