@@ -3,9 +3,10 @@
 Dimension letters (as in models/rwkv.py): b batch, l sequence length, h heads, n head size.
 
 `wkv7_chunked` is a custom op, drop-in for `models.rwkv.wkv7_ref` (same signature and result):
-eagerly it runs the reference recurrence; its ONNX translation is ONE `Scan` node over chunks
-of CHUNK tokens, the tokens of a chunk unrolled in its body, so the prefill graph takes any
-batch and any length (as Mamba's `loop` lowering).
+eagerly it runs the reference recurrence; its ONNX translation computes each chunk of CHUNK
+tokens in closed form (batched GEMMs over all chunks at once) and carries the state across
+chunks with ONE `Scan` node whose body is a MatMul and an Add (`wkv_onnx`), so the prefill
+graph takes any batch and any length.
 
 Usage: `model(..., scan=wkv7_chunked)` inside the exported forward, and
 `torch.onnx.export(..., custom_translation_table=wkv_translation_table())` (from
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from seqexport.models.rwkv import wkv7_ref
 
-CHUNK = 16  # tokens per chunk: unrolled in the Scan body
+CHUNK = 16  # tokens per chunk (a power of two; 1/γ over a chunk stays ≤ e^(0.607·CHUNK))
 
 
 @torch.library.custom_op("seqexport::wkv7_chunked", mutates_args=())

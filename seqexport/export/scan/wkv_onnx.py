@@ -1,13 +1,36 @@
 """ONNX translation of the `seqexport::wkv7_chunked` custom op (see `wkv_lowering`), traced by
-torch.onnx.export: one `Scan` over chunks of CHUNK tokens, built with onnx_ir as Mamba's
-(`onnx_functions`).
+torch.onnx.export: the recurrence in closed form within each chunk of CHUNK tokens, and one
+`Scan` over the chunks whose body is a single MatMul and Add over the state.
 
 Dimension letters: b batch, l length, lp length padded to a multiple of CHUNK, c = lp / CHUNK
-chunks, k = CHUNK tokens of a chunk, h heads, n head size. Inside the body the state is
-(b, 1, h, n, n) and each token's vectors are (b, 1, h, n, 1) ("columns": r, v, a) or
-(b, 1, h, 1, n) ("rows": w, k, b), so that every product is a plain broadcasting MatMul/Mul.
+chunks, k = CHUNK tokens of a chunk, h heads, n head size (keys and values alike).
+
+Within a chunk, per batch row and head, with S0 the state before it, γ_t = w_1 ⊙ … ⊙ w_t the
+decay so far (γ_0 = 1) and u_t = S_{t-1}·a_t, the recurrence of `wkv7_ref` unrolls to
+
+    S_t = (S0 + Σ_{s≤t} u_s·(b_s/γ_s)ᵀ + v_s·(k_s/γ_s)ᵀ)·diag(γ_t)
+
+so, with the chunk's vectors as the rows of (k, n) matrices Ã = a⊙γ_{t-1}, B̃ = b/γ, K̃ = k/γ,
+R̃ = r⊙γ, and strictly (L) or inclusively (M) lower-triangular (k, k) products of them:
+
+    U  = (I - L(ÃB̃ᵀ))⁻¹ · (Ã·S0ᵀ + L(ÃK̃ᵀ)·V)                  (the u_t: a triangular system)
+    Y  = R̃·S0ᵀ + M(R̃B̃ᵀ)·U + M(R̃K̃ᵀ)·V
+    S_k = S0·diag(γ_k) + Uᵀ·(B̃⊙γ_k) + Vᵀ·(K̃⊙γ_k)
+
+Every term but S0 is known before the scan, so all chunks' coefficients are computed at once
+(batched GEMMs, no per-token node): S_k = S0·G + H and Yᵀ = S0·Qᵀ + Pᵀ, one MatMul of S0 by
+[G | Qᵀ] (n, n + k) plus [H | Pᵀ] a chunk. The inverse of I - L (L nilpotent) is the product
+(I + L)(I + L²)(I + L⁴)(I + L⁸) for k = 16. Dividing by γ is safe because RWKV-7 bounds every
+decay below by e^-0.607 (models/rwkv.py): 1/γ ≤ e^(0.607·16) ≈ 1.6e4 within a chunk; and
+float32 error is that of the sequential recurrence (tests/test_wkv_lowering.py).
+
+Before, the body unrolled the chunk's 16 tokens (six nodes each, each a pass over the state):
+ONNX Runtime's per-node cost made a short prompt's prefill cost about a batched step per token.
 """
 
+import math
+
+import numpy as np
 import onnx_ir as ir
 from onnxscript import FLOAT
 from onnxscript import opset18 as op
@@ -15,61 +38,91 @@ from onnxscript import opset18 as op
 from seqexport.export.scan.onnx_functions import _check_float32, _emit, _input, _subgraph
 from seqexport.export.scan.wkv_lowering import CHUNK
 
-COLUMNS, ROWS = ("r", "v", "a"), ("w", "k", "b")
+if CHUNK & (CHUNK - 1):
+    raise ValueError(f"CHUNK must be a power of two (the inverse by doublings), got {CHUNK}")
 
 
-def _chunk_body() -> ir.Graph:
-    """Scan body: state S (b, 1, h, n, n); one chunk of r, w, k, v, a, b.
-
-    Per token:  S = S·diag(w) + (S·a)·b + v·k;  y = S·r.
-    Returns the state after the chunk and the chunk's y (b, k, h, n, 1).
-    The two outer products are ONE MatMul of inner size 2, [S·a, v] (b, 1, h, n, 2) @ [b; k]
-    (b, 1, h, 2, n) (as the step graph's), each token's [b; k] concatenated for the whole chunk
-    at once: a pass over the state less per token than two MatMuls of inner size 1 and an Add.
-    """
-    s_in = _input(ir.DataType.FLOAT, [None, 1, None, None, None])
-    shapes = {x: [None, CHUNK, None, None, 1] if x in COLUMNS else [None, CHUNK, None, 1, None]
-              for x in ("r", "w", "k", "v", "a", "b")}
-    ins = {x: _input(ir.DataType.FLOAT, dims) for x, dims in shapes.items()}
+def _chunk_body(n: int) -> ir.Graph:
+    """Scan body: state S (b, h, n, n); a chunk's [G | Qᵀ] (b, h, n, n + k) and [H | Pᵀ]
+    (b, h, n, n + k). Returns S·G + H (the state after the chunk) and S·Qᵀ + Pᵀ (its yᵀ,
+    (b, h, n, k))."""
+    s_in = _input(ir.DataType.FLOAT, [None, None, n, n])
+    gq = _input(ir.DataType.FLOAT, [None, None, n, n + CHUNK])
+    hp = _input(ir.DataType.FLOAT, [None, None, n, n + CHUNK])
     t = ir.tape.Tape()
-    split = {"axis": 1, "num_outputs": CHUNK}
-    tokens = {x: t.op_multi_out("Split", [ins[x]], split, num_outputs=CHUNK)
-              for x in ("r", "w", "v", "a")}  # each (b, 1, h, n, 1) or (b, 1, h, 1, n)
-    bk = t.op("Concat", [ins["b"], ins["k"]], {"axis": -2})  # (b, k, h, 2, n)
-    tokens["bk"] = t.op_multi_out("Split", [bk], split, num_outputs=CHUNK)  # each (b, 1, h, 2, n)
-    s, ys = s_in, []
-    for i in range(CHUNK):
-        r, w, v, a, bk_i = (tokens[x][i] for x in ("r", "w", "v", "a", "bk"))
-        sa_v = t.op("Concat", [t.op("MatMul", [s, a]), v], {"axis": -1})  # (b, 1, h, n, 2)
-        s = t.op("Add", [t.op("Mul", [s, w]), t.op("MatMul", [sa_v, bk_i])])  # (b, 1, h, n, n)
-        ys.append(t.op("MatMul", [s, r]))  # (b, 1, h, n, 1)
-    y = t.op("Concat", ys, {"axis": 1})  # (b, k, h, n, 1)
-    return _subgraph("wkv", [s_in, *ins.values()], [s, y], t)
+    z = t.op("Add", [t.op("MatMul", [s_in, gq]), hp])  # (b, h, n, n + k)
+    sizes = t.op("Constant", [], {"value": ir.tensor([n, CHUNK], dtype=ir.DataType.INT64)})
+    s_out, y_t = t.op_multi_out("Split", [z, sizes], {"axis": -1}, num_outputs=2)
+    return _subgraph("wkv", [s_in, gq, hp], [s_out, y_t], t)
+
+
+def _t(x):
+    """The last two axes swapped."""
+    return op.Transpose(x, perm=[0, 1, 2, 4, 3])
 
 
 def wkv7_chunked(r: FLOAT, w: FLOAT, k: FLOAT, v: FLOAT, a: FLOAT, b: FLOAT, s0: FLOAT) -> tuple[FLOAT, FLOAT]:
-    """seqexport::wkv7_chunked -> one Scan over chunks of CHUNK tokens.
+    """seqexport::wkv7_chunked -> the chunks' coefficients, then one Scan over the chunks.
 
-    Pads l up to a multiple of CHUNK with w = 1 and k = v = a = b = 0 (the state stays), scans
-    the chunks, then cuts y back to l.
+    Pads l up to a multiple of CHUNK with w = 1 and k = v = a = b = 0 (the state stays), then
+    cuts y back to l.
     """
     _check_float32(r, w, k, v, a, b, s0)
+    n = r.shape[3] if r.shape is not None else None
+    if not isinstance(n, int):
+        raise TypeError(f"the WKV lowering needs a static head size, got the shape {r.shape}")
     length = op.Shape(r, start=1, end=2)  # [l]
     pad = op.Mod(op.Sub(CHUNK, op.Mod(length, CHUNK)), CHUNK)  # [lp - l]
     pads = op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0]), pad, op.Constant(value_ints=[0, 0]), axis=0)
     heads = op.Shape(r, start=2)  # [h, n]
     to_chunks = op.Concat(op.Constant(value_ints=[0, -1, CHUNK]), heads, axis=0)
 
-    def chunks(x, name, fill):  # (b, l, h, n) -> (b, c, k, h, n, 1) or (b, c, k, h, 1, n)
-        x = op.Reshape(op.Pad(x, pads, op.Constant(value_float=fill)), to_chunks)
-        return op.Unsqueeze(x, [5] if name in COLUMNS else [4])
+    def chunks(x, fill):  # (b, l, h, n) -> (b, c, h, k, n): a chunk's tokens as rows
+        x = op.Reshape(op.Pad(x, pads, op.Constant(value_float=fill)), to_chunks)  # (b, c, k, h, n)
+        return op.Transpose(x, perm=[0, 1, 3, 2, 4])
 
-    s_last, ys = _emit(
+    r, w, k, v, a, b = (chunks(x, fill) for x, fill in ((r, 0.0), (w, 1.0), (k, 0.0), (v, 0.0), (a, 0.0), (b, 0.0)))
+    log_w = op.Log(w)
+    log_g = op.CumSum(log_w, op.Constant(value_int=3))  # (b, c, h, k, n): log γ_t, t inclusive
+    inv_g = op.Exp(op.Neg(log_g))
+    a_t = op.Mul(a, op.Exp(op.Sub(log_g, log_w)))  # Ã = a ⊙ γ_{t-1}
+    r_t = op.Mul(r, op.Exp(log_g))  # R̃ = r ⊙ γ_t
+    b_t, k_t = op.Mul(b, inv_g), op.Mul(k, inv_g)  # B̃, K̃
+    g_end = op.Exp(op.Slice(log_g, [CHUNK - 1], [CHUNK], [3]))  # (b, c, h, 1, n): γ_k
+
+    # [Ã; R̃]·[B̃ᵀ | K̃ᵀ] (2k, 2k), masked: [L(ÃB̃ᵀ) | L(ÃK̃ᵀ)] over [M(R̃B̃ᵀ) | M(R̃K̃ᵀ)]
+    strict, inclusive = np.tril(np.ones((CHUNK, CHUNK), np.float32), -1), np.tril(np.ones((CHUNK, CHUNK), np.float32))
+    mask = np.block([[strict, strict], [inclusive, inclusive]])  # (2k, 2k)
+    products = op.MatMul(op.Concat(a_t, r_t, axis=3), _t(op.Concat(b_t, k_t, axis=3)))  # (b, c, h, 2k, 2k)
+    products = op.Mul(products, op.Constant(value=ir.tensor(mask)))
+    top, bottom = op.Split(products, num_outputs=2, axis=3)  # (b, c, h, k, 2k) each
+    l_ab, l_ak = op.Split(top, num_outputs=2, axis=4)  # (b, c, h, k, k) each
+    m_rb, m_rk = op.Split(bottom, num_outputs=2, axis=4)
+
+    # T = (I - L_ab)⁻¹ = (I + L)(I + L²)(I + L⁴)…: L_ab is strictly lower, so L^k = 0
+    eye = op.Constant(value=ir.tensor(np.eye(CHUNK, dtype=np.float32)))
+    inverse, power = op.Add(eye, l_ab), l_ab
+    for _ in range(int(math.log2(CHUNK)) - 1):
+        power = op.MatMul(power, power)
+        inverse = op.MatMul(inverse, op.Add(eye, power))
+    # U = T·Ã·S0ᵀ + W: TÃ (b, c, h, k, n) and W = T·L_ak·V (b, c, h, k, n)
+    ta, w_u = op.Split(op.MatMul(inverse, op.Concat(a_t, op.MatMul(l_ak, v), axis=4)), num_outputs=2, axis=4)
+    # Y = Q·S0ᵀ + P: Q = R̃ + M_rb·TÃ, P = M_rb·W + M_rk·V
+    m_ta, m_w = op.Split(op.MatMul(m_rb, op.Concat(ta, w_u, axis=4)), num_outputs=2, axis=4)
+    q = op.Add(r_t, m_ta)  # (b, c, h, k, n)
+    p = op.Add(m_w, op.MatMul(m_rk, v))  # (b, c, h, k, n)
+    # S_k = S0·G + H: G = diag(γ_k) + (TÃ)ᵀ·(B̃⊙γ_k), H = Wᵀ·(B̃⊙γ_k) + Vᵀ·(K̃⊙γ_k)
+    b_end, k_end = op.Mul(b_t, g_end), op.Mul(k_t, g_end)
+    eye_n = op.Constant(value=ir.tensor(np.eye(n, dtype=np.float32)))
+    g = op.Add(op.Mul(_t(g_end), eye_n), op.MatMul(_t(ta), b_end))  # (b, c, h, n, n)
+    h = op.MatMul(_t(op.Concat(w_u, v, axis=3)), op.Concat(b_end, k_end, axis=3))  # (b, c, h, n, n)
+
+    s_last, y_t = _emit(
         "Scan",
-        [op.Unsqueeze(s0, [1]), chunks(r, "r", 0.0), chunks(w, "w", 1.0), chunks(k, "k", 0.0),
-         chunks(v, "v", 0.0), chunks(a, "a", 0.0), chunks(b, "b", 0.0)],
-        {"body": _chunk_body(), "num_scan_inputs": 6, "scan_input_axes": [1] * 6, "scan_output_axes": [1]},
+        [s0, op.Concat(g, _t(q), axis=4), op.Concat(h, _t(p), axis=4)],  # (b, c, h, n, n + k) each
+        {"body": _chunk_body(n), "num_scan_inputs": 2, "scan_input_axes": [1, 1], "scan_output_axes": [1]},
         num_outputs=2,
-    )  # (b, 1, h, n, n), (b, c, k, h, n, 1)
-    y = op.Reshape(ys, op.Concat(op.Constant(value_ints=[0, -1]), heads, axis=0))  # (b, lp, h, n)
-    return op.Slice(y, [0], length, [1]), op.Squeeze(s_last, [1])  # (b, l, h, n), (b, h, n, n)
+    )  # (b, h, n, n), (b, c, h, n, k)
+    y = op.Transpose(y_t, perm=[0, 1, 4, 2, 3])  # (b, c, k, h, n)
+    y = op.Reshape(y, op.Concat(op.Constant(value_ints=[0, -1]), heads, axis=0))  # (b, lp, h, n)
+    return op.Slice(y, [0], length, [1]), s_last  # (b, l, h, n), (b, h, n, n)
