@@ -57,7 +57,7 @@ def _chunk_body(n: int) -> ir.Graph:
 
 
 def _t(x):
-    """The last two axes swapped."""
+    """A 5-D value with its last two axes swapped."""
     return op.Transpose(x, perm=[0, 1, 2, 4, 3])
 
 
@@ -84,11 +84,11 @@ def wkv7_chunked(r: FLOAT, w: FLOAT, k: FLOAT, v: FLOAT, a: FLOAT, b: FLOAT, s0:
     r, w, k, v, a, b = (chunks(x, fill) for x, fill in ((r, 0.0), (w, 1.0), (k, 0.0), (v, 0.0), (a, 0.0), (b, 0.0)))
     log_w = op.Log(w)
     log_g = op.CumSum(log_w, op.Constant(value_int=3))  # (b, c, h, k, n): log γ_t, t inclusive
-    inv_g = op.Exp(op.Neg(log_g))
+    gamma, inv_g = op.Exp(log_g), op.Exp(op.Neg(log_g))  # γ_t, 1/γ_t
     a_t = op.Mul(a, op.Exp(op.Sub(log_g, log_w)))  # Ã = a ⊙ γ_{t-1}
-    r_t = op.Mul(r, op.Exp(log_g))  # R̃ = r ⊙ γ_t
+    r_t = op.Mul(r, gamma)  # R̃ = r ⊙ γ_t
     b_t, k_t = op.Mul(b, inv_g), op.Mul(k, inv_g)  # B̃, K̃
-    g_end = op.Exp(op.Slice(log_g, [CHUNK - 1], [CHUNK], [3]))  # (b, c, h, 1, n): γ_k
+    g_end = op.Slice(gamma, [CHUNK - 1], [CHUNK], [3])  # (b, c, h, 1, n): γ_k
 
     # [Ã; R̃]·[B̃ᵀ | K̃ᵀ] (2k, 2k), masked: [L(ÃB̃ᵀ) | L(ÃK̃ᵀ)] over [M(R̃B̃ᵀ) | M(R̃K̃ᵀ)]
     strict, inclusive = np.tril(np.ones((CHUNK, CHUNK), np.float32), -1), np.tril(np.ones((CHUNK, CHUNK), np.float32))
