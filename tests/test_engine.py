@@ -367,3 +367,34 @@ def test_start_ahead_zero_begins_newcomers_inline(transformer):
     assert engine.begun_ahead == 0
     with pytest.raises(UsageError, match="start_ahead"):
         Engine(transformer, start_ahead=-1)
+
+
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_recurrent_rows_step_join_and_leave_in_the_same_buffers(family, request):
+    """A recurrent batch's state lives in two preallocated sets the step alternates between
+    (ORT writes the new state into the spare set): once the batch runs, a newcomer is written
+    into spare rows and a leaver's place taken by the last row, with no new buffers; every
+    request still gets generate()'s tokens, and a state from step() is never written under
+    its holder (generate() and step() do not use these buffers)."""
+    model = request.getfixturevalue(family)
+    prompts = random_prompts(5, model.vocab_size, seed=4)
+    counts = (4, 12, 12, 7, 3)
+    held = model.start(2)
+    before = {k: v.copy() for k, v in held.arrays.items()}
+    _, stepped = model.step(np.array([5, 6]), held)  # a caller's own state: not the engine's
+    engine = Engine(model, max_rows=8, prefill_chunk=0)
+    reqs = [engine.submit(p, rt.SearchOptions(max_new_tokens=n, eos_id=-1)) for p, n in zip(prompts[:3], counts)]
+    engine.step()
+    engine.step()  # the batch's state now lives in the buffers
+    buffers = engine._state.rows
+    sets = [{k: id(a) for k, a in s.items()} for s in buffers.sets]
+    reqs += [engine.submit(p, rt.SearchOptions(max_new_tokens=n, eos_id=-1)) for p, n in zip(prompts[3:], counts[3:])]
+    while engine.has_work():
+        engine.step()  # joins, then leaves in the order of counts
+        if engine._state is not None:
+            assert engine._state.rows is buffers
+            assert buffers.holds(engine._state)
+    assert [{k: id(a) for k, a in s.items()} for s in buffers.sets] == sets
+    assert [r.tokens for r in reqs] == alone(model, prompts, [rt.SearchOptions(max_new_tokens=n, eos_id=-1) for n in counts])
+    assert all(np.array_equal(held.arrays[k], before[k]) for k in before)  # step() wrote elsewhere
+    assert stepped.rows is None

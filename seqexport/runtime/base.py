@@ -30,6 +30,9 @@ class State:
     # Appended state (seqexport.runtime.kv_buffer): the one-item list shared by every state
     # over the same buffers, naming the newest, the only one that may write into them in place.
     writer: list | None = field(default=None, repr=False, compare=False)
+    # The engine's running batch of a recurrent model (seqexport.runtime.row_buffers): the
+    # buffers these arrays are the first rows of.
+    rows: object = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -199,6 +202,16 @@ def retain_rows(arrays: dict, rows: list[int]) -> dict | None:
         for i, r in moves:
             move_row(a, i, r)
     return {k: a[:size] for k, a in arrays.items()}
+
+
+def copy_rows(a: np.ndarray, at: int, src: np.ndarray) -> None:
+    """a[at : at + len(src)] = src, one memcpy holding the GIL (see move_row); a and src
+    C-contiguous, of one dtype."""
+    if not (a.flags.c_contiguous and src.flags.c_contiguous and a.dtype == src.dtype and a.shape[1:] == src.shape[1:]):
+        a[at : at + len(src)] = src  # numpy checks (and raises on) what does not fit
+    elif src.size:
+        start = at * a[0].nbytes
+        memoryview(a).cast("B")[start : start + src.nbytes] = memoryview(src).cast("B")
 
 
 def move_row(a: np.ndarray, i: int, r: int) -> None:

@@ -503,7 +503,12 @@ class Engine:
             else:
                 tokens.append(r._next)
             pick.append(i)
-        logits, self._state = self.model.step(np.array(tokens, np.int64), self._state)  # (b,) -> (b, v)
+        tokens = np.array(tokens, np.int64)  # (b,)
+        advance = getattr(self.model, "advance", None)  # a step that consumes the batch's state
+        if advance is not None:
+            logits, self._state = advance(tokens, self._state, self.max_rows)  # (b, v)
+        else:
+            logits, self._state = self.model.step(tokens, self._state)  # (b, v)
         self.steps += 1
         if pick:
             whole = len(pick) == len(rows)

@@ -7,7 +7,8 @@ from functools import cached_property
 
 import numpy as np
 
-from seqexport.runtime.base import State
+from seqexport.runtime.base import State, retain_rows
+from seqexport.runtime.row_buffers import RowBuffers
 from seqexport.runtime.session import check_token_ids
 from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 
@@ -90,3 +91,56 @@ class PrefillRows:
         length; a prefill graph of fixed length takes none)."""
         spec = self.specs["prefill"]
         return ATTENTION_MASK in self._prefill_inputs and not isinstance(spec.input(INPUT_IDS).dims[1], int)
+
+
+class BufferedRows:
+    """The engine's variants for an exported recurrent LM on the CPU provider: the running
+    batch's state lives in `RowBuffers` (ORT writes each step's state into preallocated rows;
+    newcomers are written into spare rows). For a RuntimeModel with a "step" graph whose
+    inputs are the token ids and the state and whose outputs are the logits and the new state.
+    Anything else (CUDA, another graph shape) takes `step` and the copying joins."""
+
+    def advance(self, tokens, state: State, capacity: int) -> tuple[np.ndarray, State]:
+        """`step(tokens (b,), state)` for the engine, which consumes `state`: the logits (b, v)
+        are valid until the next `advance`; room for `capacity` rows is made once."""
+        buffers = state.rows
+        if buffers is None or not buffers.holds(state):
+            if not self._bufferable:
+                return self.step(tokens, state)
+            b = state.batch_size
+            graph = self.graphs["step"]
+            logits = graph.spec.output(LOGITS).dims[1:]
+            buffers = RowBuffers(graph.session, graph.spec.feeds, tuple(logits), state.numpy().arrays,
+                                 max(capacity, b))
+            state = buffers.load(state)
+        ids = check_token_ids("tokens", np.asarray(tokens, np.int64).reshape(-1, 1), self.vocab_size)  # (b, 1)
+        if ids.shape[0] != state.batch_size:
+            raise ValueError(f"tokens: {ids.shape[0]} rows for a state of {state.batch_size}")
+        logits, state = buffers.run(ids[:, 0], ids.shape[0], state.length + 1)  # (b, 1, v)
+        return logits[:, 0], state
+
+    def extend(self, state: State, newcomers: list[State]) -> State:
+        buffers = state.rows
+        if buffers is not None and buffers.holds(state):
+            joined = buffers.append(state, newcomers)
+            if joined is not None:
+                return joined
+        return super().extend(state, newcomers)
+
+    def retain(self, state: State, rows: list[int]) -> State:
+        buffers = state.rows
+        if buffers is None or not buffers.holds(state):
+            return super().retain(state, rows)
+        if retain_rows(state.arrays, rows) is None:  # rows moved in place, else a copy goes back in
+            return buffers.load(self.take(state, rows))
+        return buffers.view(len(rows), state.length)
+
+    @cached_property
+    def _bufferable(self) -> bool:
+        spec = self.specs["step"]
+        states = {inp for _, inp in spec.feeds}
+        logits = spec.output(LOGITS).dims
+        return (self.provider == "CPUExecutionProvider" and not self.io_binding
+                and set(spec.input_names) == states | {INPUT_IDS}
+                and set(spec.output_names) == {out for out, _ in spec.feeds} | {LOGITS}
+                and len(logits) == 3 and logits[1] == 1 and isinstance(logits[2], int))

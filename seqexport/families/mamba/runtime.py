@@ -12,7 +12,7 @@ import numpy as np
 from seqexport.errors import InputError
 from seqexport.families.mamba.specs import INPUT_IDS, LOGITS
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
-from seqexport.runtime.recurrent import PrefillRows, RecurrentSteps
+from seqexport.runtime.recurrent import BufferedRows, PrefillRows, RecurrentSteps
 from seqexport.runtime.session import check_token_ids
 
 
@@ -22,7 +22,7 @@ class MambaSteps(RecurrentSteps):
     family = "mamba"
 
 
-class MambaModel(PrefillRows, MambaSteps, RuntimeModel):
+class MambaModel(BufferedRows, PrefillRows, MambaSteps, RuntimeModel):
     @property
     def vocab_size(self) -> int:
         return self.config["vocab_size"]

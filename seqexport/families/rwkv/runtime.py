@@ -10,7 +10,7 @@ import numpy as np
 from seqexport.errors import InputError
 from seqexport.families.rwkv.specs import INPUT_IDS, LOGITS
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d, zero_state
-from seqexport.runtime.recurrent import PrefillRows, RecurrentSteps
+from seqexport.runtime.recurrent import BufferedRows, PrefillRows, RecurrentSteps
 from seqexport.runtime.session import check_token_ids
 
 
@@ -20,7 +20,7 @@ class RwkvSteps(RecurrentSteps):
     family = "rwkv"
 
 
-class RwkvModel(PrefillRows, RwkvSteps, RuntimeModel):
+class RwkvModel(BufferedRows, PrefillRows, RwkvSteps, RuntimeModel):
     @property
     def vocab_size(self) -> int:
         return self.config["vocab_size"]
