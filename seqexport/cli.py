@@ -293,9 +293,11 @@ def serve(folder, **kw):
 @click.option("--max-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Most tokens a request asks for (each asks for a quarter of it to all of it; eos ignored).")
 @click.option("--http", is_flag=True, help="Continuous batching through a `serve --no-ray` subprocess (SSE clients).")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Measure everything this many times in turn; report medians and each round's ratios.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every figure as JSON here.")
 @engine_options
-def bench_serve(folder, clients, n_requests, max_tokens, http, json_path, **kw):
+def bench_serve(folder, clients, n_requests, max_tokens, http, rounds, json_path, **kw):
     """Time the engine on an exported FOLDER: continuous batching vs one at a time vs static batches.
 
     Tokens/s, time to first token and per-token latency (p50/p99) at each client count.
@@ -304,7 +306,7 @@ def bench_serve(folder, clients, n_requests, max_tokens, http, json_path, **kw):
 
     check_output_path(json_path, "--json")
     result = run_bench_serve(folder, clients=clients or (1, 4, 16, 64), n_requests=n_requests,
-                             max_tokens=max_tokens, http=http, log=lambda msg: click.echo(msg, err=True),
+                             max_tokens=max_tokens, http=http, rounds=rounds, log=lambda msg: click.echo(msg, err=True),
                              **_engine_kwargs(kw))
     click.echo(format_table(result))
     if json_path:

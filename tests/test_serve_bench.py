@@ -33,3 +33,32 @@ def test_bench_serve_over_http_counts_the_streamed_tokens(mamba_exports, tmp_pat
     assert "over HTTP" in result.stdout
     data = json.loads(out.read_text())
     assert data["rows"]["2"]["continuous"]["tokens"] == data["one_at_a_time"]["tokens"]  # every SSE token seen
+
+
+def test_bench_serve_rounds_report_medians_and_each_rounds_ratios(mamba_exports, tmp_path):
+    """--rounds 3: every figure is measured three times in turn; the reported one is the median
+    of the three (not the first or the last), and each round's own ratios are kept."""
+    _, folder = mamba_exports("loop")
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "1", "--clients", "3",
+                                      "--requests", "6", "--max-tokens", "4", "--rounds", "3", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    rounds = data["rounds"]
+    assert len(rounds) == 3
+    one = [r["one_at_a_time"]["tokens_per_s"] for r in rounds]
+    assert data["one_at_a_time"]["tokens_per_s"] == sorted(one)[1]
+    assert {r["one_at_a_time"]["tokens"] for r in rounds} == {data["one_at_a_time"]["tokens"]}  # the same work
+    for clients in ("1", "3"):
+        row = data["rows"][clients]
+        each = [r["rows"][clients]["continuous"]["tokens_per_s"] / r["one_at_a_time"]["tokens_per_s"] for r in rounds]
+        assert row["speedup_vs_one_at_a_time_rounds"] == each
+        assert row["speedup_vs_one_at_a_time"] == sorted(each)[1]
+        assert row["continuous"]["tokens_per_s"] == sorted(r["rows"][clients]["continuous"]["tokens_per_s"] for r in rounds)[1]
+    assert "medians of 3 rounds" in result.stdout
+
+
+def test_bench_serve_refuses_zero_rounds(mamba_exports):
+    _, folder = mamba_exports("loop")
+    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--rounds", "0"])
+    assert result.exit_code == 2 and "--rounds" in result.output

@@ -140,11 +140,16 @@ def batched(model, work, batch: int) -> dict:
 
 
 def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_tokens: int = 32,
-                    provider: str = "auto", threads: int | None = 1, http: bool = False, log=None,
-                    **engine_options) -> dict:
+                    provider: str = "auto", threads: int | None = 1, http: bool = False, rounds: int = 1,
+                    log=None, **engine_options) -> dict:
     """`threads`: ONNX Runtime's intra-op threads, 1 as `serve` and `bench-serve` default to (None:
     ORT's own default, a spinning pool over every core, which fights the engine's threads and the
-    clients for the CPU: bundled Mamba at 2 cores served 1.9-2.0x one at a time with it, 3.3x with 1)."""
+    clients for the CPU: bundled Mamba at 2 cores served 1.9-2.0x one at a time with it, 3.3x with 1).
+
+    `rounds`: the whole set measured that many times one after another (one at a time, then each
+    client count's continuous and static runs); each figure is the median over the rounds, and a
+    ratio the median of each round's own ratio (its modes measured minutes apart at most, not the
+    whole run apart: on a noisy machine identical runs wandered by a quarter)."""
     log = log or (lambda msg: None)
     model = load(folder, provider=provider, threads=threads)
     prompts = bench_prompts(model, n_requests)
@@ -156,8 +161,7 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
     result = {"folder": str(folder), "family": model.family, "provider": model.provider, "threads": threads,
               "requests": n_requests, "max_tokens": max_tokens, "http": http, "rows": {}}
     log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests of "
-        f"{max(1, max_tokens // 4)}-{max_tokens} tokens")
-    result["one_at_a_time"] = batched(model, work, 1)
+        f"{max(1, max_tokens // 4)}-{max_tokens} tokens" + (f", {rounds} rounds" if rounds > 1 else ""))
     server = None
     if http:
         from seqexport.serve.process import ServerProcess
@@ -170,29 +174,59 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
         server = ServerProcess(folder, *args)
         server.start()
         over_http(server.url, work[:4], 1)  # warm up
+    measured = []
     try:
-        for c in clients:
-            if server is not None:
-                cont = over_http(server.url, work, c)
-            else:
-                engine = Engine(model, max_rows=c, max_queue=max(n_requests, 1), **engine_options).start()
-                try:
-                    cont = continuous(engine, work, c)
-                finally:
-                    engine.close()
-            static = batched(model, work, c)
-            result["rows"][c] = {"continuous": cont, "static": static}
-            log(f"{c} clients: continuous {cont['tokens_per_s']:.0f} tok/s, static {static['tokens_per_s']:.0f} tok/s")
+        for r in range(rounds):
+            one = batched(model, work, 1)
+            rows = {}
+            for c in clients:
+                if server is not None:
+                    cont = over_http(server.url, work, c)
+                else:
+                    engine = Engine(model, max_rows=c, max_queue=max(n_requests, 1), **engine_options).start()
+                    try:
+                        cont = continuous(engine, work, c)
+                    finally:
+                        engine.close()
+                static = batched(model, work, c)
+                rows[c] = {"continuous": cont, "static": static}
+                log(f"{f'round {r + 1}: ' if rounds > 1 else ''}{c} clients: continuous {cont['tokens_per_s']:.0f} "
+                    f"tok/s, static {static['tokens_per_s']:.0f} tok/s, one at a time {one['tokens_per_s']:.0f} tok/s")
+            measured.append(_with_ratios(one, rows))
     finally:
         if server is not None:
             server.stop()
-    base = result["one_at_a_time"]["tokens_per_s"]
-    single = result["rows"].get(1, {}).get("continuous", {}).get("token_p50_ms")
-    for row in result["rows"].values():
-        row["speedup_vs_one_at_a_time"] = row["continuous"]["tokens_per_s"] / base
+    if rounds == 1:
+        return result | measured[0]
+    result["one_at_a_time"] = _median_figures([m["one_at_a_time"] for m in measured])
+    for c in clients:
+        runs = [m["rows"][c] for m in measured]
+        row = {mode: _median_figures([x[mode] for x in runs]) for mode in ("continuous", "static")}
+        for key in ("speedup_vs_one_at_a_time", "static_vs_one_at_a_time", "token_p50_vs_one_client"):
+            values = [x[key] for x in runs if key in x]
+            if values:
+                row[key] = float(np.median(values))
+                row[key + "_rounds"] = values
+        result["rows"][c] = row
+    result["rounds"] = measured
+    return result
+
+
+def _with_ratios(one: dict, rows: dict) -> dict:
+    """One round's figures with its ratios: each client count's tokens/s over one at a time's, and
+    its per-token p50 over the single client's (when 1 client was measured)."""
+    single = rows.get(1, {}).get("continuous", {}).get("token_p50_ms")
+    for row in rows.values():
+        row["speedup_vs_one_at_a_time"] = row["continuous"]["tokens_per_s"] / one["tokens_per_s"]
+        row["static_vs_one_at_a_time"] = row["static"]["tokens_per_s"] / one["tokens_per_s"]
         if single:
             row["token_p50_vs_one_client"] = row["continuous"]["token_p50_ms"] / single
-    return result
+    return {"one_at_a_time": one, "rows": rows}
+
+
+def _median_figures(figures: list[dict]) -> dict:
+    """Each figure's median over rounds (tokens: the same work every round)."""
+    return {key: float(np.median([f[key] for f in figures])) for key in figures[0]}
 
 
 def format_table(result: dict) -> str:
@@ -209,7 +243,13 @@ def format_table(result: dict) -> str:
         for mode in ("continuous", "static"):
             f = row[mode]
             extra = (f"{row['speedup_vs_one_at_a_time']:>14.1f}x | {row.get('token_p50_vs_one_client', float('nan')):.2f}x"
-                     if mode == "continuous" else f"{f['tokens_per_s'] / one['tokens_per_s']:>14.1f}x |")
+                     if mode == "continuous" else f"{row['static_vs_one_at_a_time']:>14.1f}x |")
             lines.append(f"{c:>7} | {mode:<10} | {f['tokens_per_s']:>7.0f} | {f['ttft_p50_ms']:>7.1f}ms | "
                          f"{f['ttft_p99_ms']:>7.1f}ms | {f['token_p50_ms']:>5.2f}ms | {f['token_p99_ms']:>5.2f}ms | {extra}")
+    if "rounds" in result:
+        lines.append(f"medians of {len(result['rounds'])} rounds; each round's own ratios:")
+        for c, row in result["rows"].items():
+            speedups = " ".join(f"{x:.2f}x" for x in row["speedup_vs_one_at_a_time_rounds"])
+            p50 = " ".join(f"{x:.2f}x" for x in row.get("token_p50_vs_one_client_rounds", []))
+            lines.append(f"{c:>7} clients: vs 1-at-a-time {speedups}" + (f" | tok p50 vs 1 client {p50}" if p50 else ""))
     return "\n".join(lines)
