@@ -9,7 +9,7 @@ import numpy as np
 
 from seqexport.runtime.base import State, retain_rows
 from seqexport.runtime.row_buffers import RowBuffers
-from seqexport.runtime.session import check_token_ids
+from seqexport.runtime.session import NP_DTYPES, check_token_ids
 from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 
 
@@ -109,9 +109,9 @@ class BufferedRows:
                 return self.step(tokens, state)
             b = state.batch_size
             graph = self.graphs["step"]
-            logits = graph.spec.output(LOGITS).dims[1:]
-            buffers = RowBuffers(graph.session, graph.spec.feeds, tuple(logits), state.numpy().arrays,
-                                 max(capacity, b))
+            logits = graph.spec.output(LOGITS)
+            buffers = RowBuffers(graph.session, graph.spec.feeds, (tuple(logits.dims[1:]), NP_DTYPES[logits.dtype]),
+                                 state.numpy().arrays, max(capacity, b))
             state = buffers.load(state)
         ids = check_token_ids("tokens", np.asarray(tokens, np.int64).reshape(-1, 1), self.vocab_size)  # (b, 1)
         if ids.shape[0] != state.batch_size:

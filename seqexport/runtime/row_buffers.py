@@ -23,9 +23,10 @@ from seqexport.specs import INPUT_IDS, LOGITS
 class RowBuffers:
     """The two sets, the token ids and logits buffers, and one IO binding per (set, batch)."""
 
-    def __init__(self, session: ort.InferenceSession, pairs: list[tuple[str, str]], logits_shape: tuple,
+    def __init__(self, session: ort.InferenceSession, pairs: list[tuple[str, str]], logits: tuple,
                  like: dict[str, np.ndarray], capacity: int):
-        # pairs: (output, state input) of the step graph; like: arrays of each input's row shape and dtype
+        # pairs: (output, state input) of the step graph; logits: the row shape and dtype of its
+        # logits output; like: arrays of each state input's row shape and dtype
         self.session = session
         self.pairs = pairs
         self.capacity = capacity
@@ -33,7 +34,7 @@ class RowBuffers:
                      for _ in range(2)]
         self.current = 0  # the set holding the batch's state now
         self.ids = np.zeros((capacity, 1), np.int64)  # (cap, 1)
-        self.logits = np.zeros((capacity, *logits_shape), np.float32)  # (cap, 1, v)
+        self.logits = np.zeros((capacity, *logits[0]), logits[1])  # (cap, 1, v)
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._views: dict | None = None  # the arrays of the state `view` gave last
 
