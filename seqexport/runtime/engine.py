@@ -140,7 +140,8 @@ class Engine:
 
     def __init__(self, model: RuntimeModel, max_rows: int = 16, max_queue: int = 256,
                  max_state_bytes: int | None = None, max_prompt_tokens: int | None = None,
-                 prefill_chunk: int = 64, start_ahead: int | None = None, start_batch: int = 4):
+                 prefill_chunk: int = 64, start_ahead: int | None = None, start_batch: int = 4,
+                 on_round: Callable[[], None] | None = None):
         start_ahead = max_rows if start_ahead is None else start_ahead
         for name, v, least in (("max_rows", max_rows, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 0),
                                ("start_ahead", start_ahead, 0), ("start_batch", start_batch, 1)):
@@ -154,6 +155,8 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.start_ahead = start_ahead  # requests the starter thread may have begun before they join
         self.start_batch = start_batch  # requests the starter begins in one prefill run (ragged_prefill)
+        # called on the engine thread after each round's events (a server hands them on at once)
+        self.on_round = on_round
         self._waiting: deque[Request] = deque()
         # begun by the starter, in arrival order: (request, a _Begun, a (state, pending) or the error raised)
         self._ready: deque[tuple[Request, _Begun | tuple | Exception]] = deque()
@@ -326,6 +329,8 @@ class Engine:
                 self._fail(req, e)
             self._rows, self._state = [], None
         self._leave()
+        if self.on_round is not None:
+            self.on_round()
 
     def _expire(self) -> None:
         now = time.monotonic()

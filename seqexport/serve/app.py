@@ -11,6 +11,7 @@ its row at the next step boundary.
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -64,11 +65,12 @@ class ServingHost:
 
     def __init__(self, config: ServeConfig):
         self.config = config
+        self.outbox = Outbox()  # the engine's events, handed to the event loop once a round
         self.model = load(config.folder, provider=config.provider, threads=config.threads)
         self.engine = Engine(self.model, max_rows=config.max_rows, max_queue=config.max_queue,
                              max_state_bytes=config.max_state_bytes,
                              max_prompt_tokens=config.max_prompt_tokens, prefill_chunk=config.prefill_chunk,
-                             start_batch=config.start_batch).start()
+                             start_batch=config.start_batch, on_round=self.outbox.flush).start()
         self.metrics = ServerMetrics(self.engine)
         self.name = config.model_name or Path(config.folder).resolve().name
         self.created = int(time.time())
@@ -112,9 +114,43 @@ class ServingHost:
             raise HTTPError(400, f"prompt: {e}", "prompt") from None
 
 
+class Outbox:
+    """Engine events bound for the event loop, handed over once a round (`Engine(on_round=)`):
+    one wake-up of the loop for every row's token, where a wake-up per token cost the engine
+    thread ~45 us a token (the loop thread, woken 16 times a round, took the GIL back each
+    time): at 16 streams 0.7 ms of a ~1 ms round. A request's events keep their order."""
+
+    def __init__(self):
+        self._items: list = []
+        self._lock = threading.Lock()
+
+    def put(self, listener: "Listener", req, item) -> None:
+        with self._lock:
+            self._items.append((listener, req, item))
+
+    def flush(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        by_loop: dict = {}
+        for listener, req, item in items:
+            by_loop.setdefault(listener.loop, []).append((listener.queue, req, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the loop is closed (the server is going): free the rows
+                for _, req, _ in batch:
+                    req.cancel()
+
+
+def _deliver(batch) -> None:
+    for queue, _, item in batch:
+        queue.put_nowait(item)
+
+
 class Listener:
     """One request's engine events as an asyncio queue: (token, text piece), then (None, rest).
-    `on_event` and `stop` run on the engine thread."""
+    `on_event` and `stop` run on the engine thread; the events reach the queue through the
+    host's outbox at the end of the round (an end at once: it may come from `close()`)."""
 
     def __init__(self, host: ServingHost, stops: list[str], loop: asyncio.AbstractEventLoop):
         self.host, self.loop = host, loop
@@ -124,11 +160,11 @@ class Listener:
     def on_event(self, req, token: int | None) -> None:
         if token is None:
             self.host.metrics.on_end(req)
-            item = (None, self.text.flush())
+            self.host.outbox.put(self, req, (None, self.text.flush()))
+            self.host.outbox.flush()
         else:
             self.host.metrics.on_token(req)
-            item = (token, self.text.push(token))
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.host.outbox.put(self, req, (token, self.text.push(token)))
 
     def stop(self, tokens) -> bool:
         return self.text.stopped
