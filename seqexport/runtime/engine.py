@@ -17,8 +17,11 @@ Each `step()` is one scheduling round, vLLM-style:
    running batch (`model.extend`: a transformer's buffers have spare rows, so only the
    newcomers' rows are written) with the tokens they still have to feed (a transformer's start
    token, a Mamba's or RWKV's prompt);
-3. decode: one `model.step` over every row, each feeding its next prompt token or its last
-   pick; a row past its prompt picks its next token from its logits.
+3. decode: one `model.step` over every row (`model.advance` where the model has it: a step
+   that consumes the batch's state, e.g. a recurrent state kept in preallocated rows,
+   `seqexport.runtime.row_buffers`), each feeding its next prompt token or its last pick; a
+   row past its prompt picks its next token from its logits. Then `on_round`, if given (a
+   server hands the round's events to its event loop at once).
 
 Prefill never stalls the running rows: a prompt goes through the batched step a token a
 round (a row more in a batched step costs far less than a prefill graph run), and a prompt
