@@ -8,13 +8,18 @@ from click.testing import CliRunner
 from seqexport.cli import cli
 
 
+def bench_serve(folder, tmp_path, *args):
+    """`seqexport bench-serve FOLDER ARGS --json F`: (the CLI's result, the JSON written)."""
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench-serve", str(folder), *args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    return result, json.loads(out.read_text())
+
+
 def test_bench_serve_runs_the_three_modes_on_the_same_requests(mamba_exports, tmp_path):
     _, folder = mamba_exports("loop")
-    out = tmp_path / "bench.json"
-    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "1", "--clients", "3",
-                                      "--requests", "7", "--max-tokens", "5", "--threads", "1", "--json", str(out)])
-    assert result.exit_code == 0, result.output
-    data = json.loads(out.read_text())
+    result, data = bench_serve(folder, tmp_path, "--clients", "1", "--clients", "3", "--requests", "7",
+                               "--max-tokens", "5", "--threads", "1")
     total = data["one_at_a_time"]["tokens"]
     assert 7 * 1 <= total <= 7 * 5  # each request asked for 1 to 5 tokens
     for clients in ("1", "3"):
@@ -26,12 +31,9 @@ def test_bench_serve_runs_the_three_modes_on_the_same_requests(mamba_exports, tm
 
 def test_bench_serve_over_http_counts_the_streamed_tokens(mamba_exports, tmp_path):
     _, folder = mamba_exports("loop")
-    out = tmp_path / "bench.json"
-    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "2", "--requests", "4",
-                                      "--max-tokens", "3", "--threads", "1", "--http", "--json", str(out)])
-    assert result.exit_code == 0, result.output
+    result, data = bench_serve(folder, tmp_path, "--clients", "2", "--requests", "4", "--max-tokens", "3",
+                               "--threads", "1", "--http")
     assert "over HTTP" in result.stdout
-    data = json.loads(out.read_text())
     assert data["rows"]["2"]["continuous"]["tokens"] == data["one_at_a_time"]["tokens"]  # every SSE token seen
 
 
@@ -39,11 +41,8 @@ def test_bench_serve_rounds_report_medians_and_each_rounds_ratios(mamba_exports,
     """--rounds 3: every figure is measured three times in turn; the reported one is the median
     of the three (not the first or the last), and each round's own ratios are kept."""
     _, folder = mamba_exports("loop")
-    out = tmp_path / "bench.json"
-    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "1", "--clients", "3",
-                                      "--requests", "6", "--max-tokens", "4", "--rounds", "3", "--json", str(out)])
-    assert result.exit_code == 0, result.output
-    data = json.loads(out.read_text())
+    result, data = bench_serve(folder, tmp_path, "--clients", "1", "--clients", "3", "--requests", "6",
+                               "--max-tokens", "4", "--rounds", "3")
     rounds = data["rounds"]
     assert len(rounds) == 3
     one = [r["one_at_a_time"]["tokens_per_s"] for r in rounds]
