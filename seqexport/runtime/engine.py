@@ -151,6 +151,7 @@ class Engine:
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise UsageError(f"{name} must be an integer >= {least}, got {v!r}")
         self.model = model
+        self._advance = getattr(model, "advance", None)  # a step that consumes the batch's state
         self.max_rows = max_rows
         self.max_queue = max_queue
         self.max_state_bytes = max_state_bytes
@@ -512,9 +513,8 @@ class Engine:
                 tokens.append(r._next)
             pick.append(i)
         tokens = np.array(tokens, np.int64)  # (b,)
-        advance = getattr(self.model, "advance", None)  # a step that consumes the batch's state
-        if advance is not None:
-            logits, self._state = advance(tokens, self._state, self.max_rows)  # (b, v)
+        if self._advance is not None:
+            logits, self._state = self._advance(tokens, self._state, self.max_rows)  # (b, v)
         else:
             logits, self._state = self.model.step(tokens, self._state)  # (b, v)
         self.steps += 1

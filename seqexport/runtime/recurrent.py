@@ -7,6 +7,7 @@ from functools import cached_property
 
 import numpy as np
 
+from seqexport.errors import InputError
 from seqexport.runtime.base import State, retain_rows
 from seqexport.runtime.row_buffers import RowBuffers
 from seqexport.runtime.session import NP_DTYPES, check_token_ids
@@ -115,7 +116,7 @@ class BufferedRows:
             state = buffers.load(state)
         ids = check_token_ids("tokens", np.asarray(tokens, np.int64).reshape(-1, 1), self.vocab_size)  # (b, 1)
         if ids.shape[0] != state.batch_size:
-            raise ValueError(f"tokens: {ids.shape[0]} rows for a state of {state.batch_size}")
+            raise InputError(f"tokens: {ids.shape[0]} rows for a state of {state.batch_size} rows")
         logits, state = buffers.run(ids[:, 0], ids.shape[0], state.length + 1)  # (b, 1, v)
         return logits[:, 0], state
 

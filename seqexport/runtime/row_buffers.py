@@ -59,10 +59,9 @@ class RowBuffers:
         if rows + sum(s.batch_size for s in newcomers) > self.capacity:
             return None
         for s in newcomers:
-            n = s.batch_size
             for k, a in self.sets[self.current].items():
-                copy_rows(a, rows, np.ascontiguousarray(s.arrays[k]))
-            rows += n
+                copy_rows(a, rows, s.arrays[k])  # (a non-contiguous array goes through numpy)
+            rows += s.batch_size
         return self.view(rows, max([state.length, *(s.length for s in newcomers)]))
 
     def run(self, tokens: np.ndarray, rows: int, length: int) -> tuple[np.ndarray, State]:
