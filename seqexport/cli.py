@@ -72,7 +72,7 @@ def export():
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--min-top1", type=click.FloatRange(0, 1), help="int8 exports: teacher-forced top-1 agreement [0.95].")
 @click.option("--min-tokens", type=click.FloatRange(0, 1),
-              help="int8 exports: share of free-running tokens equal to eager's [0.75].")
+              help="int8 exports: share of the free-running picks that are eager's argmax on the same prefix [0.75].")
 def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, report_path, min_top1, min_tokens):
     """Prove parity of an exported FOLDER with its eager model; exit 1 if any check fails.
 

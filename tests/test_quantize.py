@@ -183,3 +183,37 @@ def test_bench_times_the_int8_copy_beside_its_source(dates_exports, tmp_path):
     assert side["disk_bytes"]["int8"] < 0.7 * side["disk_bytes"]["float32"]  # tiny: float embedding, x_proj
     bad = CliRunner().invoke(cli, ["bench", str(folder), "--fast", "--baseline", str(folder)])
     assert bad.exit_code == 2 and "is not an int8 copy" in bad.output, bad.output
+
+
+def test_int8_free_running_judges_each_pick_on_its_own_prefix():
+    """validate's int8 free-running rule, with the bundled RWKV-7's eager model as the judge: a
+    decode that takes eager's runner-up once (a near-tie, as int8 rounding does) and follows
+    eager from there passes however many later tokens differ from eager's own decode; one that
+    leaves eager's argmax at a third of its steps fails."""
+    import numpy as np
+
+    from seqexport import families
+    from seqexport.checkpoints.io import load_checkpoint
+    from seqexport.parity.checks import NEVER, Int8Rule, int8_free_case
+    from seqexport.runtime.generate import SearchOptions
+
+    model = load_checkpoint(bundled("rwkv")).model.float().eval()
+    judge = families.get("rwkv").parity.Cases.eager_class(model, None, cache=False, device="cpu")
+    prompt, options = [1, 40, 52, 55, 3], SearchOptions(max_new_tokens=12, eos_id=NEVER)
+
+    def decode(runner_up_at: set[int]) -> list[int]:
+        """Eager's greedy picks, but its second best at these steps."""
+        logits, state, out = *judge.begin([prompt]), []
+        for t in range(12):
+            order = np.argsort(logits[0])[::-1]
+            out.append(int(order[1] if t in runner_up_at else order[0]))
+            logits, state = judge.step(np.array([out[-1]], np.int64), state)
+        return out
+
+    detour = int8_free_case(0, decode({2}), judge, prompt, options, Int8Rule())
+    assert detour.passed and detour.label == "row 0: 11/12 int8 picks are eager's"
+    assert "tokens equal eager's own greedy decode" in detour.note and "12/12 tokens equal" not in detour.note
+    wrong = int8_free_case(0, decode({0, 3, 6, 9}), judge, prompt, options, Int8Rule())
+    assert not wrong.passed and wrong.label == "row 0: 8/12 int8 picks are eager's"
+    assert int8_free_case(0, decode(set()), judge, prompt, options, Int8Rule()).note.endswith("12/12 tokens equal "
+                                                                                             "eager's own greedy decode")

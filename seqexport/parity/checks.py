@@ -28,7 +28,7 @@ class Int8Rule:
     reported, not judged (any NaN/Inf still fails); the decodes are judged by agreement."""
 
     min_top1: float = 0.95  # teacher-forced: share of positions whose argmax equals eager's
-    min_tokens: float = 0.75  # free-running: share of each row's tokens equal to eager greedy's
+    min_tokens: float = 0.75  # free-running: share of each row's int8 picks that are eager's argmax on that prefix
 CHUNKS = (1, 4, 1, 2, 3)  # teacher-forced chunk lengths after the prompt, cycled
 
 
@@ -148,16 +148,36 @@ def free_running(rt, cases, steps: int, atol, rtol, int8: Int8Rule | None = None
     except ArtifactError as e:  # NaN/Inf logits: generation stops loudly, the check fails
         return [Case("free_running", f"row {r}: no tokens", note=str(e), ok=False) for r in range(len(rows))]
     reference = cases.eager(cache=False)
-    if int8:  # agreement of whole greedy decodes: an int8 model may take another path at a near-tie
-        ref = [generate(reference, [row], options)[0] for row in rows]  # the no-cache reference, row by row
-        out = []
-        for r, (a, b) in enumerate(zip(got, ref)):
-            share = float(np.mean([x == y for x, y in zip(a, b)])) if b else 1.0
-            out.append(Case("free_running", f"row {r}: {sum(x == y for x, y in zip(a, b))}/{len(b)} tokens equal",
-                            note=f"int8: {share:.0%} equal (>= {int8.min_tokens:.0%} required)",
-                            ok=share >= int8.min_tokens))
-        return out
+    if int8:
+        return [int8_free_case(r, got[r], reference, rows[r], options, int8) for r in range(len(rows))]
     return [free_case(r, got[r], steps, reference, rows[r], cases.start_id, atol, rtol) for r in range(len(rows))]
+
+
+def int8_free_case(row: int, int8_tokens, reference, prompt, options: SearchOptions, int8: Int8Rule) -> Case:
+    """An int8 row's greedy decode judged step by step along its own path: the eager model (no
+    cache) fed the same prefix, is each int8 pick its argmax? Comparing the two decodes token
+    by token instead counted every token after one near-tie as wrong (a pick 0.0096 below
+    eager's best on a logit of 10 made 8/12 of a bundled RWKV-7 row "differ"; on AVX-512 VNNI
+    hardware, whose int8 products round otherwise, it failed validate), while a broken int8
+    model still disagrees at most steps. Eager's own greedy decode is reported beside it."""
+    logits, state = reference.begin([list(prompt)], options.start_id)
+    agree, worst = 0, 0.0  # worst: the largest eager margin of its argmax over an int8 pick
+    for tok in int8_tokens:
+        lg = logits[0]
+        if not np.isfinite(lg).all():
+            return Case("free_running", f"row {row}: eager produced NaN/Inf logits", ok=False)
+        best = int(lg.argmax())
+        agree += tok == best
+        worst = max(worst, float(lg[best] - lg[tok]))
+        logits, state = reference.step(np.array([tok], np.int64), state)
+    n = len(int8_tokens)
+    share = agree / n if n else 1.0
+    own = generate(reference, [list(prompt)], options)[0]  # eager's own greedy decode
+    same = sum(x == y for x, y in zip(int8_tokens, own))
+    note = (f"int8: {share:.0%} of its picks are eager's argmax on the same prefix (>= {int8.min_tokens:.0%} "
+            f"required){f'; the others within {worst:.3g} of it' if agree < n else ''}; {same}/{len(own)} "
+            "tokens equal eager's own greedy decode")
+    return Case("free_running", f"row {row}: {agree}/{n} int8 picks are eager's", note=note, ok=share >= int8.min_tokens)
 
 
 def free_case(row: int, onnx_tokens, steps: int, reference, prompt, start_id, atol, rtol) -> Case:
