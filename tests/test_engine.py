@@ -151,6 +151,37 @@ def test_cancel_and_timeout_free_their_rows(mamba):
     assert engine.active_rows == 0 and engine.state_bytes == 0
 
 
+def test_waiting_requests_time_out_and_cancel_in_a_deep_queue(mamba):
+    """The engine walks its queue for cancelled and timed-out requests only when one was
+    cancelled or a deadline has passed: both still end waiting requests, deep in the queue,
+    whichever way they were cancelled, and the others get generate()'s tokens."""
+    engine = Engine(mamba, max_rows=1, max_queue=100)
+    three = rt.SearchOptions(max_new_tokens=3)
+    first = engine.submit([5, 6], rt.SearchOptions(max_new_tokens=30))
+    queued = [engine.submit([7 + i % 50], three) for i in range(60)]
+    late = engine.submit([9], three, timeout=0.5)  # behind 61 requests of one row each
+    direct, via_engine = queued[40], queued[50]
+    engine.step()
+    direct.cancel()  # the request's own cancel, from any thread
+    engine.step()
+    engine.cancel(via_engine)
+    engine.step()
+    assert (direct.finish_reason, via_engine.finish_reason, late.finish_reason) == ("cancelled", "cancelled", None)
+    sooner = engine.submit([11], three, timeout=0.05)  # a deadline before every one seen so far
+    time.sleep(0.06)
+    engine.step()  # no cancel since the last round: the deadline alone makes the engine look
+    assert (sooner.finish_reason, late.finish_reason) == ("timeout", None)
+    time.sleep(max(0.0, late.deadline - time.monotonic()) + 0.01)
+    engine.step()
+    assert late.finish_reason == "timeout"
+    assert direct.tokens == via_engine.tokens == late.tokens == sooner.tokens == []
+    assert engine.queue_length == 58  # 61 waited behind the first
+    engine.run_until_done()
+    rest = [r for r in queued if r not in (direct, via_engine)]
+    assert {r.finish_reason for r in rest} == {"length"} and first.finish_reason == "length"
+    assert [r.tokens for r in rest[:5]] == alone(mamba, [r.prompt for r in rest[:5]], [three] * 5)
+
+
 def test_state_cap_and_queue_cap(mamba):
     one_row = rt.Generator(mamba)  # measure one request's state
     one_row.append_tokens([[5]])
@@ -345,10 +376,10 @@ def test_the_starter_begins_newcomers_beside_the_batch(family, request):
     assert [r.tokens for r in reqs] == alone(model, prompts, options)  # seeded samples too
     assert bad.finish_reason == "error" and bad_text in str(bad.error)
 
-    engine = Engine(model, max_rows=2).start()
+    engine = Engine(model, max_rows=1).start()  # 24 x 40 steps one row at a time: close() comes first
     starter, loop = engine._starter, engine._thread
-    waiting = [engine.submit(p, rt.SearchOptions(max_new_tokens=40, eos_id=-1)) for p in prompts[:12]]
-    time.sleep(0.05)
+    waiting = [engine.submit(p, rt.SearchOptions(max_new_tokens=40, eos_id=-1)) for p in prompts]
+    time.sleep(0.02)
     engine.close()
     assert not starter.is_alive() and not loop.is_alive()
     assert all(r.done.is_set() for r in waiting)
