@@ -27,6 +27,13 @@ def test_bench_serve_runs_the_three_modes_on_the_same_requests(mamba_exports, tm
         assert row["continuous"]["tokens"] == row["static"]["tokens"] == total
         assert row["speedup_vs_one_at_a_time"] > 0
     assert "continuous" in result.stdout and "one at a time" in result.stdout
+    assert data["rows"]["1"]["continuous"]["rows_per_step"] == 1.0  # one client: one row every step
+    assert 1.0 <= data["rows"]["3"]["continuous"]["rows_per_step"] <= 3.0
+    floor = data["rows"]["3"]["step_floor"]  # the batched step alone at the batch's mean rows
+    assert floor["rows"] == round(data["rows"]["3"]["continuous"]["rows_per_step"])
+    assert floor["step_ms"] > 0 and floor["step_ms_1_row"] > 0
+    assert floor["step_vs_1_row"] == floor["step_ms"] / floor["step_ms_1_row"]
+    assert "step_floor" not in data["rows"]["1"] and "what per-token latency cannot go below" in result.stdout
 
 
 def test_bench_serve_over_http_counts_the_streamed_tokens(mamba_exports, tmp_path):

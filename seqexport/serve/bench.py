@@ -14,7 +14,13 @@ it (seeded; eos ignored), the same requests in every mode: static batches run to
 request (the tokens past a request's own count are not counted), continuous batching lets each
 row leave when it is done.
 Figures: tokens/s over the wall time; time to first token (request start -> its first
-token; queueing included) and per-token latency (gap between a request's tokens), p50/p99.
+token; queueing included) and per-token latency (gap between a request's tokens), p50/p99;
+for continuous batching in the engine, the batch's mean rows a step.
+
+And the floor under the per-token latency: one batched decode step as the engine runs it
+(`advance`, else `step`), alone, at one row and at the continuous run's mean rows, timed in
+turn. A token at N clients comes a batch step apart, at one client a one-row step apart, so
+their per-token p50s cannot differ by less than these steps do (plus what the engine adds).
 """
 
 import threading
@@ -72,7 +78,40 @@ def continuous(engine: Engine, work, clients: int) -> dict:
     wall = time.perf_counter() - start
     ttft = [r.token_times[0] - r.submitted for r in done]
     gaps = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
-    return _figures(wall, sum(len(r.tokens) for r in done), ttft, gaps)
+    return _figures(wall, sum(len(r.tokens) for r in done), ttft, gaps) | \
+        {"rows_per_step": engine.row_steps / max(engine.steps, 1)}
+
+
+def step_floor(model, prompts: list[list[int]], rows: int, calls: int = 100, rounds: int = 3) -> dict:
+    """Median ms of one batched decode step as the engine runs it (`advance` where the model
+    has it, else `step`), alone, at 1 row and at `rows`, rounds taken in turn; a chain of steps
+    from `begin` of that many prompts, begun again (untimed) before a positional table ends."""
+    limit = getattr(model, "max_new_tokens_limit", None)
+    advance = getattr(model, "advance", None)
+    sizes = sorted({1, max(1, rows)})
+    chains = {}
+
+    def fresh(k: int) -> list:
+        logits, state = model.begin([prompts[i % len(prompts)] for i in range(k)])  # (k, v)
+        return [state, logits.argmax(-1), 1]  # state, tokens (k,), positions held
+
+    times: dict[int, list[float]] = {k: [] for k in sizes}
+    for _ in range(rounds):
+        for k in sizes:
+            chain = chains.get(k) or fresh(k)
+            for _ in range(calls):
+                if limit is not None and chain[2] >= limit - 1:
+                    chain = fresh(k)
+                t = time.perf_counter()
+                if advance is not None:
+                    _, chain[0] = advance(chain[1], chain[0], k)
+                else:
+                    _, chain[0] = model.step(chain[1], chain[0])
+                times[k].append(time.perf_counter() - t)
+                chain[2] += 1
+            chains[k] = chain
+    one, many = (float(np.median(times[k])) * 1e3 for k in (1, sizes[-1]))
+    return {"rows": sizes[-1], "step_ms_1_row": one, "step_ms": many, "step_vs_1_row": many / one}
 
 
 def over_http(url: str, work, clients: int) -> dict:
@@ -197,7 +236,19 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
         if server is not None:
             server.stop()
     if rounds == 1:
-        return result | measured[0]
+        result |= measured[0]
+    else:
+        result |= _medians(measured, clients)
+    for c in clients:  # the floor under each client count's per-token latency
+        if c > 1:
+            rows = result["rows"][c]["continuous"].get("rows_per_step", c)  # (over HTTP: one a client)
+            result["rows"][c]["step_floor"] = step_floor(model, prompts, round(rows))
+    return result
+
+
+def _medians(measured: list[dict], clients) -> dict:
+    """Every round's figures as medians (each ratio the median of the rounds' own)."""
+    result: dict = {"rows": {}}
     result["one_at_a_time"] = _median_figures([m["one_at_a_time"] for m in measured])
     for c in clients:
         runs = [m["rows"][c] for m in measured]
@@ -246,6 +297,13 @@ def format_table(result: dict) -> str:
                      if mode == "continuous" else f"{row['static_vs_one_at_a_time']:>14.1f}x |")
             lines.append(f"{c:>7} | {mode:<10} | {f['tokens_per_s']:>7.0f} | {f['ttft_p50_ms']:>7.1f}ms | "
                          f"{f['ttft_p99_ms']:>7.1f}ms | {f['token_p50_ms']:>5.2f}ms | {f['token_p99_ms']:>5.2f}ms | {extra}")
+    floors = [(c, row["step_floor"]) for c, row in result["rows"].items() if "step_floor" in row]
+    if floors:
+        lines.append("the batched step alone, as the engine runs it (what per-token latency cannot go below):")
+        for c, f in floors:
+            rows = result["rows"][c]["continuous"].get("rows_per_step")
+            lines.append(f"{c:>7} clients: {f['rows']} rows{f' (the batch held {rows:.1f} a step)' if rows else ''} "
+                         f"{f['step_ms']:.3f} ms vs 1 row {f['step_ms_1_row']:.3f} ms: {f['step_vs_1_row']:.2f}x")
     if "rounds" in result:
         lines.append(f"medians of {len(result['rounds'])} rounds; each round's own ratios:")
         for c, row in result["rows"].items():
