@@ -181,23 +181,3 @@ def test_profile_script_shows_the_decoder_step(transformer_tiny):
     top, body = out.stdout.split("inside Loop/Scan bodies")
     assert "Gemm" in top and "MatMul" in top
     assert body.strip() == ", by operator type:"  # the decoder has no Loop or Scan
-
-
-@pytest.mark.parametrize("shape, axis, part", [((6, 4, 10, 3), 2, 7), ((6, 4, 10, 3), 2, 10), ((6, 9), 1, 4),
-                                               ((6, 2, 3, 10, 2), 3, 1)])
-def test_rows_written_padded_in_place_equal_numpy_assignment(shape, axis, part):
-    """A newcomer's rows written into a batch buffer, zero-padded along the ragged axis (source
-    columns, cache slots) by byte copies that hold the GIL: the same array numpy's assignment
-    gives, whatever the spare slots held before; a non-contiguous source goes through numpy."""
-    from seqexport.runtime.base import copy_rows_padded
-
-    rng = np.random.default_rng(0)
-    src_shape = (2, *shape[1:axis], part, *shape[axis + 1 :])
-    src = rng.standard_normal(src_shape).astype(np.float32)
-    for source in (src, np.asfortranarray(src)):
-        buf = rng.standard_normal(shape).astype(np.float32)  # garbage where the padding goes
-        want = buf.copy()
-        want[3:5] = 0
-        want[(slice(3, 5),) + (slice(None),) * (axis - 1) + (slice(0, part),)] = src
-        copy_rows_padded(buf, 3, source, axis)
-        assert np.array_equal(buf, want)

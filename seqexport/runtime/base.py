@@ -3,7 +3,6 @@ common part. Each family's runtime model (`seqexport/families/<name>/runtime.py`
 `RuntimeModel`; every graph I/O name comes from the specs stored in manifest.json.
 """
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,35 +212,6 @@ def copy_rows(a: np.ndarray, at: int, src: np.ndarray) -> None:
     elif src.size:
         start = at * a[0].nbytes
         memoryview(a).cast("B")[start : start + src.nbytes] = memoryview(src).cast("B")
-
-
-def copy_rows_padded(a: np.ndarray, at: int, src: np.ndarray, axis: int) -> None:
-    """a[at : at + len(src)] = src zero-padded along `axis` to a's size there, holding the GIL
-    (see move_row): the engine thread writing a newcomer's rows in numpy let the GIL go ~20
-    times a join, and each time waited for the thread that took it (a transformer join cost
-    260-320 us at 16 clients against 50 alone). a and src C-contiguous, of one dtype, equal
-    in every dim but the batch and `axis`, src no larger there; else numpy does it."""
-    size, part = a.shape[axis], src.shape[axis]
-    if not (a.flags.c_contiguous and src.flags.c_contiguous and a.dtype == src.dtype and a.ndim == src.ndim
-            and a.shape[1:axis] == src.shape[1:axis] and a.shape[axis + 1 :] == src.shape[axis + 1 :]
-            and part <= size and at + len(src) <= len(a)):
-        rows = slice(at, at + len(src))
-        a[rows] = 0
-        a[(rows,) + (slice(None),) * (axis - 1) + (slice(0, part),)] = src
-        return
-    if part == size:
-        copy_rows(a, at, src)
-        return
-    inner = a.itemsize * math.prod(a.shape[axis + 1 :])  # bytes of one slot
-    full, used = size * inner, part * inner  # bytes of a block along `axis` in a, in src
-    blocks = len(src) * math.prod(a.shape[1:axis])  # (rows, dims before axis)
-    dst, data = memoryview(a).cast("B"), memoryview(src).cast("B")
-    zeros = bytes(full - used)
-    start = at * a[0].nbytes
-    for j in range(blocks):  # each block: src's slots, then zeros to a's size
-        o = start + j * full
-        dst[o : o + used] = data[j * used : (j + 1) * used]
-        dst[o + used : o + full] = zeros
 
 
 def move_row(a: np.ndarray, i: int, r: int) -> None:

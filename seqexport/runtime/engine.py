@@ -182,7 +182,7 @@ class Engine:
         self._staged: list[tuple[Request, State]] = []  # long prompts prefilled a chunk a round
         self._cond = threading.Condition()
         # _expire walks every request only when one was cancelled (the flag) or the earliest
-        # deadline has passed: a walk a round was O(queue), ~60 us a round at 256 waiting
+        # deadline has passed: a walk is O(queue) (6 us at 16 waiting, 48 at 256; the check 0.3)
         self._cancel_flag = [False]
         self._next_deadline = float("inf")
         self._held: list[Request] = []  # the requests the starter is beginning right now

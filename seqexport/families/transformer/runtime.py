@@ -21,15 +21,7 @@ from seqexport.families.transformer.specs import (
     PAST_LENGTHS,
 )
 from seqexport.runtime import kv_buffer
-from seqexport.runtime.base import (
-    RuntimeModel,
-    State,
-    copy_rows,
-    copy_rows_padded,
-    retain_rows,
-    tokens_2d,
-    zero_state,
-)
+from seqexport.runtime.base import RuntimeModel, State, retain_rows, tokens_2d, zero_state
 from seqexport.runtime.session import check_token_ids, shape_and_dtype, to_numpy
 
 
@@ -261,10 +253,12 @@ def extend_rows(arrays: dict[str, np.ndarray], newcomers: list[dict[str, np.ndar
         else:
             parts, start = parts[1:], n  # the batch's own rows are in place already
         for p in parts:
+            rows = slice(start, start + p.shape[0])
             if axis is None:
-                copy_rows(buf, start, np.ascontiguousarray(p, buf.dtype))
+                buf[rows] = p
             else:  # the row's columns past its own size must read as padding (0)
-                copy_rows_padded(buf, start, np.ascontiguousarray(p, buf.dtype), axis)
+                buf[rows] = 0
+                buf[(rows,) + (slice(None),) * (axis - 1) + (slice(0, p.shape[axis]),)] = p
             start += p.shape[0]
         out[name] = buf[:total]
     return out
@@ -275,8 +269,7 @@ def spare_rows(a: np.ndarray, rows: int) -> np.ndarray | None:
     C-contiguous buffer's first rows are contiguous: a graph reads them as they are), else None."""
     buf = a.base
     if type(buf) is not np.ndarray or buf.shape[1:] != a.shape[1:] or buf.shape[0] < rows \
-            or not buf.flags.c_contiguous \
-            or buf.__array_interface__["data"][0] != a.__array_interface__["data"][0]:  # (ctypes: slower)
+            or not buf.flags.c_contiguous or buf.ctypes.data != a.ctypes.data:
         return None
     return buf
 
