@@ -300,14 +300,23 @@ def serve(folder, **kw):
 def bench_serve(folder, clients, n_requests, max_tokens, http, rounds, json_path, **kw):
     """Time the engine on an exported FOLDER: continuous batching vs one at a time vs static batches.
 
-    Tokens/s, time to first token and per-token latency (p50/p99) at each client count.
+    Tokens/s, time to first token and per-token latency (p50/p99) at each client count. The
+    batch holds a row per client unless --max-rows caps it (the per-token latency it buys is
+    paid in time to first token and tokens/s); --max-queue is `serve`'s alone.
     """
     from seqexport.serve.bench import format_table, run_bench_serve
 
     check_output_path(json_path, "--json")
+    given = click.get_current_context().get_parameter_source
+    if given("max_queue") is not click.core.ParameterSource.DEFAULT:
+        raise UsageError(f"--max-queue {kw['max_queue']}: bench-serve's closed-loop clients never have more than "
+                         "--clients requests waiting; the queue cap is `serve`'s")
+    # --max-rows caps the batch when given; by default each client count runs a row per client
+    max_rows = kw.pop("max_rows") if given("max_rows") is not click.core.ParameterSource.DEFAULT else None
+    kw.pop("max_rows", None)
     result = run_bench_serve(folder, clients=clients or (1, 4, 16, 64), n_requests=n_requests,
-                             max_tokens=max_tokens, http=http, rounds=rounds, log=lambda msg: click.echo(msg, err=True),
-                             **_engine_kwargs(kw))
+                             max_tokens=max_tokens, http=http, rounds=rounds, max_rows=max_rows,
+                             log=lambda msg: click.echo(msg, err=True), **_engine_kwargs(kw))
     click.echo(format_table(result))
     if json_path:
         with open(json_path, "w") as f:

@@ -68,3 +68,18 @@ def test_bench_serve_refuses_zero_rounds(mamba_exports):
     _, folder = mamba_exports("loop")
     result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--rounds", "0"])
     assert result.exit_code == 2 and "--rounds" in result.output
+
+
+def test_bench_serve_max_rows_caps_the_batch_and_max_queue_is_refused(mamba_exports, tmp_path):
+    """--max-rows given: the batch holds at most that many rows whatever the clients (the
+    per-token latency it buys is paid in time to first token); --max-queue is serve's alone."""
+    _, folder = mamba_exports("loop")
+    _, data = bench_serve(folder, tmp_path, "--clients", "3", "--requests", "9", "--max-tokens", "24",
+                          "--max-rows", "1")
+    assert data["max_rows"] == 1 and data["rows"]["3"]["continuous"]["rows_per_step"] == 1.0
+    assert data["rows"]["3"]["continuous"]["tokens"] == data["one_at_a_time"]["tokens"]
+    _, default = bench_serve(folder, tmp_path, "--clients", "3", "--requests", "9", "--max-tokens", "24")
+    assert default["max_rows"] is None  # a row per client: the engine's own default of 16 does not apply
+    assert default["rows"]["3"]["continuous"]["rows_per_step"] > 1.0
+    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "3", "--max-queue", "5"])
+    assert result.exit_code == 2 and "--max-queue 5" in result.output

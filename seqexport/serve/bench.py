@@ -180,7 +180,7 @@ def batched(model, work, batch: int) -> dict:
 
 def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_tokens: int = 32,
                     provider: str = "auto", threads: int | None = 1, http: bool = False, rounds: int = 1,
-                    log=None, **engine_options) -> dict:
+                    max_rows: int | None = None, log=None, **engine_options) -> dict:
     """`threads`: ONNX Runtime's intra-op threads, 1 as `serve` and `bench-serve` default to (None:
     ORT's own default, a spinning pool over every core, which fights the engine's threads and the
     clients for the CPU: bundled Mamba at 2 cores served 1.9-2.0x one at a time with it, 3.3x with 1).
@@ -188,24 +188,30 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
     `rounds`: the whole set measured that many times one after another (one at a time, then each
     client count's continuous and static runs); each figure is the median over the rounds, and a
     ratio the median of each round's own ratio (its modes measured minutes apart at most, not the
-    whole run apart: on a noisy machine identical runs wandered by a quarter)."""
+    whole run apart: on a noisy machine identical runs wandered by a quarter).
+
+    `max_rows`: the running batch's rows at most (None: as many as clients); fewer rows than
+    clients trade time to first token and tokens/s for per-token latency."""
     log = log or (lambda msg: None)
     model = load(folder, provider=provider, threads=threads)
     prompts = bench_prompts(model, n_requests)
     counts = np.random.default_rng(1).integers(max(1, max_tokens // 4), max_tokens + 1, n_requests)
     work = [(p, int(n)) for p, n in zip(prompts, counts)]
     generate(model, prompts[:2], _options(max_tokens))  # warm up ORT's kernels
-    for name in ("max_rows", "max_queue"):  # set per client count below
-        engine_options.pop(name, None)
+    engine_options.pop("max_queue", None)  # closed-loop clients: never more than `clients` wait
+
+    def rows_for(c: int) -> int:
+        return c if max_rows is None else min(c, max_rows)
+
     result = {"folder": str(folder), "family": model.family, "provider": model.provider, "threads": threads,
-              "requests": n_requests, "max_tokens": max_tokens, "http": http, "rows": {}}
+              "requests": n_requests, "max_tokens": max_tokens, "http": http, "max_rows": max_rows, "rows": {}}
     log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests of "
         f"{max(1, max_tokens // 4)}-{max_tokens} tokens" + (f", {rounds} rounds" if rounds > 1 else ""))
     server = None
     if http:
         from seqexport.serve.process import ServerProcess
 
-        args = ["--no-ray", "--max-rows", str(max(clients)), "--max-queue", str(max(n_requests, 1)),
+        args = ["--no-ray", "--max-rows", str(rows_for(max(clients))), "--max-queue", str(max(n_requests, 1)),
                 "--provider", provider] + (["--threads", str(threads)] if threads else [])
         for name in ("prefill_chunk", "start_batch"):
             if name in engine_options:
@@ -222,12 +228,12 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
                 if server is not None:
                     cont = over_http(server.url, work, c)
                 else:
-                    engine = Engine(model, max_rows=c, max_queue=max(n_requests, 1), **engine_options).start()
+                    engine = Engine(model, max_rows=rows_for(c), max_queue=max(n_requests, 1), **engine_options).start()
                     try:
                         cont = continuous(engine, work, c)
                     finally:
                         engine.close()
-                static = batched(model, work, c)
+                static = batched(model, work, rows_for(c))
                 rows[c] = {"continuous": cont, "static": static}
                 log(f"{f'round {r + 1}: ' if rounds > 1 else ''}{c} clients: continuous {cont['tokens_per_s']:.0f} "
                     f"tok/s, static {static['tokens_per_s']:.0f} tok/s, one at a time {one['tokens_per_s']:.0f} tok/s")
@@ -241,7 +247,7 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
         result |= _medians(measured, clients)
     for c in clients:  # the floor under each client count's per-token latency
         if c > 1:
-            rows = result["rows"][c]["continuous"].get("rows_per_step", c)  # (over HTTP: one a client)
+            rows = result["rows"][c]["continuous"].get("rows_per_step", rows_for(c))  # (over HTTP: as many as may run)
             result["rows"][c]["step_floor"] = step_floor(model, prompts, round(rows))
     return result
 
@@ -285,7 +291,7 @@ def format_table(result: dict) -> str:
     via = "continuous over HTTP (SSE)" if result.get("http") else "continuous in the engine"
     lines = [f"{result['family']} {result['folder']} ({result['provider']}, threads {result['threads']}): "
              f"{result['requests']} requests of {max(1, result['max_tokens'] // 4)}-{result['max_tokens']} "
-             f"tokens; {via}",
+             f"tokens; {via}" + (f"; the batch at most {result['max_rows']} rows" if result.get("max_rows") else ""),
              f"one at a time (generate): {one['tokens_per_s']:.0f} tok/s, first token p50 {one['ttft_p50_ms']:.1f} ms, "
              f"per token p50 {one['token_p50_ms']:.2f} ms",
              f"{'clients':>7} | {'mode':<10} | {'tok/s':>7} | {'ttft p50':>8} | {'ttft p99':>8} | {'tok p50':>7} | "
