@@ -311,9 +311,9 @@ def bench_serve(folder, clients, n_requests, max_tokens, http, rounds, json_path
     if given("max_queue") is not click.core.ParameterSource.DEFAULT:
         raise UsageError(f"--max-queue {kw['max_queue']}: bench-serve's closed-loop clients never have more than "
                          "--clients requests waiting; the queue cap is `serve`'s")
-    # --max-rows caps the batch when given; by default each client count runs a row per client
-    max_rows = kw.pop("max_rows") if given("max_rows") is not click.core.ParameterSource.DEFAULT else None
-    kw.pop("max_rows", None)
+    max_rows = kw.pop("max_rows")  # a cap when given; by default each client count runs a row per client
+    if given("max_rows") is click.core.ParameterSource.DEFAULT:
+        max_rows = None
     result = run_bench_serve(folder, clients=clients or (1, 4, 16, 64), n_requests=n_requests,
                              max_tokens=max_tokens, http=http, rounds=rounds, max_rows=max_rows,
                              log=lambda msg: click.echo(msg, err=True), **_engine_kwargs(kw))
