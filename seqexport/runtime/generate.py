@@ -1,4 +1,4 @@
-"""Generation over the step API: greedy, sampling, beam search (transformer), streaming.
+"""Generation over the step API: greedy, sampling, beam search, streaming.
 
 The loop a user writes, in the spirit of onnxruntime-genai:
 
@@ -33,7 +33,7 @@ class SearchOptions:
     top_k: int = 0  # sampling: keep the k most likely tokens (0: all)
     top_p: float = 1.0  # sampling: keep the smallest set with this much probability
     seed: int | None = None  # sampling: seed of the random generator (reproducible)
-    num_beams: int = 1  # beam search width (transformer only); 1 = greedy
+    num_beams: int = 1  # beam search width; 1 = greedy
     length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
     eos_id: int | None = None  # stop a row at this token (default: the tokenizer's eos)
     start_id: int | None = None  # transformer decoder start (default: tokenizer bos, else 1)
@@ -220,7 +220,8 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[list[int]]:
-    """Beam search for the transformer; each source row keeps num_beams hypotheses.
+    """Beam search (any family whose state rows can be reordered); each prompt keeps num_beams
+    hypotheses.
 
     Finished hypotheses are scored sum(log p) / length ** length_penalty; a row stops
     when it has num_beams finished ones (early stopping), so num_beams=1 is greedy.

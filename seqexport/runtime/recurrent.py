@@ -15,7 +15,8 @@ from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 
 
 class RecurrentSteps:
-    supports_beams = False
+    # beams reorder rows: a gather along the batch (`State.select`) for a fixed-size state too
+    supports_beams = True
     prompt_frame = {"bos": True, "suffix": "", "eos": False}
 
     def begin(self, rows: list[list[int]], start_id: int | None = None) -> tuple[np.ndarray, State]:
