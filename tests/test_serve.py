@@ -137,6 +137,23 @@ def test_stop_strings_end_the_text_before_them(server, dates):
     assert streamed == "2021-0"
 
 
+@pytest.mark.parametrize("stop", ["2", "2021", "2021-03-05"])
+def test_a_stop_string_that_is_the_first_thing_generated_gives_empty_text(server, dates, stop):
+    """The answer would begin "2021-03-05": stopped at once, nothing of the stop string sent,
+    streamed or not; the tokens are those up to the stop, as with any stop string."""
+    _, model = dates
+    body = {"prompt": "Friday, March 5th 2021", "max_tokens": 16, "temperature": 0, "stop": [stop, "xyz"]}
+    r = requests.post(server.url + "/v1/completions", json=body, timeout=30)
+    choice = r.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == ("", "stop"), choice
+    assert choice["token_ids"] == model.tokenizer.encode(stop)
+    with requests.post(server.url + "/v1/completions", json={**body, "stream": True}, stream=True, timeout=30) as r:
+        events = sse_events(r)
+    chunks = [e["choices"][0] for e in events[:-1]]
+    assert events[-1] == "[DONE]" and chunks[-1]["finish_reason"] == "stop"
+    assert [ch["text"] for ch in chunks] == [""] * len(chunks)
+
+
 BAD = [
     (b"{not json", 400, None, "not valid JSON"),
     (b"[1, 2]", 400, None, "expected a JSON object"),
