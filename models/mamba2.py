@@ -108,15 +108,16 @@ def ssd_chunked(
     start state is read out by C. Computed in the inputs' dtype (float32 from the mixer).
     """
     b, length, h, p = x.shape  # length: l
-    pad = (-length) % chunk
+    nc = (length + chunk - 1) // chunk  # chunks; the pad is derived from it so that a symbolic l reshapes
+    pad = nc * chunk - length
     B, C = _per_head(B, h), _per_head(C, h)  # (b, l, h, n)
     xdt = x * dt[..., None]  # (b, l, h, p), Δ x
     Adt = A * dt  # (b, l, h), Δ A
     # F.pad pads from the last dim backwards: (0, 0) per trailing dim, then (0, pad) on l.
-    xdt = F.pad(xdt, (0, 0, 0, 0, 0, pad)).reshape(b, -1, chunk, h, p)  # (b, nc, chunk, h, p)
-    B = F.pad(B, (0, 0, 0, 0, 0, pad)).reshape(b, -1, chunk, h, B.shape[-1])  # (b, nc, chunk, h, n)
-    C = F.pad(C, (0, 0, 0, 0, 0, pad)).reshape(b, -1, chunk, h, C.shape[-1])  # (b, nc, chunk, h, n)
-    Adt = F.pad(Adt, (0, 0, 0, pad)).reshape(b, -1, chunk, h).permute(0, 3, 1, 2)  # (b, h, nc, chunk)
+    xdt = F.pad(xdt, (0, 0, 0, 0, 0, pad)).reshape(b, nc, chunk, h, p)  # (b, nc, chunk, h, p)
+    B = F.pad(B, (0, 0, 0, 0, 0, pad)).reshape(b, nc, chunk, h, B.shape[-1])  # (b, nc, chunk, h, n)
+    C = F.pad(C, (0, 0, 0, 0, 0, pad)).reshape(b, nc, chunk, h, C.shape[-1])  # (b, nc, chunk, h, n)
+    Adt = F.pad(Adt, (0, 0, 0, pad)).reshape(b, nc, chunk, h).permute(0, 3, 1, 2)  # (b, h, nc, chunk)
     A_cumsum = torch.cumsum(Adt, dim=-1)  # (b, h, nc, chunk)
 
     # 1. Within each chunk (diagonal blocks): y_i = sum_{j<=i} C_i.B_j exp(A_j+1 + .. + A_i) Δx_j.
@@ -137,7 +138,7 @@ def ssd_chunked(
     # 4. The chunk start states read out by C, decayed to each position.
     y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(A_cumsum))  # (b, nc, chunk, h, p)
 
-    y = (y_diag + y_off).reshape(b, -1, h, p)[:, :length]  # (b, l, h, p)
+    y = (y_diag + y_off).reshape(b, nc * chunk, h, p)[:, :length]  # (b, l, h, p)
     return y + D[:, None] * x, final
 
 

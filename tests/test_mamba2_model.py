@@ -272,3 +272,27 @@ def test_convert_state_dict_refusals():
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         Mamba2Config(**{field: value})
+
+
+class _Chunked(torch.nn.Module):
+    def forward(self, x, dt, A, B, C, D, h0):
+        return ssd_chunked(x, dt, A, B, C, D, h0, chunk=4)
+
+
+def test_ssd_chunked_exports_with_a_dynamic_length(tmp_path):
+    """No data-dependent Python on l: one ONNX graph (torch.onnx, dynamo) serves every length,
+    fewer than a chunk included."""
+    ort = pytest.importorskip("onnxruntime")
+    args = _ssd_inputs(2, 11, 4, 3, 2, 5, torch.float32)
+    b, l_ = torch.export.Dim("b"), torch.export.Dim("l")
+    dynamic = ({0: b, 1: l_}, {0: b, 1: l_}, None, {0: b, 1: l_}, {0: b, 1: l_}, None, {0: b})
+    names = ["x", "dt", "A", "B", "C", "D", "h0"]
+    program = torch.onnx.export(_Chunked(), args, dynamo=True, input_names=names, output_names=["y", "h"],
+                                dynamic_shapes=dynamic, verbose=False)
+    program.save(tmp_path / "ssd.onnx")
+    session = ort.InferenceSession(tmp_path / "ssd.onnx")
+    for batch, length in ((1, 1), (2, 4), (3, 5), (2, 11)):
+        args = _ssd_inputs(batch, length, 4, 3, 2, 5, torch.float32, seed=length)
+        y, h = session.run(None, {name: a.numpy() for name, a in zip(names, args, strict=True)})
+        y_ref, h_ref = ssd_sequential(*args)
+        assert _max_err(torch.from_numpy(y), y_ref) < 1e-4 and _max_err(torch.from_numpy(h), h_ref) < 1e-4
