@@ -148,7 +148,8 @@ def test_parity_with_transformers(tmp_path, ngroups):
         prompt = torch.randint(0, 100, (2, length), generator=gen)
         steps = torch.randint(0, 100, (2, 20), generator=gen)
         want, want_state = _hf_decode(hf, prompt, steps)
-        for scan in (partial(ssd_chunked, chunk=16), ssd_sequential):
+        # the sequential reference on the short prompts only (it is what ssd_chunked is tested against)
+        for scan in (partial(ssd_chunked, chunk=16), *([ssd_sequential] if length < 100 else [])):
             got, state = _our_decode(ours, prompt, steps, scan)
             assert _max_err(got, want) < 1e-4, (length, _max_err(got, want))
             for (conv, ssm), (hf_conv, hf_ssm) in zip(state, want_state, strict=True):
