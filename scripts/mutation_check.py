@@ -105,7 +105,7 @@ FAULTS = (
           "past_visible = (torch.arange(c, device=tgt.device)[None, :] < lengths[:, None])",
           "past_visible = (torch.arange(c, device=tgt.device)[None, :] <= lengths[:, None])",
           ("tests/test_transformer_export.py", "tests/test_transformer_decoder_graph.py")),
-    Fault("M23", "appended cache: rows at different positions written one slot late", "seqexport/runtime/kv_buffer.py",
+    Fault("M23", "appended cache: rows at different positions written one slot late", "seqexport/state/appended.py",
           "index = (rows,) + (slice(None),) * (axis - 1) + (lengths + j,)",
           "index = (rows,) + (slice(None),) * (axis - 1) + (lengths + j + 1,)",
           ("tests/test_transformer_cache.py",)),

@@ -66,7 +66,7 @@ class GraphSpec:
     feeds: tuple[tuple[str, str], ...] = ()
     # (output, state input): each output holds only the new positions, which the caller
     # writes into that state input (a preallocated buffer along past_len) at each row's
-    # `lengths` input; the buffer is never copied whole (see seqexport.runtime.kv_buffer).
+    # `lengths` input; the buffer is never copied whole (see seqexport.state.appended).
     appends: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):

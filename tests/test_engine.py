@@ -12,9 +12,9 @@ import pytest
 
 import seqexport.runtime as rt
 from seqexport.errors import InputError, UsageError
-from seqexport.runtime.base import swap_remove_order
 from seqexport.runtime.engine import Engine, QueueFull
 from seqexport.runtime.tokenizer import encode_prompt
+from seqexport.state.rows import swap_remove_order
 from seqexport.training.dates import make_split
 
 

@@ -1,4 +1,4 @@
-"""The transformer's self-attention cache as an appended buffer (seqexport.runtime.kv_buffer):
+"""The transformer's self-attention cache as an appended buffer (seqexport.state.appended):
 written in place, grown when full, never changed under an earlier state, rows at different
 positions in one call (join/take) — each checked against the unmodified eager model's full
 forward. And an artifact exported before `past_lengths` (its decoder concatenates) still runs

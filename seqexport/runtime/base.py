@@ -3,68 +3,18 @@ common part. Each family's runtime model (`seqexport/families/<name>/runtime.py`
 `RuntimeModel`; every graph I/O name comes from the specs stored in manifest.json.
 """
 
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from seqexport.errors import ArtifactError, InputError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
-from seqexport.runtime.session import NP_DTYPES, Graph, SharedWeights, shape_and_dtype, to_numpy
+from seqexport.runtime.session import Graph, SharedWeights
 from seqexport.runtime.tokenizer import load_tokenizer
-from seqexport.specs import GraphSpec
+from seqexport.state.rows import retain_rows
+from seqexport.state.state import State, physical_memory, zero_state
 
-
-@dataclass
-class State:
-    """What the next step feeds: graph input name -> array, plus tokens consumed so far.
-
-    On CPU the arrays are numpy arrays. With IO binding (the default on CUDA) the
-    cache stays on the device as onnxruntime OrtValues between steps; `numpy()`
-    gives a host copy.
-    """
-
-    arrays: dict[str, np.ndarray]
-    length: int = 0
-    # Appended state (seqexport.runtime.kv_buffer): the one-item list shared by every state
-    # over the same buffers, naming the newest, the only one that may write into them in place.
-    writer: list | None = field(default=None, repr=False, compare=False)
-    # The engine's running batch of a recurrent model (seqexport.runtime.row_buffers): the
-    # buffers these arrays are the first rows of.
-    rows: object = field(default=None, repr=False, compare=False)
-
-    @property
-    def batch_size(self) -> int:
-        return shape_and_dtype("state", next(iter(self.arrays.values())))[0][0]
-
-    @property
-    def nbytes(self) -> int:
-        total = 0
-        for k, v in self.arrays.items():
-            shape, dtype = shape_and_dtype(k, v)
-            total += int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return total
-
-    def numpy(self) -> "State":
-        return State({k: to_numpy(v) for k, v in self.arrays.items()}, self.length)
-
-    def select(self, rows) -> "State":
-        """The state of the given batch rows (in that order), e.g. to reorder beams."""
-        rows = np.asarray(rows)
-        return State({k: to_numpy(v)[rows] for k, v in self.arrays.items()}, self.length).owning()
-
-    def owning(self) -> "State":
-        """This state as the sole writer of its arrays (they are its own copies)."""
-        self.writer = [self]
-        return self
-
-    @staticmethod
-    def concat(states: list["State"]) -> "State":
-        """One batch from several (e.g. Mamba prompts of different lengths prefilled apart)."""
-        keys = states[0].arrays.keys()
-        return State({k: np.concatenate([to_numpy(s.arrays[k]) for s in states]) for k in keys},
-                     max(s.length for s in states)).owning()
+__all__ = ["RuntimeModel", "State", "physical_memory", "retain_rows", "tokens_2d", "zero_state"]
 
 
 def tokens_2d(tokens) -> tuple[np.ndarray, bool]:
@@ -74,28 +24,6 @@ def tokens_2d(tokens) -> tuple[np.ndarray, bool]:
     except (ValueError, OverflowError, TypeError) as e:  # ragged rows, ids beyond int64
         raise InputError(f"tokens: expected a (batch,) or (batch, length) array of token ids: {e}") from None
     return (a[:, None], True) if a.ndim == 1 else (a, False)
-
-
-def zero_state(spec: GraphSpec, batch: int, sizes: dict[str, int] | None = None,
-               skip: set[str] | frozenset = frozenset()) -> dict[str, np.ndarray]:
-    """Zeros for every state input of `spec` (a fresh sequence); `sizes` gives symbolic dims
-    other than batch (e.g. past_len 0); inputs named in `skip` are left out."""
-    sizes = {"batch": batch, **(sizes or {})}
-    shapes = {t.name: (tuple(sizes[d] if isinstance(d, str) else d for d in t.dims), NP_DTYPES[t.dtype])
-              for t in spec.state_inputs if t.name not in skip}
-    need = sum(int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
-    if need > physical_memory():
-        raise InputError(f"batch_size {batch}: its state needs {need / 2**30:.3g} GiB; "
-                         f"this machine has {physical_memory() / 2**30:.3g} GiB of memory")
-    return {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
-
-
-def physical_memory() -> int:
-    """Bytes of RAM (a bound no state may pass; POSIX, else unbounded)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 2**62
 
 
 class RuntimeModel:
@@ -179,50 +107,3 @@ class RuntimeModel:
     def _feed_back(self, graph: str, outputs: dict, arrays: dict) -> dict:
         """Next step's arrays: the old ones with every fed state input replaced."""
         return arrays | self._fed(graph, outputs)
-
-
-def swap_remove_order(n: int, leaving) -> list[int]:
-    """The rows that stay out of n, in their new order: each leaver's place below the new
-    size is taken by a survivor from the tail, so at most one row moves per leaver."""
-    gone = set(leaving)
-    size = n - len(gone)
-    tail = [i for i in range(size, n) if i not in gone]
-    return [tail.pop() if i in gone else i for i in range(size)]
-
-
-def retain_rows(arrays: dict, rows: list[int]) -> dict | None:
-    """Row i of each (b, ...) array becomes old row rows[i], moved in place: the first
-    len(rows) rows as views (contiguous: the batch axis leads). None when that cannot be done
-    in place (a row taken from below the new size elsewhere, or arrays that are not numpy)."""
-    size = len(rows)
-    moves = [(i, r) for i, r in enumerate(rows) if r != i]
-    if any(r < size for _, r in moves) or any(type(a) is not np.ndarray for a in arrays.values()):
-        return None  # a source inside the kept prefix could be overwritten before it is read
-    for a in arrays.values():
-        for i, r in moves:
-            move_row(a, i, r)
-    return {k: a[:size] for k, a in arrays.items()}
-
-
-def copy_rows(a: np.ndarray, at: int, src: np.ndarray) -> None:
-    """a[at : at + len(src)] = src, one memcpy holding the GIL (see move_row); a and src
-    C-contiguous, of one dtype."""
-    if not (a.flags.c_contiguous and src.flags.c_contiguous and a.dtype == src.dtype and a.shape[1:] == src.shape[1:]):
-        a[at : at + len(src)] = src  # numpy checks (and raises on) what does not fit
-    elif src.size:
-        start = at * a[0].nbytes
-        memoryview(a).cast("B")[start : start + src.nbytes] = memoryview(src).cast("B")
-
-
-def move_row(a: np.ndarray, i: int, r: int) -> None:
-    """a[i] = a[r], holding the GIL. numpy lets the GIL go while it copies more than a few
-    hundred elements, and the engine thread then waits for whichever thread took it (a client,
-    the starter) to let it go again: a leaver's row moves took 0.6 ms of wall time for 0.1 ms
-    of copying (transformer-dates, 16 clients). A memoryview copy is one memcpy under the GIL.
-    An array that is not C-contiguous is copied by numpy."""
-    if a.flags.c_contiguous and a.size:
-        n = a[0].nbytes
-        view = memoryview(a).cast("B")
-        view[i * n : (i + 1) * n] = view[r * n : (r + 1) * n]
-    else:
-        a[i] = a[r]

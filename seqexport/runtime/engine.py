@@ -68,8 +68,9 @@ from functools import cached_property
 import numpy as np
 
 from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
-from seqexport.runtime.base import RuntimeModel, State, swap_remove_order
+from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.generate import SearchOptions, _as_rows, _eos, pick_tokens
+from seqexport.state.rows import swap_remove_order
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 

@@ -16,8 +16,9 @@ have overwritten under it. CPU provider only (with CUDA the state stays on the d
 import numpy as np
 import onnxruntime as ort
 
-from seqexport.runtime.base import State, copy_rows
 from seqexport.specs import INPUT_IDS, LOGITS
+from seqexport.state.rows import copy_rows
+from seqexport.state.state import State
 
 
 class RowBuffers:

@@ -14,9 +14,9 @@ import onnxruntime as ort
 
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.specs import GraphSpec
+from seqexport.state.arrays import NP_DTYPES, ORT_TYPES, shape_and_dtype, to_numpy  # noqa: F401 (re-exported)
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-NP_DTYPES = {"int64": np.int64, "float32": np.float32, "float16": np.float16}
 
 log = logging.getLogger(__name__)
 
@@ -288,22 +288,6 @@ def _first_line(e: Exception) -> str:
     """ORT's messages run to many lines; the first one says what went wrong."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
-
-
-def shape_and_dtype(name: str, a) -> tuple[tuple[int, ...], str]:
-    """Shape and dtype name of a numpy array or an OrtValue (state kept on the device)."""
-    if isinstance(a, ort.OrtValue):
-        return tuple(a.shape()), ORT_TYPES.get(a.data_type(), a.data_type())
-    if not isinstance(a, np.ndarray):
-        raise InputError(f"{name}: expected a numpy array, got {type(a).__name__}")
-    return a.shape, a.dtype.name
-
-
-def to_numpy(a) -> np.ndarray:
-    return a.numpy() if isinstance(a, ort.OrtValue) else a
 
 
 def check_token_ids(name: str, ids: np.ndarray, vocab_size: int) -> np.ndarray:

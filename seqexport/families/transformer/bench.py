@@ -19,9 +19,9 @@ from seqexport.families.transformer.specs import (
     past_kv,
 )
 from seqexport.parity.inputs import random_inputs
-from seqexport.runtime import kv_buffer
 from seqexport.runtime.base import State
 from seqexport.runtime.session import NP_DTYPES
+from seqexport.state import appended as kv_buffer
 
 PROMPT_LEN = {False: 32, True: 8}  # source tokens: behind the step's cross K/V, and generation's prompts
 TABLE = StepTable("decoder step (tgt_len 1), ms", (("past", "context"),))

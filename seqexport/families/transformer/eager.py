@@ -20,8 +20,9 @@ from seqexport.families.transformer.specs import (
     past_kv,
 )
 from seqexport.models.transformer import Transformer, generate_mask
-from seqexport.runtime import kv_buffer
 from seqexport.runtime.base import State, tokens_2d
+from seqexport.state import appended as kv_buffer
+from seqexport.state.layout import StateLayout
 
 # State keys of the no-cache reference (not graph inputs: it feeds the whole prefix each step).
 SRC, SRC_MASK, TGT = "src_ids", "src_mask", "tgt_ids"
@@ -41,9 +42,7 @@ class EagerTransformer(TransformerSteps):
         self.vocab_size, self.pad_id = self.config.tgt_vocab_size, self.config.pad_id
         self.n = self.config.num_layers
         self.max_new_tokens_limit = self.config.max_len
-        spec = graph_specs(self.config.to_dict())["decoder"]
-        self._axes = {inp: kv_buffer.axis_of(spec.input(inp).dims) for _, inp in spec.appends}
-        self._first = next(iter(self._axes))
+        self.layout = StateLayout.of(graph_specs(self.config.to_dict())["decoder"], limit=self.max_new_tokens_limit)
 
     def _t(self, a) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)

@@ -3,7 +3,7 @@
 Per decoder layer i, the cross-attention ("encoder") and self-attention ("decoder") K/V.
 The self-attention cache is a preallocated buffer (b, h, past_len, k) of which row r's first
 `past_lengths[r]` slots are valid; the decoder returns only the new positions' K/V, which
-the runtime writes into the buffer in place (`appends`; seqexport.runtime.kv_buffer). Rows
+the runtime writes into the buffer in place (`appends`; seqexport.state.appended). Rows
 may sit at different positions: row r's new tokens take positions past_lengths[r] onwards.
 Artifacts exported before `past_lengths` (a decoder that concatenates and returns the whole
 cache) still load and run, batch-synchronously. Torch-free: the runtime reads it.

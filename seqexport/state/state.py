@@ -1,0 +1,84 @@
+"""A model's state between steps: graph input name -> array, the tokens consumed so far, and
+the zeros a fresh sequence starts from."""
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from seqexport.errors import InputError
+from seqexport.specs import GraphSpec
+from seqexport.state.arrays import NP_DTYPES, shape_and_dtype, to_numpy
+
+
+@dataclass
+class State:
+    """What the next step feeds: graph input name -> array, plus tokens consumed so far.
+
+    On CPU the arrays are numpy arrays. With IO binding (the default on CUDA) the
+    cache stays on the device as onnxruntime OrtValues between steps; `numpy()`
+    gives a host copy.
+    """
+
+    arrays: dict[str, np.ndarray]
+    length: int = 0
+    # Appended state (seqexport.state.appended): the one-item list shared by every state
+    # over the same buffers, naming the newest, the only one that may write into them in place.
+    writer: list | None = field(default=None, repr=False, compare=False)
+    # The engine's running batch of a recurrent model (seqexport.runtime.row_buffers): the
+    # buffers these arrays are the first rows of.
+    rows: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def batch_size(self) -> int:
+        return shape_and_dtype("state", next(iter(self.arrays.values())))[0][0]
+
+    @property
+    def nbytes(self) -> int:
+        total = 0
+        for k, v in self.arrays.items():
+            shape, dtype = shape_and_dtype(k, v)
+            total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return total
+
+    def numpy(self) -> "State":
+        return State({k: to_numpy(v) for k, v in self.arrays.items()}, self.length)
+
+    def select(self, rows) -> "State":
+        """The state of the given batch rows (in that order), e.g. to reorder beams."""
+        rows = np.asarray(rows)
+        return State({k: to_numpy(v)[rows] for k, v in self.arrays.items()}, self.length).owning()
+
+    def owning(self) -> "State":
+        """This state as the sole writer of its arrays (they are its own copies)."""
+        self.writer = [self]
+        return self
+
+    @staticmethod
+    def concat(states: list["State"]) -> "State":
+        """One batch from several (e.g. Mamba prompts of different lengths prefilled apart)."""
+        keys = states[0].arrays.keys()
+        return State({k: np.concatenate([to_numpy(s.arrays[k]) for s in states]) for k in keys},
+                     max(s.length for s in states)).owning()
+
+
+def zero_state(spec: GraphSpec, batch: int, sizes: dict[str, int] | None = None,
+               skip: set[str] | frozenset = frozenset()) -> dict[str, np.ndarray]:
+    """Zeros for every state input of `spec` (a fresh sequence); `sizes` gives symbolic dims
+    other than batch (e.g. past_len 0); inputs named in `skip` are left out."""
+    sizes = {"batch": batch, **(sizes or {})}
+    shapes = {t.name: (tuple(sizes[d] if isinstance(d, str) else d for d in t.dims), NP_DTYPES[t.dtype])
+              for t in spec.state_inputs if t.name not in skip}
+    need = sum(int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
+    if need > physical_memory():
+        raise InputError(f"batch_size {batch}: its state needs {need / 2**30:.3g} GiB; "
+                         f"this machine has {physical_memory() / 2**30:.3g} GiB of memory")
+    return {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
+
+
+def physical_memory() -> int:
+    """Bytes of RAM (a bound no state may pass; POSIX, else unbounded)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
