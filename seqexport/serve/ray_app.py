@@ -22,10 +22,31 @@ class SeqexportServer:
     """One replica: the model, an engine on a background thread, the FastAPI app over them."""
 
     def __init__(self, config: dict):
+        _internal_grpc_on_loopback()
         self.host = ServingHost(ServeConfig(**config))
 
     def __serve_build_asgi_app__(self):
         return build_app(self.host)
+
+
+def _internal_grpc_on_loopback() -> None:
+    """In a replica on a node whose address is 127.0.0.1 (`seqexport serve`'s embedded default):
+    bind Ray Serve's inter-deployment gRPC server there too. Ray Serve binds it to [::]:0
+    whatever the node's address (`ray.serve._private.replica`, once this `__init__` has run);
+    the name is private, so where it has moved this does nothing, and
+    tests/test_serve_ray.py's socket check says so."""
+    import ray
+    from ray.serve._private import replica
+
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "loopback", False) or ray.util.get_node_ip_address() != "127.0.0.1":
+        return
+
+    def on_loopback(server, address: str):
+        return bind(server, address.replace("[::]", "127.0.0.1", 1))
+
+    on_loopback.loopback = True
+    replica.add_port_to_grpc_server = on_loopback
 
 
 def deployment_options(config: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None = None,

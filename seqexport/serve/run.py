@@ -66,9 +66,24 @@ def run_plain(config: ServeConfig, host: str, port: int, log) -> None:
         serving.close()
 
 
+# The embedded default's Ray, set in its environment before Ray is imported (its processes
+# inherit it): one machine, so every Ray process listens on 127.0.0.1 only; and Serve's HTTP
+# proxy answers a client whose replica died with a retry, never a 500 (seqexport.serve.proxy).
+EMBEDDED_ENV = {
+    # Ray's setting for a one-machine Ray (its default on macOS and Windows): the node's
+    # address is 127.0.0.1, so the GCS, raylet, workers and dashboard agent bind to it
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "seqexport.serve.proxy:middlewares",
+}
+
+
 def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scaling: dict, log) -> None:
     import logging
+    import os
 
+    if not address:  # before `import ray`: it reads them then
+        for key, value in EMBEDDED_ENV.items():
+            os.environ.setdefault(key, value)
     import ray
     from ray import serve
 
@@ -76,8 +91,11 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
 
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
-    else:  # the embedded default: a local Ray instance for this process only
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    else:  # the embedded default: a new local Ray instance for this process only
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+        if ray.util.get_node_ip_address() != "127.0.0.1":
+            log(f"warning: Ray listens on {ray.util.get_node_ip_address()}, not only on 127.0.0.1 "
+                "(it was imported before `serve`, or RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is set)")
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(application(config, **scaling), name=APP_NAME, route_prefix="/")
