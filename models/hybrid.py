@@ -1,0 +1,467 @@
+"""A hybrid decoder-only language model: Mamba-2, attention and MLP layers in the order the config gives.
+
+The shape of IBM's Bamba and Granite-4.0-H (`mlp_in_layer=True`: every Mamba-2 or attention layer is
+followed by its own gated MLP, two pre-norms in a layer) and of NVIDIA's Nemotron-H
+(`mlp_in_layer=False`: each layer is one pre-norm block, the MLPs are layers of their own). The
+Mamba-2 mixer and RMSNorm are those of `models.mamba2`, reused as they are.
+
+Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> the Mamba-2 mixer
+adapter -> HybridLayer -> HybridLM, and `append_kv` (the eager caller's KV bookkeeping).
+
+Dimension letters (reused as ONNX dim names and runtime names):
+    b     batch
+    l     new tokens in this call (sequence length)
+    P     past_len: slots of an attention layer's KV buffer (row r's first past_lengths[r] valid)
+    d     d_model, width of the residual stream
+    v     vocabulary size (padded to a multiple in the embedding)
+    nh    attention query heads                  (n_heads)
+    nkv   attention key/value heads, GQA         (n_kv_heads; nh // nkv query heads share one)
+    hd    attention head dim                     (head_dim)
+    rd    rotary dims at the front of each head  (rotary_dim = head_dim * partial_rotary_factor)
+    f     MLP width                              (d_ff)
+    d_in  Mamba-2 mixer width = h * p            (mamba_d_inner)
+    h     Mamba-2 heads; p channels per head; g groups sharing B, C; n state size;
+    k     conv width; c = d_in + 2 g n conv channels (see models/mamba2.py)
+
+State, per layer, a tuple (returned new, never written in place, so every entry point exports):
+    "mamba2"     (conv_state (b, c, k), ssm_state (b, h, p, n) float32)   replaced whole each call
+    "attention"  (key, value), each (b, nkv, P, hd): an APPENDED buffer. Row r's slots
+                 0 .. past_lengths[r] - 1 are valid; the rest are ignored, whatever they hold.
+                 Keys are stored after RoPE (as transformers' caches hold them). A call returns
+                 only the new positions' (key, value), each (b, nkv, l, hd); the caller writes them
+                 at slots past_lengths[r] .. past_lengths[r] + l - 1 (`append_kv` does it eagerly).
+    "mlp"        ()
+
+Parameter names (transformers-like, no `backbone.` / `model.` prefix; the checkpoint layouts map
+onto them in `seqexport.families.hybrid.layouts`):
+    embed_tokens.weight                                   (v, d)
+    layers.{i}.norm.weight                                pre-norm of the layer's mixer
+    layers.{i}.mixer.{in_proj,conv1d,out_proj}.*, .dt_bias, .A_log, .D, .norm.weight    "mamba2"
+    layers.{i}.mixer.{q_proj,k_proj,v_proj,o_proj}.*                                    "attention"
+    layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
+    layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
+    norm_f.weight, lm_head.weight                         (lm_head tied to embed_tokens if asked)
+(`gate_proj` exists only for the gated MLP, `mlp_act="silu_gated"`.)
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from seqexport.models.config import DictConfig
+from seqexport.models.mamba2 import Mamba2Config, Mamba2Mixer, RMSNorm, ssd_sequential
+from torch import Tensor, nn
+
+# One layer's state (see the module docstring), and the list of them over layers.
+LayerState = tuple[Tensor, ...]
+Scan = Callable[..., tuple[Tensor, Tensor]]
+
+LAYER_TYPES = ("mamba2", "attention", "mlp")
+MLP_ACTS = ("silu_gated", "relu2")
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(..., rd) -> (..., rd): [x1, x2] -> [-x2, x1], the halves of the rotary dims (Llama's convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first rd dims of each head by the position's angles; the other hd - rd pass.
+
+    x (b, heads, l, hd); cos, sin (b, 1, l, rd) in x's dtype -> (b, heads, l, hd).
+    """
+    rd = cos.shape[-1]
+    x_rot, x_pass = x[..., :rd], x[..., rd:]
+    return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
+
+
+@dataclass
+class HybridConfig(DictConfig):
+    d_model: int = 64  # width of the residual stream (d)
+    vocab_size: int = 100  # real vocabulary; logits are sliced to it
+    layer_types: list[str] = field(default_factory=lambda: ["mamba2", "attention", "mamba2"])  # per layer:
+    # "mamba2" | "attention" | "mlp"; the number of layers is its length
+    mlp_in_layer: bool = True  # True: each mamba2/attention layer ends with its own MLP behind a second
+    # pre-norm (Bamba, Granite-4.0-H); False: one block per layer, MLPs are "mlp" layers (Nemotron-H)
+    d_ff: int = 128  # MLP width (f)
+    mlp_act: str = "silu_gated"  # "silu_gated": down(silu(gate(x)) * up(x)); "relu2": down(relu(up(x))^2)
+    mlp_bias: bool = False  # biases in the MLP's linears
+    # attention
+    n_heads: int = 4  # query heads (nh)
+    n_kv_heads: int = 2  # key/value heads (nkv), must divide n_heads (grouped-query attention)
+    head_dim: int = 16  # per head (hd)
+    rope: bool = True  # rotary position embedding; False = no positions at all (NoPE)
+    rope_theta: float = 10000.0  # RoPE base
+    partial_rotary_factor: float = 1.0  # rotate the first head_dim * this dims of each head (Bamba 0.5)
+    attention_bias: bool = False  # biases in q/k/v/o projections
+    attention_multiplier: float | None = None  # softmax scale; None = head_dim ** -0.5 (Granite sets it)
+    # multipliers (Granite); neutral by default
+    embedding_multiplier: float = 1.0  # the embedding is multiplied by it
+    residual_multiplier: float = 1.0  # each branch's output is multiplied by it before the residual add
+    logits_scaling: float = 1.0  # logits are DIVIDED by it
+    # Mamba-2 mixer (sizes as the hybrids give them: heads and head dim, not expand)
+    mamba_nheads: int = 8  # SSM heads (h)
+    headdim: int = 16  # channels per SSM head (p); mamba_d_inner = mamba_nheads * headdim
+    ngroups: int = 1  # groups of heads sharing B and C (g), must divide mamba_nheads
+    d_state: int = 16  # SSM state size (n)
+    d_conv: int = 4  # conv width (k)
+    chunk_size: int = 64  # chunk length of the chunked SSD (prefill)
+    mamba_bias: bool = False  # biases in the mixer's in_proj and out_proj
+    conv_bias: bool = True  # bias in the mixer's depthwise conv
+    dt_min_limit: float = 0.0  # Δ clamped to >= this
+    dt_max_limit: float | None = None  # Δ clamped to <= this; None = no upper limit
+    # shared
+    rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm (the mixer's gated one too)
+    tie_embeddings: bool = False  # lm_head shares the embedding matrix
+    pad_vocab_size_multiple: int = 1  # embedding rows rounded up to this multiple
+
+    def __post_init__(self):
+        name = type(self).__name__
+        ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
+                "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple")
+        for key in ints:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}.{key} must be a positive int, got {value!r}")
+        for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
+                    "tie_embeddings"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
+        positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
+        if self.attention_multiplier is not None:
+            positive.append("attention_multiplier")
+        for key in positive:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"{name}.{key} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.layer_types, list | tuple) or not self.layer_types:
+            raise ValueError(f"{name}.layer_types must be a non-empty list of {list(LAYER_TYPES)}, "
+                             f"got {self.layer_types!r}")
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if bad:
+            raise ValueError(f"{name}.layer_types holds {bad}; expected each one of {list(LAYER_TYPES)}")
+        self.layer_types = list(self.layer_types)
+        if self.mlp_act not in MLP_ACTS:
+            raise ValueError(f"{name}.mlp_act={self.mlp_act!r}; expected one of {list(MLP_ACTS)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{name}.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        factor = self.partial_rotary_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+            raise ValueError(f"{name}.partial_rotary_factor must be in (0, 1], got {factor!r}")
+        if self.rope and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ValueError(f"{name}.partial_rotary_factor={factor!r} gives rotary_dim={self.rotary_dim} "
+                             f"of head_dim={self.head_dim}; expected an even number >= 2")
+        if self.mamba_nheads % self.ngroups:
+            raise ValueError(f"{name}.ngroups={self.ngroups} must divide mamba_nheads={self.mamba_nheads}")
+        lo = self.dt_min_limit
+        if isinstance(lo, bool) or not isinstance(lo, int | float) or not 0 <= lo < math.inf:
+            raise ValueError(f"{name}.dt_min_limit must be a finite number >= 0, got {lo!r}")
+        hi = self.dt_max_limit
+        if hi is not None and (isinstance(hi, bool) or not isinstance(hi, int | float) or not lo < hi < math.inf):
+            raise ValueError(f"{name}.dt_max_limit must be None (no limit) or a finite number > "
+                             f"dt_min_limit={lo!r}, got {hi!r}")
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def rotary_dim(self) -> int:
+        """rd: the leading dims of each head that RoPE rotates (transformers' int(hd * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_nheads * self.headdim
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_size_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+
+class Attention(nn.Module):
+    """Causal self-attention over an appended KV buffer plus the new positions; GQA, RoPE or none."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        d, nh, nkv, hd = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = nh, nkv, hd
+        self.scale = config.attention_multiplier if config.attention_multiplier is not None else hd ** -0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(d, nh * hd, bias=bias)
+        self.k_proj = nn.Linear(d, nkv * hd, bias=bias)
+        self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
+        self.o_proj = nn.Linear(nh * hd, d, bias=bias)
+
+    def forward(
+        self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
+        rope: tuple[Tensor, Tensor] | None,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x (b, l, d) at positions past_lengths[r] + 0 .. l - 1.
+
+        Args:
+            past_key, past_value: (b, nkv, P, hd), row r's slots < past_lengths[r] valid
+            past_lengths:         (b,) int64
+            rope:                 (cos, sin), each (b, 1, l, rd), or None (no positions)
+        Returns:
+            out (b, l, d) and the new positions' (key, value), each (b, nkv, l, hd).
+        """
+        b, length, _ = x.shape
+        P = past_key.shape[2]
+        q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)  # (b, nh, l, hd)
+        k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
+        v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+
+        rep = self.n_heads // self.n_kv_heads  # query heads per kv head: kv head j serves j*rep .. j*rep+rep-1
+        keys = torch.cat([past_key.to(k.dtype), k], dim=2).repeat_interleave(rep, dim=1)  # (b, nh, P + l, hd)
+        values = torch.cat([past_value.to(v.dtype), v], dim=2).repeat_interleave(rep, dim=1)  # (b, nh, P + l, hd)
+
+        # Visible: the valid past slots, and the new positions up to and including the query's own.
+        slots = torch.arange(P, device=x.device)
+        past_visible = (slots[None, :] < past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, P)
+        causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device))  # (l, l)
+        visible = torch.cat([past_visible.expand(b, 1, length, P), causal.expand(b, 1, length, length)],
+                            dim=-1)  # (b, 1, l, P + l)
+
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale  # (b, nh, l, P + l)
+        # The most negative finite value rather than -inf: never NaN (every query sees itself anyway).
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, values)  # (b, nh, l, hd)
+        out = out.transpose(1, 2).reshape(b, length, self.n_heads * self.head_dim)  # (b, l, nh * hd)
+        return self.o_proj(out), (k, v)
+
+
+class MLP(nn.Module):
+    """Gated SiLU, down(silu(gate(x)) * up(x)) (Bamba, Granite), or squared ReLU, down(relu(up(x))^2)
+    (Nemotron-H)."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        d, f, bias = config.d_model, config.d_ff, config.mlp_bias
+        self.gated = config.mlp_act == "silu_gated"
+        if self.gated:
+            self.gate_proj = nn.Linear(d, f, bias=bias)
+        self.up_proj = nn.Linear(d, f, bias=bias)
+        self.down_proj = nn.Linear(f, d, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., d) -> (..., d)."""
+        if self.gated:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., d)
+        return self.down_proj(torch.square(F.relu(self.up_proj(x))))  # (..., d)
+
+
+def mamba2_mixer(config: HybridConfig) -> Mamba2Mixer:
+    """`models.mamba2.Mamba2Mixer` with the hybrid's sizes (the adapter).
+
+    Mamba2Config ties the mixer width to expand * d_model; the hybrids give heads * head dim
+    instead (Nemotron-H's need not be a multiple of d_model). So the mixer is built for
+    d_model = d_in, expand = 1 (every inner size right), and its two projections that touch the
+    residual stream are then replaced by ones of width d: in_proj (d -> 2 d_in + 2 g n + h) and
+    out_proj (d_in -> d).
+    """
+    inner = Mamba2Config(
+        d_model=config.mamba_d_inner, n_layer=1, vocab_size=1, d_state=config.d_state, d_conv=config.d_conv,
+        expand=1, headdim=config.headdim, ngroups=config.ngroups, chunk_size=config.chunk_size,
+        bias=config.mamba_bias, conv_bias=config.conv_bias, rms_norm_eps=config.rms_norm_eps,
+        norm_before_gate=False, dt_min_limit=config.dt_min_limit, dt_max_limit=config.dt_max_limit,
+    )
+    mixer = Mamba2Mixer(inner)
+    mixer.in_proj = nn.Linear(config.d_model, mixer.in_proj.out_features, bias=config.mamba_bias)
+    mixer.out_proj = nn.Linear(config.mamba_d_inner, config.d_model, bias=config.mamba_bias)
+    return mixer
+
+
+class HybridLayer(nn.Module):
+    """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer], r the residual multiplier."""
+
+    def __init__(self, config: HybridConfig, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.residual_multiplier = config.residual_multiplier
+        self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
+        if kind == "mamba2":
+            self.mixer = mamba2_mixer(config)
+        elif kind == "attention":
+            self.mixer = Attention(config)
+        else:
+            self.mixer = MLP(config)
+        if config.mlp_in_layer and kind != "mlp":
+            self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
+            self.mlp = MLP(config)
+        else:
+            self.mlp = None
+
+    def _residual(self, x: Tensor, out: Tensor) -> Tensor:
+        return x + (out if self.residual_multiplier == 1 else out * self.residual_multiplier)
+
+    def forward(
+        self, x: Tensor, state: LayerState, past_lengths: Tensor, rope: tuple[Tensor, Tensor] | None,
+        scan: Scan, step: bool,
+    ) -> tuple[Tensor, LayerState]:
+        """x (b, l, d) -> (b, l, d) and this layer's new state (the new positions' K/V for attention).
+        `step`: l = 1 and the mamba2 mixer takes its single-token path."""
+        h = self.norm(x)
+        if self.kind == "mamba2":
+            if step:
+                out, conv_state, ssm_state = self.mixer.step(h, *state)
+            else:
+                out, conv_state, ssm_state = self.mixer(h, *state, scan=scan)
+            new_state = (conv_state, ssm_state)
+        elif self.kind == "attention":
+            out, new_state = self.mixer(h, *state, past_lengths, rope)
+        else:
+            out, new_state = self.mixer(h), ()
+        x = self._residual(x, out)
+        if self.mlp is not None:
+            x = self._residual(x, self.mlp(self.mlp_norm(x)))
+        return x, new_state
+
+
+class HybridLM(nn.Module):
+    """The hybrid language model: embedding (times embedding_multiplier) -> layers -> norm_f ->
+    lm_head (logits divided by logits_scaling). Logits are float32, sliced to vocab_size."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.d_model)
+        self.layers = nn.ModuleList([HybridLayer(config, kind) for kind in config.layer_types])
+        self.norm_f = RMSNorm(config.d_model, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
+        rd = config.rotary_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))  # (rd / 2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.no_grad()
+    def _init_weights(self):
+        # As transformers' hybrids: linears and the embedding ~ N(0, 0.02), biases zero (the
+        # Mamba-2 mixers keep their own dt_bias / A_log / D / conv init).
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions (b, l) int64 -> cos, sin (b, 1, l, rd) in `dtype`, angles computed in float32."""
+        freqs = positions[..., None].float() * self.inv_freq  # (b, l, rd / 2)
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (b, 1, l, rd)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _run(self, input_ids: Tensor, state: list[LayerState] | None, past_lengths: Tensor | None,
+             scan: Scan, step: bool) -> tuple[Tensor, list[LayerState]]:
+        b, length = input_ids.shape
+        if state is None:
+            state = self.allocate_inference_cache(b, device=input_ids.device)
+        if past_lengths is None:
+            past_lengths = torch.zeros(b, dtype=torch.long, device=input_ids.device)
+        x = self.embed_tokens(input_ids)  # (b, l, d)
+        if self.config.embedding_multiplier != 1:
+            x = x * self.config.embedding_multiplier
+        rope = None
+        if self.config.rope:
+            positions = past_lengths[:, None] + torch.arange(length, device=input_ids.device)  # (b, l)
+            rope = self._rope(positions, x.dtype)
+        new_state = []
+        for layer, layer_state in zip(self.layers, state, strict=True):
+            x, layer_state = layer(x, layer_state, past_lengths, rope, scan, step)
+            new_state.append(layer_state)
+        logits = self.lm_head(self.norm_f(x)).float()[..., : self.config.vocab_size]  # (b, l, v)
+        if self.config.logits_scaling != 1:
+            logits = logits / self.config.logits_scaling
+        return logits, new_state
+
+    def forward(
+        self, input_ids: Tensor, state: list[LayerState] | None = None, past_lengths: Tensor | None = None,
+        scan: Scan = ssd_sequential,
+    ) -> tuple[Tensor, list[LayerState]]:
+        """Run l >= 1 tokens on from `state` (None: a fresh sequence).
+
+        Args:
+            input_ids:    (b, l) int64; row r's tokens take positions past_lengths[r] .. + l - 1
+            state:        list over layers (see the module docstring); attention buffers (b, nkv, P, hd)
+            past_lengths: (b,) int64 valid attention slots per row (None: zeros)
+            scan:         the SSD scan of the mamba2 layers (`ssd_sequential`,
+                          `partial(ssd_chunked, chunk=...)`, or an exporter's wrapper)
+        Returns:
+            logits (b, l, vocab_size) float32 and the new state: mamba2 layers' whole, attention
+            layers' new positions only, (key, value) each (b, nkv, l, hd); "mlp" layers ().
+        """
+        return self._run(input_ids, state, past_lengths, scan, step=False)
+
+    def step(
+        self, token_ids: Tensor, state: list[LayerState], past_lengths: Tensor | None = None
+    ) -> tuple[Tensor, list[LayerState]]:
+        """One token per row, no loop; the conventions of `forward` with l = 1.
+
+        Args:
+            token_ids:    (b,) or (b, 1) int64, at positions past_lengths
+            state, past_lengths: as in `forward`
+        Returns:
+            logits (b, vocab_size) float32 and the new state (attention: (b, nkv, 1, hd) each).
+        """
+        logits, new_state = self._run(token_ids.reshape(-1, 1), state, past_lengths, ssd_sequential, step=True)
+        return logits[:, 0], new_state  # (b, v)
+
+    def allocate_inference_cache(
+        self, batch: int, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> list[LayerState]:
+        """State of a fresh sequence: mamba2 zeros, attention buffers with P = 0, "mlp" ()."""
+        w = self.embed_tokens.weight
+        dtype, device = dtype or w.dtype, device or w.device
+        c = self.config
+        state = []
+        for layer in self.layers:
+            if layer.kind == "mamba2":
+                state.append(layer.mixer.allocate_inference_cache(batch, dtype, device))
+            elif layer.kind == "attention":
+                state.append(tuple(torch.zeros(batch, c.n_kv_heads, 0, c.head_dim, dtype=dtype, device=device)
+                                   for _ in range(2)))
+            else:
+                state.append(())
+        return state
+
+
+def append_kv(state: list[LayerState], new_state: list[LayerState], past_lengths: Tensor | None) -> list[LayerState]:
+    """The next call's state, for eager users and tests (graphs never use it; a runtime writes in place).
+
+    Attention layers (a 4-d first tensor in the new state): the new (key, value) (b, nkv, l, hd)
+    are written into copies of the buffers at row r's slots past_lengths[r] .. + l - 1, the buffers
+    grown (zero-filled) to max(P, max(past_lengths) + l) slots when needed. Mamba2 layers: the new
+    state as it is. "mlp" layers: (). Returns a new list; nothing handed in is modified.
+    """
+    out = []
+    for old, new in zip(state, new_state, strict=True):
+        if len(new) != 2 or new[0].dim() != 4:  # a mamba2 (conv_state is 3-d) or "mlp" layer
+            out.append(new)
+            continue
+        (key, value), (new_key, new_value) = old, new
+        b, _, P, _ = key.shape
+        length = new_key.shape[2]
+        lengths = past_lengths if past_lengths is not None else torch.zeros(b, dtype=torch.long, device=key.device)
+        if b and int(lengths.max()) > P:
+            raise ValueError(f"past_lengths {lengths.tolist()} exceed the buffer's {P} slots")
+        capacity = max(P, int(lengths.max()) + length) if b else P + length
+        slots = lengths[:, None] + torch.arange(length, device=key.device)  # (b, l)
+        out.append((_write_at(key, new_key, slots, capacity), _write_at(value, new_value, slots, capacity)))
+    return out
+
+
+def _write_at(buffer: Tensor, new: Tensor, slots: Tensor, capacity: int) -> Tensor:
+    """buffer (b, nkv, P, hd) grown to (b, nkv, capacity, hd), new (b, nkv, l, hd) written at slots (b, l)."""
+    b, nkv, P, hd = buffer.shape
+    grown = buffer.new_zeros(b, nkv, capacity, hd)  # (b, nkv, capacity, hd)
+    grown[:, :, :P] = buffer
+    index = slots[:, None, :, None].expand(b, nkv, slots.shape[1], hd)  # (b, nkv, l, hd)
+    return grown.scatter(2, index, new.to(buffer.dtype))

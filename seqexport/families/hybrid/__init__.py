@@ -1,0 +1,34 @@
+"""Hybrid attention + Mamba-2 language models (IBM Granite-4.0-H and Bamba, NVIDIA Nemotron-H):
+prefill.onnx + step.onnx over one state of two kinds — an appended KV cache in the attention
+layers and replaced conv/SSM tensors in the Mamba-2 layers. The declaration the registry reads
+(torch-free)."""
+
+from seqexport.families.base import Family
+from seqexport.families.recurrent import GRAPHS
+
+MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h")  # transformers' layouts read here
+
+
+def _detect(config: dict) -> bool:
+    return config.get("model_type") in MODEL_TYPES
+
+
+FAMILY = Family(
+    name="hybrid",
+    package=__name__,
+    graphs=GRAPHS,
+    presets={
+        # three Mamba-2 layers around one attention layer (GQA 4:2, RoPE), MLPs in every layer
+        "tiny": dict(d_model=64, vocab_size=100, layer_types=["mamba2", "mamba2", "attention", "mamba2"],
+                     d_ff=128, n_heads=4, n_kv_heads=2, head_dim=16, mamba_nheads=8, headdim=16, d_state=16,
+                     chunk_size=16),
+    },
+    config_fields=dict(vocab_size=1, d_model=1, n_kv_heads=1, head_dim=1, mamba_nheads=1, headdim=1, ngroups=1,
+                       d_state=1, d_conv=1),
+    bundled="hybrid-dates",
+    # in_proj makes Δ, B and C of the scan beside z and x: quantising it moves the state
+    int8_keep_float=("*.mixer.in_proj",),
+    detect=_detect,
+    summary="Export a hybrid attention + Mamba-2 LM: prefill.onnx + step.onnx with an appended KV cache "
+            "and conv/SSM state.",
+)

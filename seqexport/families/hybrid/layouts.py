@@ -1,0 +1,360 @@
+"""Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
+
+Four config layouts, told apart by `family` / `model_type`:
+
+- ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
+- transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
+  elsewhere, every layer followed by its gated MLP (`intermediate_size`); RoPE on the first
+  `partial_rotary_factor` of each head, 0.5 unless `rope_parameters` says otherwise (BambaConfig
+  inserts 0.5 when absent);
+- transformers' `GraniteMoeHybridConfig` (`model_type: "granitemoehybrid"`): `layer_types`
+  ("linear_attention" / "full_attention", or the legacy "mamba" / "attention"), dense only
+  (`num_local_experts` 0; the MLP is the shared one, `shared_intermediate_size`, its
+  `input_linear` holding gate then up); `position_embedding_type` None = no positions, "rope" =
+  RoPE over the whole head (its rotary init ignores `partial_rotary_factor`); the softmax scale
+  is `attention_multiplier` itself; `embedding_multiplier`, `residual_multiplier` (both residual
+  adds) and `logits_scaling` (a divisor);
+- transformers' `NemotronHConfig` (`model_type: "nemotron_h"`): `layers_block_type`
+  ("linear_attention" / "full_attention" / "mlp", legacy "mamba" / "attention") or an older
+  config's `hybrid_override_pattern` ("M" / "*" / "-"); each layer one block, the MLP layers
+  squared-ReLU and ungated (`mlp_hidden_act: relu2`), attention without positions, without
+  biases (`attention_bias` is not read by its attention) and scaled by head_dim^-0.5; the Mamba-2
+  width is `mamba_num_heads * mamba_head_dim` (not `expand * hidden_size`); its mixer clamps Δ to
+  `[time_step_min, inf)` (not `time_step_limit`, which it does not read); `use_bias` (not
+  `mamba_proj_bias`) puts biases in in_proj / out_proj.
+
+Mixture-of-experts variants are refused (a Granite `num_local_experts` > 0, a Nemotron-H "moe" /
+"E" layer), naming the key and value. Keys absent from a transformers config.json take that
+config class's defaults in transformers 5.24.
+
+What transformers' torch paths do that ours does differently, only where it cannot matter for a
+checkpoint loaded as it is:
+- their single-token Mamba-2 path does not clamp Δ, their prefill does; ours clamps in both
+  (so `step` equals `forward` with l = 1). With the default limits (0, inf) nothing differs;
+- Bamba's `forward` without `position_ids` puts every call's tokens at positions 0 .. l-1
+  (it does not add the cache length); generate() passes position_ids. Ours always places row r's
+  tokens at past_lengths[r] onwards.
+"""
+
+import math
+from dataclasses import fields
+
+import torch
+from torch import Tensor
+
+from seqexport.models.hybrid import HybridConfig, HybridLM
+
+_OURS = {f.name for f in fields(HybridConfig)}
+_LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+# transformers 5.24's class defaults for the keys a config.json may leave out.
+_BAMBA_DEFAULTS = dict(
+    vocab_size=128000, tie_word_embeddings=False, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, hidden_act="silu", rms_norm_eps=1e-5, attn_layer_indices=None,
+    mamba_n_heads=128, mamba_d_head="auto", mamba_n_groups=1, mamba_d_state=256, mamba_d_conv=4, mamba_expand=2,
+    mamba_chunk_size=256, mamba_conv_bias=True, mamba_proj_bias=False, time_step_limit=(0.0, math.inf),
+    rope_parameters=None, attention_bias=False, mlp_bias=False,
+)
+_GRANITE_DEFAULTS = dict(
+    vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None,
+    hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=None, attention_bias=False,
+    embedding_multiplier=1.0, logits_scaling=1.0, residual_multiplier=1.0, attention_multiplier=1.0,
+    num_local_experts=8, shared_intermediate_size=1024, position_embedding_type=None, layer_types=None,
+    mamba_n_heads=128, mamba_n_groups=1, mamba_d_state=256, mamba_d_head="auto", mamba_d_conv=4, mamba_expand=2,
+    mamba_chunk_size=256, mamba_conv_bias=True, mamba_proj_bias=False, time_step_limit=(0.0, math.inf),
+)
+_NEMOTRON_H_DEFAULTS = dict(
+    vocab_size=131072, hidden_size=4096, layers_block_type=None, tie_word_embeddings=False, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, intermediate_size=21504, mlp_hidden_act="relu2", mlp_bias=False,
+    ssm_state_size=128, mamba_num_heads=128, mamba_head_dim=64, mamba_hidden_act="silu", n_groups=8,
+    conv_kernel=4, chunk_size=128, time_step_min=0.001, use_conv_bias=True, use_bias=False,
+    layer_norm_epsilon=1e-5,
+)
+# Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
+_NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
+                           mamba_conv_bias="use_conv_bias", mamba_chunk_size="chunk_size")
+_NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+_OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp"}
+
+
+def is_hybrid_config(d: dict) -> bool:
+    """True for ours (`"family": "hybrid"`) and transformers' bamba / granitemoehybrid / nemotron_h."""
+    return isinstance(d, dict) and (
+        d.get("family") == "hybrid" or d.get("model_type") in ("bamba", "granitemoehybrid", "nemotron_h")
+    )
+
+
+def hybrid_config_from_json(d: dict) -> HybridConfig:
+    """A `HybridConfig` from any of the four config.json layouts (see the module docstring).
+
+    Raises ValueError for a dict of no known layout, for MoE variants, and for settings that
+    select something `HybridLM` does not implement, naming the key and its value.
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"a hybrid config must be a dict, got {type(d).__name__}")
+    if "family" in d:
+        if d["family"] != "hybrid":
+            raise ValueError(f"config names family {d['family']!r}; expected 'hybrid'")
+        return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
+    readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h}
+    if d.get("model_type") in readers:
+        return readers[d["model_type"]](d)
+    if "model_type" in d:
+        raise ValueError(f"transformers model_type={d['model_type']!r} is not a hybrid read here; expected one of "
+                         f"{sorted(readers)}")
+    raise ValueError(f"config keys {sorted(d)} match no hybrid layout; expected 'family': 'hybrid' or a "
+                     f"transformers 'model_type' of {sorted(readers)}")
+
+
+def _number(value, key: str) -> float:
+    """A JSON number, inf included (bare `Infinity`, or transformers 5's `{"__float__": "Infinity"}`)."""
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        value = value["__float__"]
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{key} holds {value!r}; expected a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key} holds {value!r}; expected a number")
+    return float(value)
+
+
+def _dt_limits(value, key: str) -> dict:
+    """(min, max) Δ clamp -> dt_min_limit / dt_max_limit (inf -> None); None = no clamp."""
+    if value is None:
+        return dict(dt_min_limit=0.0, dt_max_limit=None)
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ValueError(f"{key}={value!r}; expected a pair [min, max]")
+    lo, hi = _number(value[0], f"{key}[0]"), _number(value[1], f"{key}[1]")
+    return dict(dt_min_limit=lo, dt_max_limit=None if hi == math.inf else hi)
+
+
+def _require_value(d: dict, key: str, allowed: tuple, why: str = "") -> None:
+    if d[key] not in allowed:
+        raise ValueError(f"{key}={d[key]!r} is not supported{why}; expected one of {list(allowed)}")
+
+
+def _rope(d: dict, model: str, default_factor: float | None) -> dict:
+    """rope_parameters (or a legacy top-level rope_theta) -> rope_theta, partial_rotary_factor.
+
+    default_factor None: the model's rotary init ignores partial_rotary_factor (whole head)."""
+    params = d.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"rope_parameters={params!r}; expected a dict")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"rope_parameters.rope_type={rope_type!r} ({model}) is not supported; expected 'default'")
+    theta = _number(params.get("rope_theta", d.get("rope_theta", 10000.0)), "rope_parameters.rope_theta")
+    factor = 1.0 if default_factor is None else _number(params.get("partial_rotary_factor", default_factor),
+                                                         "rope_parameters.partial_rotary_factor")
+    return dict(rope_theta=theta, partial_rotary_factor=factor)
+
+
+def _mamba_head_dim(d: dict) -> dict:
+    """Bamba / Granite: the mixer width is mamba_expand * hidden_size, split into mamba_n_heads."""
+    inner = d["mamba_expand"] * d["hidden_size"]
+    head = d["mamba_d_head"]
+    if head == "auto":
+        head = inner // d["mamba_n_heads"]
+    if head * d["mamba_n_heads"] != inner:
+        raise ValueError(f"mamba_n_heads * mamba_d_head = {d['mamba_n_heads']} * {head} must equal "
+                         f"mamba_expand * hidden_size = {d['mamba_expand']} * {d['hidden_size']}")
+    return dict(
+        mamba_nheads=d["mamba_n_heads"], headdim=head, ngroups=d["mamba_n_groups"], d_state=d["mamba_d_state"],
+        d_conv=d["mamba_d_conv"], chunk_size=d["mamba_chunk_size"], conv_bias=d["mamba_conv_bias"],
+        mamba_bias=d["mamba_proj_bias"], **_dt_limits(d["time_step_limit"], "time_step_limit"),
+    )
+
+
+def _attention_sizes(d: dict) -> dict:
+    heads = d["num_attention_heads"]
+    # Their attention reads getattr(config, "head_dim", hidden_size // heads): a head_dim key wins.
+    return dict(n_heads=heads, n_kv_heads=d["num_key_value_heads"] or heads,
+                head_dim=d.get("head_dim") or d["hidden_size"] // heads)
+
+
+def _from_bamba(d: dict) -> HybridConfig:
+    d = {**_BAMBA_DEFAULTS, **d}
+    _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba-2 conv both use it)")
+    n = d["num_hidden_layers"]
+    attn = d["attn_layer_indices"] or []
+    bad = [i for i in attn if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n]
+    if bad:
+        raise ValueError(f"attn_layer_indices holds {bad}; expected layer indices in 0 .. {n - 1}")
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"],
+        layer_types=["attention" if i in attn else "mamba2" for i in range(n)],
+        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=d["mlp_bias"],
+        **_attention_sizes(d), rope=True, **_rope(d, "bamba", default_factor=0.5),
+        attention_bias=d["attention_bias"], **_mamba_head_dim(d),
+        rms_norm_eps=d["rms_norm_eps"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
+def _from_granite(d: dict) -> HybridConfig:
+    d = {**_GRANITE_DEFAULTS, **d}
+    experts = d["num_local_experts"]
+    if experts:
+        raise ValueError(f"num_local_experts={experts!r}: mixture-of-experts variants of granitemoehybrid are "
+                         "not supported; expected 0 (dense: the shared MLP only)")
+    _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba-2 conv both use it)")
+    _require_value(d, "position_embedding_type", (None, "rope"))
+    n = d["num_hidden_layers"]
+    types = d["layer_types"] or ["linear_attention"] * n
+    types = [_LEGACY_LAYER_TYPES.get(t, t) for t in types]
+    bad = [t for t in types if t not in ("linear_attention", "full_attention")]
+    if bad or len(types) != n:
+        raise ValueError(f"layer_types={d['layer_types']!r}; expected num_hidden_layers={n} entries, each "
+                         "'linear_attention' / 'full_attention' (or legacy 'mamba' / 'attention')")
+    rope = d["position_embedding_type"] == "rope"
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=[_OUR_KIND[t] for t in types],
+        mlp_in_layer=True, d_ff=d["shared_intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        **_attention_sizes(d), rope=rope, **(_rope(d, "granitemoehybrid", default_factor=None) if rope else {}),
+        attention_bias=d["attention_bias"], attention_multiplier=_number(d["attention_multiplier"],
+                                                                         "attention_multiplier"),
+        embedding_multiplier=_number(d["embedding_multiplier"], "embedding_multiplier"),
+        residual_multiplier=_number(d["residual_multiplier"], "residual_multiplier"),
+        logits_scaling=_number(d["logits_scaling"], "logits_scaling"),
+        **_mamba_head_dim(d), rms_norm_eps=d["rms_norm_eps"], tie_embeddings=d["tie_word_embeddings"],
+        pad_vocab_size_multiple=1,
+    )
+
+
+def _nemotron_h_layer_types(d: dict) -> list[str]:
+    if d.get("layers_block_type") is not None:
+        key, value = "layers_block_type", d["layers_block_type"]
+        if not isinstance(value, list):
+            raise ValueError(f"layers_block_type={value!r}; expected a list of layer types")
+        types = [_LEGACY_LAYER_TYPES.get(t, t) for t in value]
+    elif d.get("hybrid_override_pattern") is not None:
+        key, value = "hybrid_override_pattern", d["hybrid_override_pattern"]
+        if not isinstance(value, str) or set(value) - set(_NEMOTRON_H_PATTERN):
+            raise ValueError(f"hybrid_override_pattern={value!r}; expected a string of {sorted(_NEMOTRON_H_PATTERN)}")
+        types = [_NEMOTRON_H_PATTERN[c] for c in value]
+    else:
+        raise ValueError("nemotron_h config has neither 'layers_block_type' nor 'hybrid_override_pattern'")
+    if "moe" in types:
+        raise ValueError(f"{key}={value!r} has mixture-of-experts layers ('moe' / 'E'), which are not supported; "
+                         "expected only Mamba-2, attention and MLP layers ('M', '*', '-')")
+    bad = [t for t in types if t not in _OUR_KIND]
+    if bad or not types:
+        raise ValueError(f"{key}={value!r}; expected a non-empty list of 'linear_attention', 'full_attention', "
+                         "'mlp'")
+    return [_OUR_KIND[t] for t in types]
+
+
+def _from_nemotron_h(d: dict) -> HybridConfig:
+    d = {**_NEMOTRON_H_DEFAULTS, **d}
+    for old, new in _NEMOTRON_H_ALIASES.items():
+        if old in d:
+            d[new] = d[old]
+    _require_value(d, "mlp_hidden_act", ("relu2",))
+    _require_value(d, "mamba_hidden_act", ("silu",))
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_nemotron_h_layer_types(d),
+        mlp_in_layer=False, d_ff=d["intermediate_size"], mlp_act="relu2", mlp_bias=d["mlp_bias"],
+        **_attention_sizes(d), rope=False, attention_bias=False,
+        mamba_nheads=d["mamba_num_heads"], headdim=d["mamba_head_dim"], ngroups=d["n_groups"],
+        d_state=d["ssm_state_size"], d_conv=d["conv_kernel"], chunk_size=d["chunk_size"],
+        mamba_bias=d["use_bias"], conv_bias=d["use_conv_bias"],
+        dt_min_limit=_number(d["time_step_min"], "time_step_min"), dt_max_limit=None,
+        rms_norm_eps=d["layer_norm_epsilon"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
+# ---- state dicts ----
+
+def _layout_of(state: dict[str, Tensor]) -> str:
+    if "embed_tokens.weight" in state:
+        return "ours"
+    if "model.embed_tokens.weight" in state:
+        if any(".shared_mlp." in k for k in state):
+            return "granitemoehybrid"
+        return "bamba"
+    if "backbone.embeddings.weight" in state or "model.embeddings.weight" in state:
+        return "nemotron_h"
+    raise ValueError("state dict has none of 'embed_tokens.weight' (ours), 'model.embed_tokens.weight' (bamba, "
+                     "granitemoehybrid), 'backbone.embeddings.weight' / 'model.embeddings.weight' (nemotron_h)")
+
+
+def _rename(key: str, layout: str) -> str | None:
+    """A source key -> ours, or None when the layout has no such key."""
+    if layout == "ours":
+        return key
+    if layout == "nemotron_h":
+        for prefix in ("backbone.", "model."):
+            if key.startswith(prefix):
+                rest = key[len(prefix):]
+                return "embed_tokens.weight" if rest == "embeddings.weight" else rest
+        return key if key == "lm_head.weight" else None
+    # bamba / granitemoehybrid
+    top = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+           "model.final_layernorm.weight": "norm_f.weight", "model.norm.weight": "norm_f.weight"}
+    if key in top:
+        return top[key]
+    parts = key.split(".", 4)  # model, layers, i, module, rest
+    if len(parts) != 5 or parts[:2] != ["model", "layers"]:
+        return None
+    i, module, rest = parts[2], parts[3], parts[4]
+    modules = {"input_layernorm": "norm", "mamba": "mixer", "self_attn": "mixer",
+               "pre_ff_layernorm": "mlp_norm", "post_attention_layernorm": "mlp_norm",
+               "feed_forward": "mlp", "shared_mlp": "mlp"}
+    if module not in modules:
+        return None
+    if module == "shared_mlp":
+        rest = {"output_linear.weight": "down_proj.weight"}.get(rest, rest)
+    return f"layers.{i}.{modules[module]}.{rest}"
+
+
+def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[str, Tensor]:
+    """A state dict in any of the layouts (told apart by its keys) -> the keys of `HybridLM(config)`, float32.
+
+    - Bamba / Granite: `model.layers.{i}.{input_layernorm,mamba,self_attn,pre_ff_layernorm |
+      post_attention_layernorm,feed_forward | shared_mlp}` -> `layers.{i}.{norm,mixer,mixer,mlp_norm,mlp}`;
+      Granite's `shared_mlp.input_linear.weight` (2f, d) splits into gate_proj (first f rows) and
+      up_proj (last f), `output_linear` -> down_proj;
+    - Nemotron-H: `backbone.` (as saved) or `model.` (as in memory) dropped, `embeddings` -> `embed_tokens`;
+      its multi-token-prediction weights (`mtp.*`) are ignored, as transformers does;
+    - a missing `lm_head.weight` is the embedding when tied.
+
+    Returns a new dict. Raises ValueError naming missing keys, keys the layout does not have
+    (e.g. MoE experts), and an `input_linear` whose rows are not 2 * d_ff.
+    """
+    layout = _layout_of(state)
+    out, unknown, source = {}, [], {}  # source: our key -> the key it came from
+    for key, value in state.items():
+        if layout == "nemotron_h" and key.startswith("mtp."):
+            continue
+        new = _rename(key, layout)
+        if new is None:
+            unknown.append(key)
+        elif new.endswith(".mlp.input_linear.weight"):
+            if value.shape[0] != 2 * config.d_ff:
+                raise ValueError(f"{key!r} has {value.shape[0]} rows; expected 2 * shared_intermediate_size = "
+                                 f"{2 * config.d_ff} (gate then up)")
+            gate, up = value.float().chunk(2, dim=0)
+            stem = new.removesuffix("input_linear.weight")
+            out[stem + "gate_proj.weight"], out[stem + "up_proj.weight"] = gate, up
+        else:
+            out[new] = value.float() if value.is_floating_point() else value
+            source[new] = key
+    if config.tie_embeddings and "embed_tokens.weight" in out:
+        head = out.get("lm_head.weight")
+        if head is not None and not torch.equal(head, out["embed_tokens.weight"]):
+            raise ValueError("config ties lm_head to the embedding, but 'lm_head.weight' differs from it")
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+
+    with torch.device("meta"):
+        want = set(HybridLM(config).state_dict())
+    extra = sorted(set(out) - want)
+    if unknown or extra:
+        names = unknown + [source.get(k, k) for k in extra]
+        raise ValueError(f"state dict ({layout} layout) has keys this HybridConfig has no place for: "
+                         f"{names[:8]}{' ...' if len(names) > 8 else ''} ({len(names)} keys)")
+    missing = sorted(want - set(out))
+    if missing:
+        raise ValueError(f"state dict ({layout} layout) lacks {missing[:8]}{' ...' if len(missing) > 8 else ''} "
+                         f"({len(missing)} keys) for this HybridConfig")
+    return out

@@ -1,0 +1,361 @@
+"""models/hybrid.py and families/hybrid/layouts.py: parity with transformers' own
+`BambaForCausalLM`, `GraniteMoeHybridForCausalLM` (dense) and `NemotronHForCausalLM` torch paths
+loaded from their saved checkpoints (logits over a whole decode and every layer's cache), rows at
+different positions in one call, forward / step / continuation agreement, the chunked scan, and
+the refusals (MoE, bad fields)."""
+
+import json
+import math
+from functools import partial
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from seqexport.models.hybrid import HybridConfig, HybridLM, append_kv
+from seqexport.models.mamba2 import ssd_chunked, ssd_sequential
+
+from seqexport.families.hybrid.layouts import (
+    convert_state_dict,
+    hybrid_config_from_json,
+    is_hybrid_config,
+)
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 100
+
+
+def _max_err(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+# ---- transformers' models, made to disagree loudly with a wrong implementation ----
+
+def _bamba():
+    return transformers.BambaForCausalLM(transformers.BambaConfig(
+        hidden_size=64, num_hidden_layers=5, attn_layer_indices=[0, 2, 4], vocab_size=VOCAB, intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+        mamba_d_state=16, mamba_chunk_size=16, attention_bias=True, mlp_bias=True, mamba_proj_bias=True,
+    ))  # RoPE on half of each head (BambaConfig's partial_rotary_factor 0.5)
+
+
+def _granite(rope: bool):
+    return transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, shared_intermediate_size=96, num_local_experts=0,
+        layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+        mamba_d_state=16, mamba_chunk_size=16, position_embedding_type="rope" if rope else None,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.5,
+    ))
+
+
+def _nemotron_h():
+    # Mamba-2 width 6 * 16 = 96, not a multiple of d_model: the mixer adapter's case.
+    return transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+        hidden_size=64, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, mamba_num_heads=6, mamba_head_dim=16, n_groups=2, ssm_state_size=16, chunk_size=16,
+        layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention", "full_attention"],
+    ))
+
+
+HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
+             "nemotron_h": _nemotron_h}
+
+
+@torch.no_grad()
+def _randomize(model, seed: int):
+    """Weights that make every part count: linears ~ N(0, 1/fan_in) (peaked attention, logits of
+    order 1), random biases and norm weights, Δ ≈ 0.5-2 and decays exp(ΔA) over a wide range."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("dt_bias"):
+            dt = torch.rand(p.shape, generator=gen) * 1.5 + 0.5
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1
+        elif name.endswith("A_log"):
+            p.copy_(torch.log(torch.rand(p.shape, generator=gen) * 0.5 + 0.05))
+        elif name.endswith(".D"):
+            p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+        elif p.dim() == 1 and "norm" in name:
+            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+        elif p.dim() == 1:  # biases
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+        elif p.dim() == 2 and "embed" not in name:
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+    return model.eval()
+
+
+def _load_ours(path) -> HybridLM:
+    config = hybrid_config_from_json(json.loads((path / "config.json").read_text()))
+    model = HybridLM(config).eval()
+    model.load_state_dict(convert_state_dict(load_file(path / "model.safetensors"), config), strict=True)
+    return model
+
+
+def _hf_states(model, cache) -> list[tuple]:
+    """transformers' cache as our per-layer tuples (copies): mamba (conv (b, c, k), ssm (b, h, p, n)),
+    attention (keys, values) (b, nkv, T, hd), mlp ()."""
+    states = []
+    for i, kind in enumerate(model.config.layers_block_type):
+        layer = cache.layers[i]
+        if kind == "linear_attention":
+            states.append((layer.conv_states[0].clone(), layer.recurrent_states[0].clone()))
+        elif kind == "full_attention":
+            states.append((layer.keys.clone(), layer.values.clone()))
+        else:
+            states.append(())
+    return states
+
+
+@torch.no_grad()
+def _hf_decode(model, prompt, steps):
+    """transformers' prefill then single steps, feeding its cache back, positions given explicitly
+    (Bamba's forward would put every call at 0 .. l-1 without them)."""
+    b, length = prompt.shape
+    out = model(prompt, position_ids=torch.arange(length)[None].expand(b, -1), use_cache=True)
+    cache, logits = out.cache, [out.logits.float()]
+    prefill_states = _hf_states(model, cache)
+    for t, token in enumerate(steps.T):
+        out = model(token[:, None], cache=cache, position_ids=torch.full((b, 1), length + t), use_cache=True)
+        cache = out.cache
+        logits.append(out.logits.float())
+    return torch.cat(logits, 1), prefill_states, _hf_states(model, cache)
+
+
+@torch.no_grad()
+def _our_decode(model, prompt, steps, scan):
+    b, length = prompt.shape
+    logits, new = model(prompt, scan=scan)
+    past = torch.zeros(b, dtype=torch.long)
+    state = append_kv(model.allocate_inference_cache(b), new, past)
+    prefill_state, out = state, [logits]
+    for t, token in enumerate(steps.T):
+        past = torch.full((b,), length + t)
+        logits, new = model.step(token, state, past)
+        state = append_kv(state, new, past)
+        out.append(logits[:, None])
+    return torch.cat(out, 1), prefill_state, state
+
+
+def _states_err(ours, theirs, relative: bool = False) -> float:
+    """Max abs difference over every layer's tensors (relative: each divided by max(1, max |theirs|))."""
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert len(a) == len(b), i
+        for x, y in zip(a, b, strict=True):
+            assert x.shape == y.shape, (i, x.shape, y.shape)
+            scale = max(1.0, y.abs().max().item()) if relative and y.numel() else 1.0
+            worst = max(worst, _max_err(x, y) / scale)
+    return worst
+
+
+MEASURED = {}  # layout -> (max logits error, max state error), printed with -s
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_parity_with_transformers(tmp_path, name):
+    hf = _randomize(HF_MODELS[name](), seed=len(name))
+    hf.save_pretrained(tmp_path)
+    ours = _load_ours(tmp_path)
+    gen = torch.Generator().manual_seed(7)
+    worst_logits = worst_state = 0.0
+    for length in (1, 17, 300):
+        prompt = torch.randint(0, VOCAB, (2, length), generator=gen)
+        steps = torch.randint(0, VOCAB, (2, 20), generator=gen)
+        want, want_prefill, want_state = _hf_decode(hf, prompt, steps)
+        assert want.abs().max() > 0.5  # logits of order 1: an absolute 1e-4 means something
+        for scan in (partial(ssd_chunked, chunk=16), ssd_sequential):
+            got, prefill_state, state = _our_decode(ours, prompt, steps, scan)
+            assert got.shape == want.shape == (2, length + 20, VOCAB)
+            errs = (_max_err(got, want), _states_err(prefill_state, want_prefill), _states_err(state, want_state))
+            assert max(errs) <= 1e-4, (name, length, errs)
+            worst_logits, worst_state = max(worst_logits, errs[0]), max(worst_state, *errs[1:])
+    MEASURED[name] = (worst_logits, worst_state)
+    print(f"{name}: logits {worst_logits:.2e}, state {worst_state:.2e}")
+
+
+def test_layouts_read_what_transformers_means(tmp_path):
+    bamba = hybrid_config_from_json(_bamba().config.to_dict())
+    assert bamba.layer_types == ["attention", "mamba2", "attention", "mamba2", "attention"]
+    assert bamba.rotary_dim == 8 and bamba.mlp_in_layer and bamba.mlp_act == "silu_gated"
+    granite = hybrid_config_from_json(_granite(False).config.to_dict())
+    assert not granite.rope and granite.attention_multiplier == 0.2 and granite.logits_scaling == 2.5
+    assert hybrid_config_from_json(_granite(True).config.to_dict()).rotary_dim == 16
+    nemo = hybrid_config_from_json(_nemotron_h().config.to_dict())
+    assert nemo.layer_types == ["mamba2", "attention", "mlp", "mamba2", "attention"]
+    assert not nemo.mlp_in_layer and nemo.mlp_act == "relu2" and not nemo.rope and nemo.mamba_d_inner == 96
+    assert nemo.dt_min_limit == 0.001  # its mixer clamps Δ at time_step_min
+    # Older spellings: Nemotron-H's pattern string, Granite's "mamba" / "attention".
+    d = {k: v for k, v in _nemotron_h().config.to_dict().items() if k != "layers_block_type"}
+    assert hybrid_config_from_json({**d, "hybrid_override_pattern": "M*-M*"}) == nemo
+    g = _granite(False).config.to_dict()
+    legacy = ["attention", "mamba", "attention", "mamba", "attention"]
+    assert hybrid_config_from_json({**g, "layer_types": legacy}) == granite
+    # Ours round-trips.
+    assert hybrid_config_from_json({**nemo.to_dict(), "family": "hybrid"}) == nemo
+    assert all(is_hybrid_config(c) for c in ({"family": "hybrid"}, {"model_type": "bamba"},
+                                             {"model_type": "nemotron_h"}))
+    assert not is_hybrid_config({"model_type": "mamba2"})
+
+
+# ---- our own model: entry points agree ----
+
+def _ours(mlp_in_layer: bool, seed: int = 0) -> HybridLM:
+    torch.manual_seed(seed)
+    config = HybridConfig(
+        layer_types=["attention", "mamba2", "mlp", "mamba2", "attention"], mlp_in_layer=mlp_in_layer,
+        mlp_act="silu_gated" if mlp_in_layer else "relu2", partial_rotary_factor=0.5, ngroups=2, chunk_size=8,
+        residual_multiplier=0.7, embedding_multiplier=3.0, logits_scaling=1.5, attention_multiplier=0.3,
+    )
+    return _randomize(HybridLM(config), seed)
+
+
+@pytest.mark.parametrize("mlp_in_layer", [True, False])
+def test_forward_step_and_continuation_agree(mlp_in_layer):
+    model = _ours(mlp_in_layer)
+    ids = torch.randint(0, VOCAB, (2, 21), generator=torch.Generator().manual_seed(1))
+    zeros = torch.zeros(2, dtype=torch.long)
+    with torch.no_grad():
+        ref, ref_new = model(ids)
+        ref_state = append_kv(model.allocate_inference_cache(2), ref_new, zeros)
+        chunked, chunked_new = model(ids, scan=partial(ssd_chunked, chunk=8))
+        # float32 through 21 tokens: states of magnitude ~10 agree to ~1e-6 relative
+        assert _max_err(chunked, ref) <= 1e-5 and _states_err(chunked_new, ref_new, relative=True) <= 1e-5
+
+        state, past, steps = model.allocate_inference_cache(2), zeros, []
+        for t in range(ids.shape[1]):
+            logits, new = model.step(ids[:, t], state, past)
+            state, past = append_kv(state, new, past), past + 1
+            steps.append(logits)
+        assert _max_err(torch.stack(steps, 1), ref) <= 1e-5
+        assert _states_err(state, ref_state, relative=True) <= 1e-5
+
+        head, new = model(ids[:, :9], scan=partial(ssd_chunked, chunk=4))
+        mid = append_kv(model.allocate_inference_cache(2), new, zeros)
+        tail, new = model(ids[:, 9:], mid, torch.full((2,), 9), scan=partial(ssd_chunked, chunk=4))
+        assert _max_err(torch.cat([head, tail], 1), ref) <= 1e-5
+        assert _states_err(append_kv(mid, new, torch.full((2,), 9)), ref_state, relative=True) <= 1e-5
+    # attention layers return only the new positions; the state handed in is never written
+    assert ref_new[0][0].shape == (2, 2, 21, 16) and new[0][0].shape == (2, 2, 12, 16)
+    assert ref_new[2] == () and ref.dtype == torch.float32 and ref.shape == (2, 21, VOCAB)
+    assert all(not s.any() for layer in model.allocate_inference_cache(2) for s in layer)
+
+
+@pytest.mark.parametrize("name", ["bamba", "nemotron_h"])
+def test_rows_at_different_positions(tmp_path, name):
+    """A batched step (and a 3-token continuation) over rows at different past_lengths equals each
+    row alone; the slots past a row's length hold garbage and must not be read."""
+    hf = _randomize(HF_MODELS[name](), seed=3)
+    hf.save_pretrained(tmp_path)
+    model = _load_ours(tmp_path)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, VOCAB, (1, n), generator=gen) for n in (5, 12, 1)]
+    nxt = torch.randint(0, VOCAB, (3, 3), generator=gen)
+    with torch.no_grad():
+        alone = []
+        for prompt in prompts:
+            _, new = model(prompt, scan=partial(ssd_chunked, chunk=16))
+            alone.append(append_kv(model.allocate_inference_cache(1), new, torch.zeros(1, dtype=torch.long)))
+        capacity = 12
+
+        def garbage_after(t):  # (1, nkv, P, hd) -> (1, nkv, capacity, hd), invalid slots far from zero
+            pad = 50 * torch.randn(1, t.shape[1], capacity - t.shape[2], t.shape[3], generator=gen)
+            return torch.cat([t, pad], dim=2)
+
+        joint = []
+        for layer, rows in zip(model.layers, zip(*alone, strict=True), strict=True):
+            fill = garbage_after if layer.kind == "attention" else (lambda t: t)
+            joint.append(tuple(torch.cat([fill(t) for t in parts]) for parts in zip(*rows, strict=True)))
+        past = torch.tensor([5, 12, 1])
+
+        logits, new = model.step(nxt[:, 0], joint, past)
+        for r in range(3):
+            want, _ = model.step(nxt[r:r + 1, 0], alone[r], past[r:r + 1])
+            assert _max_err(logits[r], want[0]) <= 1e-5, r
+        state = append_kv(joint, new, past)
+        cont, _ = model(nxt[:, 1:], state, past + 1, scan=partial(ssd_chunked, chunk=16))
+        for r in range(3):
+            one = append_kv(alone[r], model.step(nxt[r:r + 1, 0], alone[r], past[r:r + 1])[1], past[r:r + 1])
+            want, _ = model(nxt[r:r + 1, 1:], one, past[r:r + 1] + 1)
+            assert _max_err(cont[r], want[0]) <= 1e-5, r
+
+
+def test_append_kv_writes_at_each_rows_length():
+    key = torch.arange(2 * 1 * 3 * 1, dtype=torch.float32).reshape(2, 1, 3, 1)
+    new = -torch.ones(2, 1, 2, 1)
+    out = append_kv([(key, key), (torch.zeros(2, 4, 3),)], [(new, new), (torch.ones(2, 4, 3),)],
+                    torch.tensor([1, 3]))
+    assert out[0][0].shape == (2, 1, 5, 1)
+    assert out[0][0][0, 0, :, 0].tolist() == [0, -1, -1, 0, 0]  # row 0: slot 0 kept, 1-2 written, 3-4 grown
+    assert out[0][0][1, 0, :, 0].tolist() == [3, 4, 5, -1, -1]
+    assert torch.equal(out[1][0], torch.ones(2, 4, 3))  # a mamba2 state passes as it is
+    assert key[0, 0, 1, 0] == 1  # nothing handed in is written
+    with pytest.raises(ValueError, match="past_lengths"):
+        append_kv([(key, key)], [(new, new)], torch.tensor([4, 0]))
+
+
+# ---- refusals ----
+
+def test_moe_variants_are_refused():
+    moe = transformers.GraniteMoeHybridConfig(hidden_size=64, num_hidden_layers=2, num_local_experts=4,
+                                              mamba_n_heads=8).to_dict()
+    with pytest.raises(ValueError, match="num_local_experts=4.*not supported"):
+        hybrid_config_from_json(moe)
+    no_key = {k: v for k, v in moe.items() if k != "num_local_experts"}  # transformers' default is 8 experts
+    with pytest.raises(ValueError, match="num_local_experts=8"):
+        hybrid_config_from_json(no_key)
+    nemo = transformers.NemotronHConfig(hidden_size=64, layers_block_type=["linear_attention", "moe"]).to_dict()
+    with pytest.raises(ValueError, match="layers_block_type=.*moe"):
+        hybrid_config_from_json(nemo)
+    pattern = {k: v for k, v in nemo.items() if k != "layers_block_type"}
+    with pytest.raises(ValueError, match="hybrid_override_pattern='M\\*E'"):
+        hybrid_config_from_json({**pattern, "hybrid_override_pattern": "M*E"})
+
+
+_BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "mamba_n_heads": 8}
+
+
+@pytest.mark.parametrize("config, key", [
+    ({**_BAMBA, "hidden_act": "gelu"}, "hidden_act"),
+    ({**_BAMBA, "attn_layer_indices": [2]}, "attn_layer_indices"),
+    ({**_BAMBA, "mamba_d_head": 4}, "mamba_d_head"),
+    ({**_BAMBA, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type"),
+    ({**_BAMBA, "mamba_n_groups": 3}, "ngroups"),
+    ({"model_type": "granitemoehybrid", "num_local_experts": 0, "position_embedding_type": "alibi"},
+     "position_embedding_type"),
+    ({"model_type": "nemotron_h", "layers_block_type": ["mamba2"]}, "layers_block_type"),
+    ({"model_type": "nemotron_h", "layers_block_type": ["mlp"], "mlp_hidden_act": "silu"}, "mlp_hidden_act"),
+    ({"model_type": "jamba"}, "model_type"),
+    ({"family": "hybrid", "d_modle": 64}, "d_modle"),
+])
+def test_config_refusals_name_the_key(config, key):
+    with pytest.raises(ValueError, match=key):
+        hybrid_config_from_json(config)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("layer_types", ["mamba2", "moe"]), ("layer_types", []), ("n_kv_heads", 3), ("mlp_act", "gelu"),
+    ("partial_rotary_factor", 0.1), ("ngroups", 3), ("dt_max_limit", math.inf), ("logits_scaling", 0),
+    ("attention_multiplier", -1.0), ("d_model", 0), ("rope", 1),
+])
+def test_config_validation_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        HybridConfig(**{field: value})
+
+
+def test_convert_state_dict_refusals(tmp_path):
+    hf = _nemotron_h()
+    config = hybrid_config_from_json(hf.config.to_dict())
+    sd = {f"backbone.{k.removeprefix('model.')}": v for k, v in hf.state_dict().items()}
+    assert set(convert_state_dict(sd, config)) == set(HybridLM(config).state_dict())
+    with pytest.raises(ValueError, match="layers.3.mixer.dt_bias"):
+        convert_state_dict({k: v for k, v in sd.items() if k != "backbone.layers.3.mixer.dt_bias"}, config)
+    with pytest.raises(ValueError, match="backbone.layers.2.mixer.experts.0.up_proj.weight"):
+        convert_state_dict({**sd, "backbone.layers.2.mixer.experts.0.up_proj.weight": torch.zeros(1)}, config)
+    granite = _granite(True)
+    gconfig = hybrid_config_from_json(granite.config.to_dict())
+    gsd = dict(granite.state_dict())
+    gsd["model.layers.0.shared_mlp.input_linear.weight"] = torch.zeros(96, 64)
+    with pytest.raises(ValueError, match="input_linear"):
+        convert_state_dict(gsd, gconfig)
