@@ -89,7 +89,7 @@ def _hf_case(tmp_path, family: str):
     return model
 
 
-@pytest.mark.parametrize("family", ["mamba"])
+@pytest.mark.parametrize("family", ["mamba", "mamba2"])
 def test_beam_search_equals_transformers_generate(tmp_path, family):
     model = _hf_case(tmp_path, family)
     reference = _hf_beams(model, PROMPTS, BEAMS)

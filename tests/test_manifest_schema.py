@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import seqexport.runtime as rt
+from seqexport import families
 from seqexport.cli import cli
 from seqexport.errors import ArtifactError
 
@@ -70,7 +71,7 @@ CASES = {
     "file outside the folder": (_escape, "expected a file name inside the exported folder"),
     "absolute file": (_absolute, "expected a file name inside the exported folder"),
     "unknown dim": (_bad_dims, "'graphs.encoder.inputs' is"),
-    "unknown family": (_unknown_family, "'family' is 'lstm'; expected one of ['transformer', 'mamba', 'rwkv']"),
+    "unknown family": (_unknown_family, f"'family' is 'lstm'; expected one of {families.names()}"),
     "feed naming no output": (_feed_to_nowhere, "malformed graph spec"),
     "append naming no input": (_append_to_nowhere, "malformed graph spec"),
 }

@@ -47,7 +47,11 @@ class RecurrentSteps:
             logits.append(lg)
             order += idx
         inverse = np.argsort(order)
-        return np.concatenate(logits)[inverse], State.concat(states).select(inverse)
+        return np.concatenate(logits)[inverse], self.join(states).select(inverse)
+
+    def join(self, states: list[State]) -> State:
+        """The rows of several states as one batch, in order (a fixed-size state: concatenated)."""
+        return State.concat(states)
 
     def begin_rows(self, rows: list[list[int]], start_id: int | None = None) -> tuple[State, list[list[int]]]:
         """The engine's start for rows that join a running batch: a zero state and every prompt

@@ -10,8 +10,13 @@ LOWERINGS = ("loop", "unrolled", "parallel")  # the scan lowerings of seqexport.
 
 
 def _detect(config: dict) -> bool:
-    """The public Mamba layouts: Hugging Face's model_type, or the state-spaces config."""
-    return config.get("model_type") == "mamba" or "ssm_cfg" in config or {"d_model", "n_layer"} <= set(config)
+    """The public Mamba-1 layouts: Hugging Face's model_type, or the state-spaces config whose
+    layer is Mamba-1 (its default; `ssm_cfg.layer: Mamba2` is the mamba2 family's)."""
+    if "model_type" in config:
+        return config["model_type"] == "mamba"
+    ssm_cfg = config.get("ssm_cfg")
+    layer = ssm_cfg.get("layer", "Mamba1") if isinstance(ssm_cfg, dict) else "Mamba1"
+    return layer == "Mamba1" and ("ssm_cfg" in config or {"d_model", "n_layer"} <= set(config))
 
 
 FAMILY = Family(

@@ -1,0 +1,136 @@
+"""Mamba-2 -> prefill.onnx (the chunked SSD: matrix products within and between chunks, no
+per-token loop) + step.onnx, with explicit state.
+
+Both graphs take and return every layer's (conv_state, ssm_state); zeros start a fresh
+sequence. The prefill is the model's own `forward` with `ssd_chunked` as its scan; right-padded
+rows (export.ragged) get Δ = 0 past their end, which keeps the SSM state exactly. The step
+graph is the model's one-token `step`: no loop in it.
+"""
+
+from functools import partial
+
+import numpy as np
+import torch
+from torch import nn
+
+from seqexport.export import DEFAULT_OPSET, ragged
+from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
+from seqexport.export.parallel import GraphJob, export_graphs
+from seqexport.families.mamba2.specs import graph_specs
+from seqexport.models.mamba2 import Mamba2LM, ssd_chunked, ssd_sequential
+from seqexport.parity.inputs import random_inputs
+from seqexport.specs import GraphSpec
+
+
+def specs_for(config, dtype: str = "float32") -> dict[str, GraphSpec]:
+    return graph_specs(config.to_dict(), dtype)
+
+
+def chunk_of(config, manifest: dict | None = None) -> int:
+    """The SSD chunk length of an export: its `--chunk-size`, else the config's."""
+    chosen = ((manifest or {}).get("export_options") or {}).get("chunk_size")
+    return int(chosen or config.chunk_size)
+
+
+def _pairs(flat):
+    """[conv0, ssm0, conv1, ssm1, ...] -> [(conv0, ssm0), (conv1, ssm1), ...]"""
+    return [(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)]
+
+
+def _flat(state):
+    return tuple(t for pair in state for t in pair)
+
+
+class PrefillGraph(nn.Module):
+    """(input_ids (b, l), attention_mask (b, l), *state[, logits_to_keep (1,)]) -> logits (b, l
+    or the last kept, v), *new state. Rows of unequal length are right-padded: each row's state
+    is the one after its own tokens and its kept logits its own last ones. Traced without
+    logits_to_keep: export adds it to the graph (`keep_last_positions`); here it slices the
+    eager logits alike, for validate."""
+
+    def __init__(self, model: Mamba2LM, scan=ssd_sequential):
+        super().__init__()
+        self.model, self.scan = model, scan
+
+    def forward(self, input_ids, attention_mask, *state):
+        keep = None
+        if len(state) % 2:  # (conv, ssm) pairs, then logits_to_keep
+            *state, keep = state
+        lengths = ragged.row_lengths(attention_mask)  # (b,)
+
+        def scan(x, dt, A, B, C, D, h0):  # dt (b, l, h): 0 past a row's end keeps h
+            return self.scan(x, dt * ragged.valid(attention_mask, dt), A, B, C, D, h0)
+
+        layers = self.model.backbone.layers
+        with ragged.outputs_of([layer.mixer.in_proj for layer in layers]) as seen, \
+                ragged.rotated_output(self.model.backbone.norm_f, lengths):
+            logits, new_state = self.model(input_ids, _pairs(state), scan=scan)
+        new_state = [(_conv_state_at_ends(layer.mixer, projected, conv, lengths), ssm)
+                     for layer, projected, (conv, _), (_, ssm) in zip(layers, seen, _pairs(state), new_state, strict=True)]
+        if keep is not None and int(keep[0]) > 0:
+            logits = logits[:, -int(keep[0]):]  # (b, kept, v)
+        return (logits, *_flat(new_state))
+
+
+def _conv_state_at_ends(mixer, projected, conv_state, lengths):
+    """A mixer's new conv state per row: the last k conv inputs (x, B, C) up to the row's own
+    end. projected: in_proj's output (b, l, d_in + c + h), split z | xBC | dt; conv_state
+    (b, c, k) before the tokens; lengths (b,) -> (b, c, k)."""
+    c, k = conv_state.shape[1], conv_state.shape[2]
+    d_in = mixer.d_inner
+    xbc = projected[..., d_in: d_in + c].transpose(1, 2)  # (b, c, l)
+    x_cat = torch.cat([conv_state.to(xbc.dtype), xbc], dim=-1)  # (b, c, k + l)
+    return ragged.at_ends(x_cat, lengths + k, k, axis=2)
+
+
+class StepGraph(nn.Module):
+    """(input_ids (b, 1), *state) -> logits (b, 1, v), *new state."""
+
+    def __init__(self, model: Mamba2LM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, *state):
+        logits, new_state = self.model.step(input_ids, _pairs(state))
+        return (logits[:, None], *_flat(new_state))
+
+
+def wrapper(model: Mamba2LM, graph: str, scan=ssd_sequential) -> nn.Module:
+    """The module each graph is traced from (validate compares with it, with the reference)."""
+    return PrefillGraph(model, scan) if graph == "prefill" else StepGraph(model)
+
+
+def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
+    """Inputs for tracing; sizes >= 2 and different from each other so no dim is specialised."""
+    arrays = random_inputs(spec, dict(batch=2, seq_len=length), np.random.default_rng(0), state_scale=0.1)
+    # the SSM state stays float32 whatever the model dtype (DESIGN §4)
+    return tuple(torch.from_numpy(arrays[t.name]).to(dtype) if t.role == "state" and t.dtype != "float32"
+                 else torch.from_numpy(arrays[t.name]) for t in spec.inputs)
+
+
+def export_mamba2(ckpt, preset: str | None, out, *, chunk_size: int | None = None, opset: int = DEFAULT_OPSET,
+                  dtype: str = "float32", overwrite: bool = False, tokenizer: dict | None = None):
+    """Write prefill.onnx, step.onnx and manifest.json for a loaded Mamba-2 checkpoint."""
+    specs = specs_for(ckpt.config, dtype)
+    model = model_in_dtype(ckpt.model, dtype)
+    tdtype = next(model.parameters()).dtype
+    chunk = chunk_size or ckpt.config.chunk_size
+    # a length that is not a multiple of the chunk, over more than one chunk: nothing specialised
+    prefill_args = example_inputs(specs["prefill"], tdtype, chunk + 3)
+    step_args = example_inputs(specs["step"], tdtype, 1)
+
+    def build(tmp):
+        with torch.no_grad():
+            export_graphs([
+                GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_chunked, chunk=chunk)),
+                         prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
+                         dynamic_shapes_for(specs["prefill"], varargs_from=2)),
+                GraphJob("step", StepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
+                         dynamic_shapes_for(specs["step"], varargs_from=1)),
+            ])
+
+    return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
+                          options={"chunk_size": chunk}, tokenizer=tokenizer)
+
+
+export = export_mamba2
