@@ -63,6 +63,12 @@ HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-
              "nemotron_h": _nemotron_h}
 
 
+def _hf(name: str, seed: int):
+    """transformers' model `name`, built and randomised from `seed` alone (its init draws too)."""
+    torch.manual_seed(seed)
+    return _randomize(HF_MODELS[name](), seed)
+
+
 @torch.no_grad()
 def _randomize(model, seed: int):
     """Weights that make every part count: linears ~ N(0, 1/fan_in) (peaked attention, logits of
@@ -154,7 +160,7 @@ MEASURED = {}  # layout -> (max logits error, max state error), printed with -s
 
 @pytest.mark.parametrize("name", list(HF_MODELS))
 def test_parity_with_transformers(tmp_path, name):
-    hf = _randomize(HF_MODELS[name](), seed=len(name))
+    hf = _hf(name, seed=len(name))
     hf.save_pretrained(tmp_path)
     ours = _load_ours(tmp_path)
     gen = torch.Generator().manual_seed(7)
@@ -196,6 +202,22 @@ def test_layouts_read_what_transformers_means(tmp_path):
     assert all(is_hybrid_config(c) for c in ({"family": "hybrid"}, {"model_type": "bamba"},
                                              {"model_type": "nemotron_h"}))
     assert not is_hybrid_config({"model_type": "mamba2"})
+
+
+def test_tied_embeddings_load(tmp_path):
+    config = _granite(False).config
+    config.tie_word_embeddings = True
+    torch.manual_seed(5)
+    hf = _randomize(transformers.GraniteMoeHybridForCausalLM(config), seed=5)
+    hf.tie_weights()
+    hf.save_pretrained(tmp_path)
+    ours = _load_ours(tmp_path)
+    assert ours.config.tie_embeddings and ours.lm_head.weight is ours.embed_tokens.weight
+    prompt = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = hf(prompt).logits
+        got, _ = ours(prompt, scan=partial(ssd_chunked, chunk=16))
+    assert _max_err(got, want) <= 1e-4
 
 
 # ---- our own model: entry points agree ----
@@ -245,7 +267,7 @@ def test_forward_step_and_continuation_agree(mlp_in_layer):
 def test_rows_at_different_positions(tmp_path, name):
     """A batched step (and a 3-token continuation) over rows at different past_lengths equals each
     row alone; the slots past a row's length hold garbage and must not be read."""
-    hf = _randomize(HF_MODELS[name](), seed=3)
+    hf = _hf(name, seed=3)
     hf.save_pretrained(tmp_path)
     model = _load_ours(tmp_path)
     gen = torch.Generator().manual_seed(11)

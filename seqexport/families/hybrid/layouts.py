@@ -21,7 +21,8 @@ Four config layouts, told apart by `family` / `model_type`:
   biases (`attention_bias` is not read by its attention) and scaled by head_dim^-0.5; the Mamba-2
   width is `mamba_num_heads * mamba_head_dim` (not `expand * hidden_size`); its mixer clamps Δ to
   `[time_step_min, inf)` (not `time_step_limit`, which it does not read); `use_bias` (not
-  `mamba_proj_bias`) puts biases in in_proj / out_proj.
+  `mamba_proj_bias`) puts biases in in_proj / out_proj; its lm_head is never tied to the embedding
+  (`tie_word_embeddings` is not acted on).
 
 Mixture-of-experts variants are refused (a Granite `num_local_experts` > 0, a Nemotron-H "moe" /
 "E" layer), naming the key and value. Keys absent from a transformers config.json take that
@@ -260,7 +261,8 @@ def _from_nemotron_h(d: dict) -> HybridConfig:
         d_state=d["ssm_state_size"], d_conv=d["conv_kernel"], chunk_size=d["chunk_size"],
         mamba_bias=d["use_bias"], conv_bias=d["use_conv_bias"],
         dt_min_limit=_number(d["time_step_min"], "time_step_min"), dt_max_limit=None,
-        rms_norm_eps=d["layer_norm_epsilon"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+        # NemotronHForCausalLM ties nothing (`_tied_weights_keys = {}`), whatever tie_word_embeddings says.
+        rms_norm_eps=d["layer_norm_epsilon"], tie_embeddings=False, pad_vocab_size_multiple=1,
     )
 
 
