@@ -1,0 +1,103 @@
+"""Per-token time in the browser (onnxruntime-web, WASM) beside the Python runtime's, same machine.
+
+    python -m seqexport.web.bench exported/transformer-dates exported/mamba-dates [--prompts 20]
+
+Builds a site for the exports (a temporary folder), serves it on 127.0.0.1 and decodes the
+held-out date prompts in headless Chromium, then with `seqexport.runtime` (onnxruntime CPU, one
+thread and two), the same prompts and tokens: each run makes --tokens tokens, eos ignored.
+Per-token time is the interval between consecutive tokens (the pick, then the step that feeds
+the token back): the mean over every token after the first (the page's clock ticks in 0.1 ms
+steps without cross-origin isolation, which a mean over many tokens smooths) and the median;
+the first token's time (the prompt's prefill or encoder, then the pick) is reported apart, as a
+median. The page's intervals also hold its DOM update (the text shown as it comes).
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from seqexport.web import browser
+from seqexport.web.site import build_site
+
+
+def python_times(folder, prompts, tokens: int, threads: int) -> tuple[list[float], list[float]]:
+    """(first-token ms, later per-token ms) of the Python runtime on these prompts."""
+    import seqexport.runtime as rt
+    from seqexport.runtime.tokenizer import encode_prompt
+
+    model = rt.load(folder, provider="cpu", threads=threads)
+    record = model.manifest["tokenizer"]
+    firsts, rest = [], []
+    options = rt.SearchOptions(max_new_tokens=tokens, eos_id=-1)
+    for warm in (True, False):
+        for p in prompts:
+            ids = encode_prompt(model.tokenizer, model.prompt_frame, p, record)
+            stamps = [time.perf_counter()]
+            rt.generate(model, [ids], options, on_token=lambda _, stamps=stamps: stamps.append(time.perf_counter()))
+            ms = [1000 * (b - a) for a, b in zip(stamps, stamps[1:])]
+            if not warm:
+                firsts.append(ms[0])
+                rest += ms[1:]
+    return firsts, rest
+
+
+def page_times(driver, url, name, prompts, tokens: int) -> tuple[list[float], list[float], str]:
+    if browser.open_page(driver, url, name, backend="wasm") != "ready":
+        raise RuntimeError(f"{name}: the page did not load the model")
+    firsts, rest = [], []
+    for warm in (True, False):
+        for p in prompts:
+            run = browser.run_prompt(driver, p, maxNewTokens=tokens, stopAtEos=False)
+            if run["state"] != "done":
+                raise RuntimeError(f"{name}: {run['message']}")
+            if not warm:
+                firsts.append(run["run"]["ms"][0])
+                rest += run["run"]["ms"][1:]
+    return firsts, rest, driver.find_element("id", "status").text
+
+
+def main(argv=None) -> int:
+    from seqexport.training.dates import make_split
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("folders", nargs="+", help="exported folders")
+    ap.add_argument("--prompts", type=int, default=20, help="held-out date prompts per model [20]")
+    ap.add_argument("--tokens", type=int, default=48, help="tokens each run makes (eos ignored) [48]")
+    args = ap.parse_args(argv)
+    why = browser.browser_missing()
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    prompts = [x for x, _ in make_split("test", args.prompts, seed=0)]
+    med, mean = statistics.median, statistics.fmean
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        site = build_site(args.folders, Path(tmp) / "site", webgpu=False)
+        names = [m["name"] for m in site["models"]]
+        with browser.serve(Path(tmp) / "site") as url, browser.chromium() as driver:
+            pages = {n: page_times(driver, url, n, prompts, args.tokens) for n in names}
+        for folder, name in zip(args.folders, names):
+            first, rest, status = pages[name]
+            py1 = python_times(folder, prompts, args.tokens, 1)
+            py2 = python_times(folder, prompts, args.tokens, 2)
+            rows.append((name, status.split(" · ")[-1], mean(rest), med(rest), med(first),
+                         mean(py1[1]), med(py1[1]), med(py1[0]), mean(py2[1])))
+    b = site["bytes"]
+    print(f"\n{args.prompts} held-out prompts x {args.tokens} tokens per model; ms per token: mean (median)\n")
+    print("| model | browser | page | Python ORT 1 thread | page / Python | Python ORT 2 threads "
+          "| first token: page | Python (1 thread) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, backend, page, page_med, first, py1, py1_med, py1_first, py2 in rows:
+        print(f"| {name} | {backend} | {page:.3f} ({page_med:.2f}) | {py1:.3f} ({py1_med:.3f}) | {page / py1:.2f}x "
+              f"| {py2:.3f} | {first:.1f} | {py1_first:.1f} |")
+    sizes = ", ".join(f"{m['name']} {m['bytes'] / 1e6:.1f} MB" for m in site["models"])
+    print(f"\nsite: runtime (WASM) {b['runtime_wasm'] / 1e6:.1f} MB, models {b['models'] / 1e6:.1f} MB ({sizes}), "
+          f"{b['total'] / 1e6:.1f} MB in all without the WebGPU build")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

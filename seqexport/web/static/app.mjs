@@ -1,0 +1,218 @@
+// The page of `seqexport web`: pick a model of site.json, type a prompt, watch the tokens come.
+// Every failure ends in a visible message (the #error box), never a dead page. The page's state
+// is in <body data-state>: loading | ready | running | done | error | load-error.
+
+import { ModelError, loadModel } from "./seqexport.mjs";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const page = (window.seqexportPage = { model: null, lastRun: null, site: null });
+let site = null;
+let current = null; // {entry, model} of the selected model once loaded
+let loading = null; // the load in progress (a Promise)
+let running = null; // {stop: boolean} of the generation in progress
+
+function setState(state) {
+  document.body.dataset.state = state;
+  $("generate").disabled = !current?.model || state === "running" || state === "loading";
+  $("stop").disabled = state !== "running";
+}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = false;
+}
+
+function clearError() {
+  $("error").hidden = true;
+  $("error").textContent = "";
+}
+
+/** A message a person can act on: ours as they are, anything else named as unexpected. */
+function explain(e) {
+  if (e instanceof ModelError) return e.message;
+  return `Unexpected error: ${e?.message ?? e}`;
+}
+
+window.addEventListener("error", (e) => {
+  showError(`Unexpected error: ${e.message}`);
+  setState("error");
+});
+window.addEventListener("unhandledrejection", (e) => {
+  showError(explain(e.reason));
+  setState("error");
+});
+
+function backendLabel(model) {
+  if (model.backend === "wasm") return `WASM (${model.threads} thread${model.threads === 1 ? "" : "s"})`;
+  return "WebGPU";
+}
+
+async function selectModel(name) {
+  const entry = site.models.find((m) => m.name === name) ?? site.models[0];
+  $("model").value = entry.name;
+  current = null;
+  page.model = null;
+  clearError();
+  setState("loading");
+  $("status").className = "status";
+  $("status").textContent = `loading ${entry.name}…`;
+  $("examples").replaceChildren(...(entry.examples ?? []).map((text) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = text;
+    b.addEventListener("click", () => { $("prompt").value = text; });
+    return b;
+  }));
+  const limit = entry.max_new_tokens_limit;
+  $("max-new-tokens").value = Math.min(32, limit ?? 32);
+  if (limit) $("max-new-tokens").max = limit;
+  else $("max-new-tokens").removeAttribute("max");
+  const mine = (loading = loadModel(entry.path, {
+    backend: params.get("backend") ?? "auto",
+    name: entry.name,
+    promptFrame: entry.prompt_frame,
+    maxPromptTokens: entry.max_prompt_tokens,
+    maxNewTokensLimit: limit,
+  }));
+  try {
+    const model = await mine;
+    if (loading !== mine) return; // another model was chosen meanwhile
+    current = { entry, model };
+    page.model = model;
+    $("status").className = "status ready";
+    $("status").textContent = `${entry.name} ready · ${model.manifest.family} · ${backendLabel(model)}`;
+    if (model.fallback) showError(model.fallback);
+    setState("ready");
+  } catch (e) {
+    if (loading !== mine) return;
+    $("status").textContent = `${entry.name} did not load`;
+    showError(`The model ${entry.name} could not be loaded: ${explain(e)}`);
+    setState("load-error");
+  }
+}
+
+function readOptions() {
+  const number = (id, parse = Number) => {
+    const raw = $(id).value.trim();
+    const v = parse(raw);
+    if (raw === "" || !Number.isFinite(v)) throw new ModelError(`${$(id).parentElement.textContent.trim()}: "${raw}" is not a number`);
+    return v;
+  };
+  const options = { maxNewTokens: number("max-new-tokens"), doSample: $("decoding").value === "sample" };
+  if (options.doSample) {
+    options.temperature = number("temperature");
+    options.topK = number("top-k");
+    options.topP = number("top-p");
+    if ($("seed").value.trim() !== "") options.seed = number("seed");
+  }
+  if (!$("stop-at-eos").checked) options.eosId = -1; // an eos that never matches
+  return options;
+}
+
+// a plain task (MessageChannel): timers, input and painting get their turn (scheduler.yield()
+// would resume ahead of them; setTimeout(0) is clamped to 4 ms once nested)
+const channel = new MessageChannel();
+const waiting = [];
+channel.port1.onmessage = () => waiting.shift()();
+const nextTask = () => new Promise((resolve) => { waiting.push(resolve); channel.port2.postMessage(null); });
+
+async function generate() {
+  if (!current?.model) {
+    showError("No model is loaded: pick one that loads first.");
+    return;
+  }
+  clearError();
+  const { model } = current;
+  const text = $("prompt").value;
+  const run = { stop: false };
+  running = run;
+  const out = $("output");
+  out.textContent = "";
+  $("ids").textContent = "";
+  $("stats").textContent = "";
+  const record = { model: current.entry.name, prompt: text, tokens: [], text: "", ms: [], backend: model.backend };
+  page.lastRun = record;
+  setState("running");
+  try {
+    if (!text.trim()) throw new ModelError("The prompt is empty: type some text first.");
+    const options = readOptions();
+    const ids = model.encodePrompt(text);
+    const t0 = performance.now();
+    let last = t0, painted = t0;
+    for await (const t of model.generate(ids, options)) {
+      const now = performance.now();
+      record.ms.push(now - last); // this token's pick and the step before it (the prefill for the first)
+      record.tokens.push(t.token);
+      record.text += t.text;
+      out.textContent += t.text;
+      $("ids").textContent = record.tokens.join(" ");
+      showStats(record, now - t0, model);
+      if (now - painted > 16) { // let the page paint what came so far
+        await nextTask();
+        painted = performance.now();
+      }
+      if (run.stop) break;
+      last = performance.now();
+    }
+    record.text = model.tokenizer ? model.tokenizer.decode(record.tokens, { stopAtEos: false }) : record.text;
+    out.textContent = record.text;
+    record.done = true;
+    setState("done");
+  } catch (e) {
+    record.error = explain(e);
+    showError(record.error);
+    setState("error");
+  } finally {
+    running = null;
+  }
+}
+
+function showStats(record, elapsed, model) {
+  const n = record.tokens.length;
+  const ttft = record.ms[0];
+  const rest = record.ms.slice(1);
+  const perToken = rest.length ? rest.reduce((a, b) => a + b, 0) / rest.length : null;
+  const parts = [`${n} token${n === 1 ? "" : "s"}`,
+    perToken ? `${(1000 / perToken).toFixed(0)} tokens/s (${perToken.toFixed(2)} ms/token)` : null,
+    `first token ${ttft.toFixed(1)} ms`, `${(elapsed / 1000).toFixed(2)} s in all`, backendLabel(model)];
+  $("stats").textContent = parts.filter(Boolean).join(" · ");
+}
+
+async function main() {
+  if (location.protocol === "file:") {
+    showError("Open this page through a web server, e.g. `python -m http.server -d SITE`, then http://127.0.0.1:8000/ (browsers do not load modules from files).");
+    setState("load-error");
+    return;
+  }
+  $("backend").value = params.get("backend") ?? "auto";
+  $("backend").addEventListener("change", () => {
+    params.set("backend", $("backend").value);
+    location.search = params.toString(); // one onnxruntime-web build per page
+  });
+  try {
+    const response = await fetch("site.json");
+    if (!response.ok) throw new ModelError(`site.json: HTTP ${response.status}`);
+    site = page.site = await response.json();
+  } catch (e) {
+    showError(`This site has no readable site.json (${explain(e)}); build it with \`seqexport web DIR --out SITE\`.`);
+    setState("load-error");
+    return;
+  }
+  $("model").replaceChildren(...site.models.map((m) => new Option(`${m.name} (${m.family})`, m.name)));
+  $("model").addEventListener("change", () => {
+    params.set("model", $("model").value);
+    history.replaceState(null, "", `?${params}`);
+    selectModel($("model").value);
+  });
+  $("generate").addEventListener("click", generate);
+  $("stop").addEventListener("click", () => { if (running) running.stop = true; });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("generate").disabled) generate();
+  });
+  $("about").textContent = `onnxruntime-web ${site.onnxruntime_web} · built by seqexport ${site.seqexport} on ${site.built} · ` +
+    "every file comes from this site (no CDN)";
+  await selectModel(params.get("model") ?? site.models[0].name);
+}
+
+main();

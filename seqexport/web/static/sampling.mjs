@@ -1,0 +1,148 @@
+// Picking the next token from logits: greedy, or a seeded sample after temperature / top-k /
+// top-p, drawn exactly as seqexport's Python runtime draws it (numpy's default_rng: PCG64
+// seeded through SeedSequence, then Generator.choice over the probabilities). The same seed
+// gives the same tokens in the page as `seqexport generate --sample --seed S`.
+
+const MASK32 = 0xffffffffn;
+const MASK64 = (1n << 64n) - 1n;
+const MASK128 = (1n << 128n) - 1n;
+const PCG_MULT = 0x2360ed051fc65da44385df649fccf645n; // PCG_DEFAULT_MULTIPLIER_128
+
+// numpy.random.SeedSequence constants (bit_generator.pyx)
+const INIT_A = 0x43b0d7e5, MULT_A = 0x931e8875, INIT_B = 0x8b51f9dd, MULT_B = 0x58f38ded;
+const MIX_MULT_L = 0xca01f9dd, MIX_MULT_R = 0x4973f715, POOL_SIZE = 4;
+
+const mul32 = (a, b) => Math.imul(a, b) >>> 0;
+
+/** The 32-bit words of a non-negative integer seed, least significant first ([0] for 0). */
+function seedWords(seed) {
+  let v = BigInt(seed);
+  if (v < 0n) throw new RangeError(`seed must be >= 0, got ${seed}`);
+  const words = [];
+  do {
+    words.push(Number(v & MASK32));
+    v >>= 32n;
+  } while (v > 0n);
+  return words;
+}
+
+/** SeedSequence(seed).generate_state(4, uint64) as four BigInts. */
+export function seedState(seed) {
+  const entropy = seedWords(seed);
+  let hashConst = INIT_A;
+  const hashmix = (value) => {
+    value = (value ^ hashConst) >>> 0;
+    hashConst = mul32(hashConst, MULT_A);
+    value = mul32(value, hashConst);
+    return (value ^ (value >>> 16)) >>> 0;
+  };
+  const mix = (x, y) => {
+    const r = (mul32(MIX_MULT_L, x) - mul32(MIX_MULT_R, y)) >>> 0;
+    return (r ^ (r >>> 16)) >>> 0;
+  };
+  const pool = new Array(POOL_SIZE);
+  for (let i = 0; i < POOL_SIZE; i++) pool[i] = hashmix(i < entropy.length ? entropy[i] : 0);
+  for (let src = 0; src < POOL_SIZE; src++)
+    for (let dst = 0; dst < POOL_SIZE; dst++)
+      if (src !== dst) pool[dst] = mix(pool[dst], hashmix(pool[src]));
+  for (let src = POOL_SIZE; src < entropy.length; src++)
+    for (let dst = 0; dst < POOL_SIZE; dst++) pool[dst] = mix(pool[dst], hashmix(entropy[src]));
+  // generate_state: 8 uint32 words, read back as 4 little-endian uint64
+  let hashB = INIT_B;
+  const words = [];
+  for (let i = 0; i < 8; i++) {
+    let v = (pool[i % POOL_SIZE] ^ hashB) >>> 0;
+    hashB = mul32(hashB, MULT_B);
+    v = mul32(v, hashB);
+    words.push((v ^ (v >>> 16)) >>> 0);
+  }
+  const out = [];
+  for (let i = 0; i < 8; i += 2) out.push((BigInt(words[i + 1]) << 32n) | BigInt(words[i]));
+  return out;
+}
+
+/** numpy's PCG64 bit generator (XSL-RR 128/64), seeded as `np.random.default_rng(seed)`. */
+export class PCG64 {
+  constructor(seed) {
+    const [s0, s1, i0, i1] = seedState(seed);
+    const initState = (s0 << 64n) | s1;
+    const initSeq = (i0 << 64n) | i1;
+    this.inc = ((initSeq << 1n) | 1n) & MASK128;
+    this.state = 0n;
+    this._advance();
+    this.state = (this.state + initState) & MASK128;
+    this._advance();
+  }
+
+  _advance() {
+    this.state = (this.state * PCG_MULT + this.inc) & MASK128;
+  }
+
+  /** The next 64 random bits (BigInt). */
+  nextUint64() {
+    this._advance();
+    const s = this.state;
+    const x = ((s >> 64n) ^ s) & MASK64;
+    const rot = s >> 122n;
+    return ((x >> rot) | (x << ((64n - rot) & 63n))) & MASK64;
+  }
+
+  /** A double in [0, 1): `Generator.random()`. */
+  random() {
+    return Number(this.nextUint64() >> 11n) / 9007199254740992;
+  }
+}
+
+/** Index of the largest value (the first of equal ones, as numpy's argmax). */
+export function argmax(values) {
+  let best = 0;
+  for (let i = 1; i < values.length; i++) if (values[i] > values[best]) best = i;
+  return best;
+}
+
+/**
+ * The next token from one row of logits: argmax, or (doSample) a draw from `rng` after
+ * temperature, top-k (0: off) and top-p (1: off), in float64 as the Python runtime computes it.
+ */
+export function pickToken(logits, options, rng) {
+  if (!options.doSample) return argmax(logits);
+  const n = logits.length;
+  const z = new Float64Array(n);
+  for (let i = 0; i < n; i++) z[i] = logits[i] / options.temperature;
+  if (options.topK) {
+    const kth = Float64Array.from(z).sort()[n - Math.min(options.topK, n)];
+    for (let i = 0; i < n; i++) if (z[i] < kth) z[i] = -Infinity;
+  }
+  let max = -Infinity;
+  for (let i = 0; i < n; i++) if (z[i] > max) max = z[i];
+  const p = new Float64Array(n);
+  let sum = 0;
+  for (let i = 0; i < n; i++) sum += (p[i] = Math.exp(z[i] - max));
+  for (let i = 0; i < n; i++) p[i] /= sum;
+  if (options.topP < 1) {
+    // keep the most likely tokens while the probability before each is below top_p (the top
+    // one always); a stable sort by descending probability, as numpy's argsort(-p) orders ties
+    const order = Array.from(p.keys()).sort((a, b) => p[b] - p[a] || a - b);
+    let before = 0, kept = 0;
+    const keep = new Uint8Array(n);
+    for (const i of order) {
+      if (before < options.topP) keep[i] = 1;
+      before += p[i];
+    }
+    for (let i = 0; i < n; i++) kept += keep[i] ? p[i] : 0;
+    for (let i = 0; i < n; i++) p[i] = keep[i] ? p[i] / kept : 0;
+  }
+  // Generator.choice(n, p=p): cdf normalised by its last value, then searchsorted(u, 'right')
+  const cdf = new Float64Array(n);
+  let acc = 0;
+  for (let i = 0; i < n; i++) cdf[i] = acc += p[i];
+  const u = rng.random(); // [0, 1)
+  const last = cdf[n - 1];
+  let lo = 0, hi = n;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (cdf[mid] / last <= u) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}

@@ -1,0 +1,530 @@
+// seqexport's runtime contract in JavaScript: an exported folder (manifest.json, graphs,
+// weights, tokenizer) decoded in the browser with onnxruntime-web.
+//
+//   import { loadModel } from "./seqexport.mjs";
+//   const model = await loadModel("models/mamba-dates/");          // WASM, or WebGPU where the browser has it
+//   for await (const t of model.generate(model.encodePrompt("5 March 2021"), { maxNewTokens: 16 }))
+//     out.textContent += t.text;                                     // streamed, whole characters only
+//
+// Or step by step, the state as plain ort.Tensors named by the manifest:
+//   let { logits, state } = await model.start(promptIds);            // prefill (or encoder + start token)
+//   ({ logits, state } = await model.step(tokenId, state));          // one token, the state fed back
+//
+// Everything is read from the manifest's graph specs, never from the family's name: the graph
+// with state outputs but no state inputs runs once on the prompt (an encoder; its outputs are
+// `static` state), the graph whose tokens input has length 1 steps, a graph of any length
+// prefills; `feeds` name the outputs that replace a state input, `appends` those whose new
+// positions are written into a state buffer at `past_lengths` (an attention KV cache). Inputs
+// are filled by their role: tokens, mask, state, lengths, keep.
+
+import { PCG64, pickToken } from "./sampling.mjs";
+import { TextStream, encodePrompt, loadTokenizer } from "./tokenizers.mjs";
+
+const HERE = new URL(".", import.meta.url);
+const LOGITS = "logits"; // the output every family's decoding graphs share (seqexport.specs.LOGITS)
+const PAST_LEN = "past_len"; // the appended state's growing dim
+
+/** An error the user can act on (a bad prompt, a file the site lacks); the page shows its message. */
+export class ModelError extends Error {}
+
+// --- onnxruntime-web, from this site's own copy ------------------------------------------------
+
+const BUNDLES = { wasm: "ort.wasm.min.mjs", webgpu: "ort.webgpu.min.mjs" };
+const ortModules = {};
+
+async function importOrt(backend, ortUrl) {
+  if (!ortModules[backend]) {
+    ortModules[backend] = (async () => {
+      const url = new URL(BUNDLES[backend], ortUrl);
+      let ort;
+      try {
+        ort = await import(url.href);
+      } catch (e) {
+        throw new ModelError(`cannot load onnxruntime-web from ${url.pathname}: ${e.message}`);
+      }
+      ort.env.wasm.wasmPaths = ortUrl.href; // the .wasm next to the bundle: never a CDN
+      ort.env.logLevel = "error";
+      return ort;
+    })();
+  }
+  return ortModules[backend];
+}
+
+/** "webgpu" when the browser offers a WebGPU adapter, else "wasm". */
+export async function pickBackend(asked = "auto") {
+  if (asked === "wasm") return "wasm";
+  const gpu = globalThis.navigator?.gpu;
+  let adapter = null;
+  try {
+    adapter = gpu ? await gpu.requestAdapter() : null;
+  } catch {
+    adapter = null;
+  }
+  if (asked === "webgpu" && !adapter)
+    throw new ModelError("WebGPU was asked for, but this browser offers no WebGPU adapter; use the WASM backend");
+  return adapter ? "webgpu" : "wasm";
+}
+
+// --- fetching the export's files ---------------------------------------------------------------
+
+async function fetchFile(url, what) {
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (e) {
+    throw new ModelError(`cannot load ${what} ${url.pathname}: ${e.message}`);
+  }
+  if (!response.ok)
+    throw new ModelError(`cannot load ${what} ${url.pathname}: HTTP ${response.status} ${response.statusText}`.trim());
+  return response;
+}
+
+async function sha256Hex(bytes) {
+  const digest = await crypto.subtle.digest("SHA-256", bytes);
+  return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** A file of the export as bytes, checked against the manifest's size and sha256 (as read_manifest does). */
+async function fetchChecked(base, file, sha256, size, what, verify) {
+  const bytes = new Uint8Array(await (await fetchFile(new URL(file, base), what)).arrayBuffer());
+  if (size !== undefined && bytes.length !== size)
+    throw new ModelError(`${what} ${file}: ${bytes.length} bytes, the manifest says ${size} (truncated or replaced)`);
+  if (verify && sha256 && globalThis.crypto?.subtle) {
+    const digest = await sha256Hex(bytes);
+    if (digest !== sha256)
+      throw new ModelError(`${what} ${file}: sha256 ${digest.slice(0, 12)}…, the manifest says ${sha256.slice(0, 12)}… (file altered)`);
+  }
+  return bytes;
+}
+
+// --- tensors -----------------------------------------------------------------------------------
+
+const ARRAYS = { int64: BigInt64Array, float32: Float32Array, float16: Uint16Array };
+const product = (dims) => dims.reduce((a, b) => a * b, 1);
+
+function int64(ort, values, dims) {
+  return new ort.Tensor("int64", BigInt64Array.from(values, (v) => BigInt(v)), dims);
+}
+
+/** Raw elements of a tensor's data: float16 as its 16-bit patterns whatever array ORT chose. */
+function rawData(tensor) {
+  const d = tensor.data;
+  if (tensor.type === "float16" && !(d instanceof Uint16Array)) return new Uint16Array(d.buffer, d.byteOffset, d.length);
+  return d;
+}
+
+function halfToFloat(h) {
+  const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+  if (e === 0) return s * f * 2 ** -24;
+  if (e === 31) return f ? NaN : s * Infinity;
+  return s * (1 + f / 1024) * 2 ** (e - 15);
+}
+
+/** The last position's logits of a (1, t, vocab) output as a Float32Array. */
+function lastLogits(tensor) {
+  const v = tensor.dims[tensor.dims.length - 1];
+  const n = tensor.data.length;
+  if (tensor.type === "float32") return tensor.data.subarray(n - v, n);
+  const raw = rawData(tensor);
+  if (tensor.type === "float16") return Float32Array.from(raw.subarray(n - v, n), halfToFloat);
+  throw new ModelError(`logits of dtype ${tensor.type}: expected float32 or float16`);
+}
+
+// --- the graphs' roles, read from the manifest -------------------------------------------------
+
+/** Which graph begins, prefills and steps, from the specs alone. */
+export function graphRoles(manifest) {
+  const graphs = manifest.graphs;
+  const names = Object.keys(graphs);
+  const tokensOf = (g) => graphs[g].inputs.find((t) => t.role === "tokens");
+  const hasState = (g) => graphs[g].inputs.some((t) => t.role === "state");
+  const decoding = names.filter((g) => tokensOf(g) && graphs[g].outputs.some((t) => t.name === LOGITS) && hasState(g));
+  // run once on the prompt: state outputs fed to another graph, no state of its own (an encoder)
+  const begin = names.find((g) => !decoding.includes(g) && tokensOf(g) && (graphs[g].feeds ?? []).length) ?? null;
+  const length = (g) => tokensOf(g).dims[1];
+  const step = decoding.find((g) => length(g) === 1) ?? decoding.find((g) => typeof length(g) === "string");
+  const prefill = decoding.find((g) => typeof length(g) === "string") ??
+    decoding.find((g) => Number.isInteger(length(g)) && length(g) > 1) ?? step;
+  if (!step) throw new ModelError("manifest.json: no graph takes one token with state in and logits out; not a decodable export");
+  return { begin, prefill, step, fixedPrefill: Number.isInteger(length(prefill)) ? length(prefill) : null };
+}
+
+/** A sequence's state: ort.Tensors by input name, appended buffers, how many tokens it holds. */
+class SeqState {
+  constructor(tensors, buffers, length, pastLength, sourceMask) {
+    this.tensors = tensors; // state input name -> ort.Tensor (replaced and static state)
+    this.buffers = buffers; // state input name -> {data, dims, axis, writer} (appended state)
+    this.length = length; // tokens fed so far
+    this.pastLength = pastLength; // valid slots of the appended buffers
+    this.sourceMask = sourceMask; // the begin graph's mask, read by every decoding step
+  }
+
+  /** Free the GPU buffers of this state (WebGPU); a state must not be used after. */
+  dispose(keep = null) {
+    for (const [name, t] of Object.entries(this.tensors)) if (t.location === "gpu-buffer" && keep?.tensors[name] !== t) t.dispose();
+  }
+}
+
+// --- the model ---------------------------------------------------------------------------------
+
+export class Model {
+  constructor(init) {
+    Object.assign(this, init);
+    this.roles = graphRoles(this.manifest);
+    this.specs = this.manifest.graphs;
+    const appended = new Set();
+    for (const spec of Object.values(this.specs)) for (const [, inp] of spec.appends ?? []) appended.add(inp);
+    this.appended = appended;
+  }
+
+  get vocabSize() {
+    return this.specs[this.roles.step].inputs.find((t) => t.role === "tokens").vocab_size;
+  }
+
+  /** Text -> prompt ids, framed as the model was trained. */
+  encodePrompt(text) {
+    if (!this.tokenizer) throw new ModelError("this export has no tokenizer; give the prompt as token ids");
+    if (typeof text !== "string" || !text.trim()) throw new ModelError("The prompt is empty: type some text first.");
+    return encodePrompt(this.tokenizer, this.promptFrame, text, this.manifest.tokenizer);
+  }
+
+  _checkPrompt(ids, graph) {
+    if (!ids.length) throw new ModelError("The prompt is empty: type some text first.");
+    const vocab = this.specs[graph].inputs.find((t) => t.role === "tokens").vocab_size;
+    const bad = ids.find((i) => !Number.isInteger(i) || i < 0 || (vocab && i >= vocab));
+    if (bad !== undefined) throw new ModelError(`token id ${bad} is outside [0, ${vocab})`);
+    if (this.maxPromptTokens && ids.length > this.maxPromptTokens)
+      throw new ModelError(`The prompt is ${ids.length} tokens long; ${this.name} takes at most ${this.maxPromptTokens}. Shorten it.`);
+  }
+
+  _zeros(t, sizes) {
+    const dims = t.dims.map((d) => {
+      if (typeof d === "number") return d;
+      if (!(d in sizes)) throw new ModelError(`cannot size state input ${t.name}: its dim ${d} is unknown at the start`);
+      return sizes[d];
+    });
+    const Array_ = ARRAYS[t.dtype];
+    if (!Array_) throw new ModelError(`state input ${t.name} has dtype ${t.dtype}; this runtime reads ${Object.keys(ARRAYS)}`);
+    return { data: new Array_(product(dims)), dims };
+  }
+
+  /** A fresh state: zeros for every state input of the decoding graphs not given in `given`. */
+  _freshState(given, sizes, sourceMask) {
+    const tensors = { ...given };
+    const buffers = {};
+    const capacity = this._initialCapacity();
+    for (const g of new Set([this.roles.step, this.roles.prefill])) {
+      for (const t of this.specs[g].inputs) {
+        if (t.role !== "state" || t.name in tensors || t.name in buffers) continue;
+        if (this.appended.has(t.name)) {
+          const z = this._zeros(t, { ...sizes, [PAST_LEN]: capacity });
+          buffers[t.name] = { ...z, type: t.dtype, axis: t.dims.indexOf(PAST_LEN), writer: null };
+        } else {
+          const z = this._zeros(t, sizes);
+          tensors[t.name] = new this.ort.Tensor(t.dtype, z.data, z.dims);
+        }
+      }
+    }
+    const state = new SeqState(tensors, buffers, 0, 0, sourceMask);
+    for (const b of Object.values(buffers)) b.writer = state;
+    return state;
+  }
+
+  _initialCapacity() {
+    return this.maxNewTokensLimit ? Math.min(this.maxNewTokensLimit, 64) : 64;
+  }
+
+  /**
+   * Feed the prompt: returns the logits after it (Float32Array of the vocabulary) and the state.
+   * An encoder-decoder runs its encoder on the prompt, then its decoder on the start token.
+   */
+  async start(promptIds, { startId = null } = {}) {
+    promptIds = Array.from(promptIds, Number);
+    const { begin } = this.roles;
+    this._checkPrompt(promptIds, begin ?? this.roles.prefill);
+    if (begin) {
+      const spec = this.specs[begin];
+      const feeds = this._feeds(begin, promptIds, null);
+      let out;
+      try {
+        out = await this._session(begin).run(feeds);
+      } catch (e) {
+        throw new ModelError(`graph ${begin}: ONNX Runtime rejected the inputs: ${firstLine(e)}`);
+      }
+      const given = {};
+      for (const [o, inp] of spec.feeds) given[inp] = out[o];
+      const mask = feeds[spec.inputs.find((t) => t.role === "mask")?.name] ?? null;
+      const srcDim = spec.inputs.find((t) => t.role === "tokens").dims[1];
+      const state = this._freshState(given, { batch: 1, [srcDim]: promptIds.length }, mask);
+      const start = startId ?? this.tokenizer?.startId ?? 1;
+      return this._advance(this.roles.step, [start], state, true);
+    }
+    let state = this._freshState({}, { batch: 1 }, null);
+    const { prefill, step, fixedPrefill } = this.roles;
+    let result;
+    for (let pos = 0; pos < promptIds.length; ) {
+      const left = promptIds.length - pos;
+      const one = left === 1 || (fixedPrefill && left < fixedPrefill);
+      const n = one ? 1 : fixedPrefill ?? left;
+      const previous = state;
+      result = await this._advance(one ? step : prefill, promptIds.slice(pos, pos + n), state, true);
+      state = result.state;
+      if (previous !== state) previous.dispose(state);
+      pos += n;
+    }
+    return result;
+  }
+
+  /** One token in, the logits after it and the next state out; `state` stays usable (a branch). */
+  async step(token, state) {
+    if (!Number.isInteger(token) || token < 0 || token >= this.vocabSize)
+      throw new ModelError(`token id ${token} is outside [0, ${this.vocabSize})`);
+    if (this.maxNewTokensLimit && state.length + 1 > this.maxNewTokensLimit)
+      throw new ModelError(`the context of ${state.length + 1} tokens exceeds the model's ${this.maxNewTokensLimit} positions`);
+    return this._advance(this.roles.step, [token], state, true);
+  }
+
+  _session(graph) {
+    return this.sessions[graph];
+  }
+
+  /** The graph's inputs, each filled by its role. */
+  _feeds(graph, ids, state, keepLast = true) {
+    const ort = this.ort;
+    const spec = this.specs[graph];
+    const tokens = spec.inputs.find((t) => t.role === "tokens");
+    const feeds = {};
+    for (const t of spec.inputs) {
+      if (t.role === "tokens") feeds[t.name] = int64(ort, ids, [1, ids.length]);
+      else if (t.role === "mask") {
+        // a mask over the tokens fed now (its length dim is theirs), else the begin graph's
+        feeds[t.name] = t.dims[1] === tokens.dims[1] ? int64(ort, ids.map(() => 1), [1, ids.length]) : state?.sourceMask;
+        if (!feeds[t.name]) throw new ModelError(`graph ${graph}: mask input ${t.name} has no source to read`);
+      } else if (t.role === "state") {
+        const b = state.buffers[t.name];
+        feeds[t.name] = b ? new ort.Tensor(b.type, b.data, b.dims) : state.tensors[t.name];
+      } else if (t.role === "lengths") feeds[t.name] = int64(ort, [state.pastLength], [1]);
+      else if (t.role === "keep") feeds[t.name] = int64(ort, [keepLast ? 1 : 0], t.dims.map(() => 1));
+      else throw new ModelError(`graph ${graph}: input ${t.name} has role ${JSON.stringify(t.role)}, which this runtime cannot fill`);
+    }
+    return feeds;
+  }
+
+  /** Appended buffers this step may write into: the state's own when it is their newest state,
+   * else copies (stepping an older state again must not change its successors); grown when the
+   * new positions do not fit. */
+  _writable(state, t) {
+    const need = state.pastLength + t;
+    const buffers = {};
+    for (const [name, b] of Object.entries(state.buffers)) {
+      const capacity = b.dims[b.axis];
+      if (need <= capacity && b.writer === state) {
+        buffers[name] = b;
+        continue;
+      }
+      const grown = need > capacity ? Math.max(need, Math.min(2 * capacity, this.maxNewTokensLimit || Infinity)) : capacity;
+      buffers[name] = { ...resized(b, grown), writer: null };
+    }
+    return buffers;
+  }
+
+  async _advance(graph, ids, state, keepLast) {
+    const spec = this.specs[graph];
+    const buffers = this._writable(state, ids.length);
+    const current = new SeqState(state.tensors, buffers, state.length, state.pastLength, state.sourceMask);
+    let out;
+    const t0 = performance.now();
+    try {
+      out = await this._session(graph).run(this._feeds(graph, ids, current, keepLast));
+    } catch (e) {
+      throw new ModelError(`graph ${graph}: ONNX Runtime rejected the inputs: ${firstLine(e)}`);
+    }
+    const tensors = { ...state.tensors };
+    for (const [o, inp] of spec.feeds ?? []) tensors[inp] = out[o];
+    const next = new SeqState(tensors, buffers, state.length + ids.length, state.pastLength, state.sourceMask);
+    for (const [o, inp] of spec.appends ?? []) writeNew(buffers[inp], out[o], state.pastLength);
+    if ((spec.appends ?? []).length) next.pastLength = state.pastLength + ids.length;
+    for (const b of Object.values(buffers)) b.writer = next;
+    const logits = lastLogits(out[LOGITS]);
+    return { logits, state: next, ms: performance.now() - t0 };
+  }
+
+  /**
+   * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
+   * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
+   * doSample, temperature, topK, topP, seed, eosId, startId.
+   */
+  async *generate(promptIds, options = {}) {
+    const o = searchOptions(options, this.tokenizer);
+    if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
+      throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
+    const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
+    const stream = this.tokenizer ? new TextStream(this.tokenizer) : null;
+    let { logits, state, ms } = await this.start(promptIds, { startId: o.startId });
+    try {
+      for (let n = 0; n < o.maxNewTokens; n++) {
+        if (!logits.every(Number.isFinite))
+          throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
+        const token = pickToken(logits, o, rng);
+        if (token === o.eosId) return;
+        yield { token, text: stream ? stream.push(token) : `${token} `, ms, first: n === 0 };
+        if (n + 1 < o.maxNewTokens) {
+          const previous = state;
+          ({ logits, state, ms } = await this.step(token, state));
+          previous.dispose(state);
+        }
+      }
+    } finally {
+      state.dispose();
+    }
+  }
+
+  /** The tokens greedy (or seeded) generation gives, eos excluded: Python's `generate` for one prompt. */
+  async generateIds(promptIds, options = {}) {
+    const ids = [];
+    for await (const t of this.generate(promptIds, options)) ids.push(t.token);
+    return ids;
+  }
+
+  async release() {
+    for (const s of Object.values(this.sessions)) await s.release();
+  }
+}
+
+function resized(b, capacity) {
+  const dims = [...b.dims];
+  const old = dims[b.axis];
+  dims[b.axis] = capacity;
+  const data = new b.data.constructor(product(dims));
+  const outer = product(b.dims.slice(0, b.axis));
+  const inner = product(b.dims.slice(b.axis + 1));
+  const keep = Math.min(old, capacity) * inner;
+  for (let i = 0; i < outer; i++) data.set(b.data.subarray(i * old * inner, i * old * inner + keep), i * capacity * inner);
+  return { ...b, data, dims };
+}
+
+/** The new positions (…, t, …) of an appended output written into the buffer at `at` slots. */
+function writeNew(b, tensor, at) {
+  const src = rawData(tensor);
+  const t = tensor.dims[b.axis];
+  const capacity = b.dims[b.axis];
+  const outer = product(b.dims.slice(0, b.axis));
+  const inner = product(b.dims.slice(b.axis + 1));
+  for (let i = 0; i < outer; i++)
+    b.data.set(src.subarray(i * t * inner, (i + 1) * t * inner), (i * capacity + at) * inner);
+}
+
+const firstLine = (e) => String(e?.message ?? e).split("\n")[0];
+
+function randomSeed() {
+  const words = crypto.getRandomValues(new Uint32Array(2));
+  return words[0] * 2 ** 21 + (words[1] >>> 11); // < 2**53
+}
+
+/** Options checked as SearchOptions checks them; an error names the bad value. */
+export function searchOptions(options, tokenizer) {
+  const o = {
+    maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, seed: null,
+    eosId: tokenizer?.eosId ?? null, startId: null, ...options,
+  };
+  const integer = (name, least) => {
+    if (!Number.isInteger(o[name]) || o[name] < least) throw new ModelError(`${name} must be an integer >= ${least}, got ${o[name]}`);
+  };
+  integer("maxNewTokens", 1);
+  integer("topK", 0);
+  if (!(o.temperature > 0 && Number.isFinite(o.temperature))) throw new ModelError(`temperature must be > 0, got ${o.temperature}`);
+  if (!(o.topP > 0 && o.topP <= 1)) throw new ModelError(`top-p must be in (0, 1], got ${o.topP}`);
+  if (o.seed !== null) integer("seed", 0);
+  o.doSample = !!o.doSample;
+  return o;
+}
+
+/**
+ * Open an exported folder at `url`: its manifest, graphs (checked against their sha256),
+ * weights and tokenizer. Options: backend ("auto": WebGPU where the browser has it, else WASM;
+ * "wasm"; "webgpu"), ortUrl (the folder of onnxruntime-web's files, default ./ort/ beside this
+ * module), verify (sha256 of every file, default true), and what the site builder read from
+ * the Python runtime: name, promptFrame, maxPromptTokens, maxNewTokensLimit.
+ */
+export async function loadModel(url, options = {}) {
+  const base = new URL(url, globalThis.location?.href ?? HERE);
+  const manifestUrl = new URL("manifest.json", base);
+  let manifest;
+  try {
+    manifest = await (await fetchFile(manifestUrl, "the manifest")).json();
+  } catch (e) {
+    throw e instanceof ModelError ? e : new ModelError(`${manifestUrl.pathname} is not JSON: ${e.message}`);
+  }
+  if (manifest?.format !== "seqexport" || typeof manifest.graphs !== "object")
+    throw new ModelError(`${manifestUrl.pathname} is not a seqexport manifest`);
+  const roles = graphRoles(manifest);
+  const files = fileCache(base, manifest, options.verify ?? true);
+  const asked = options.backend ?? "auto";
+  const backend = await pickBackend(asked);
+  let sessions, ort, fallback = null;
+  try {
+    ({ sessions, ort } = await createSessions(backend, manifest, roles, files, options));
+  } catch (e) {
+    if (backend !== "webgpu" || asked !== "auto" || !(e instanceof SessionError)) throw e;
+    fallback = `WebGPU could not run this model (${e.message}); running on WASM`;
+    ({ sessions, ort } = await createSessions("wasm", manifest, roles, files, options));
+  }
+  const tokenizer = await loadTokenizer(
+    manifest.tokenizer,
+    async (file) => new TextDecoder().decode(await files.get(file, "the tokenizer", manifest.tokenizer)),
+    () => import(new URL(options.hfTokenizersUrl ?? "./vendor/tokenizers.min.mjs", HERE).href),
+  );
+  const ran = fallback ? "wasm" : backend;
+  return new Model({
+    name: options.name ?? manifest.family,
+    manifest, ort, sessions, tokenizer, backend: ran, fallback,
+    threads: ran === "wasm" ? (globalThis.crossOriginIsolated ? ort.env.wasm.numThreads : 1) : null,
+    // structural defaults (as the Python families frame prompts) when no site.json says more:
+    // an encoder's source ends with eos, a language model's prompt starts with bos
+    promptFrame: options.promptFrame ?? (roles.begin ? { bos: false, suffix: "", eos: true } : { bos: true, suffix: "", eos: false }),
+    maxPromptTokens: options.maxPromptTokens ?? null,
+    maxNewTokensLimit: options.maxNewTokensLimit ?? null,
+  });
+}
+
+class SessionError extends ModelError {}
+
+/** Each file of the export fetched once and checked against the manifest (graphs, weights, tokenizer). */
+function fileCache(base, manifest, verify) {
+  const pending = new Map();
+  return {
+    get(file, what, record = {}) {
+      if (!pending.has(file)) pending.set(file, fetchChecked(base, file, record.sha256, record.bytes, what, verify));
+      return pending.get(file);
+    },
+  };
+}
+
+async function createSessions(backend, manifest, roles, files, options) {
+  const ort = await importOrt(backend, new URL(options.ortUrl ?? "./ort/", HERE));
+  const weights = manifest.weights;
+  const used = [...new Set([roles.begin, roles.prefill, roles.step].filter(Boolean))];
+  const sessions = {};
+  const bytes = Object.fromEntries(used.map((name) => [name, files.get(manifest.graphs[name].file, `graph ${name}`, manifest.graphs[name])]));
+  for (const name of used) { // one at a time: the WebGPU EP creates one session at a time
+    const g = manifest.graphs[name];
+    const external = [];
+    if (g.data_file)
+      external.push({ path: g.data_file, data: await files.get(g.data_file, `graph ${name}'s data`, { sha256: g.data_sha256, bytes: g.data_bytes }) });
+    if (weights) external.push({ path: weights.file, data: await files.get(weights.file, "the weights", weights) });
+    const sessionOptions = { executionProviders: [backend], graphOptimizationLevel: "all", externalData: external, logSeverityLevel: 3 };
+    if (backend === "webgpu") {
+      // state stays on the device between steps: every replaced or static output (not the
+      // logits, not an appended cache's new positions, which are written into a host buffer)
+      const fed = Object.fromEntries((g.feeds ?? []).map(([o]) => [o, "gpu-buffer"]));
+      if (Object.keys(fed).length) sessionOptions.preferredOutputLocation = fed;
+    }
+    const graphBytes = await bytes[name];
+    try {
+      sessions[name] = await ort.InferenceSession.create(graphBytes, sessionOptions);
+    } catch (e) {
+      throw new SessionError(`graph ${name} (${g.file}): ONNX Runtime (${backend}) cannot load it: ${firstLine(e)}`);
+    }
+  }
+  return { sessions, ort };
+}

@@ -1,0 +1,264 @@
+// The tokenizers of exported models, as seqexport/runtime/tokenizer.py reads them from the
+// manifest's "tokenizer" record:
+//   "byte": UTF-8 bytes shifted past three special ids (the bundled models)
+//   "rwkv": the RWKV World tokenizer (greedy longest match over its vocabulary file)
+//   "hf":   a Hugging Face tokenizer.json, through @huggingface/tokenizers (tokenizers.js)
+// Every tokenizer has vocabSize, bosId, eosId, padId (null where none), startId, framesPrompts,
+// encode(text, {addBos, addEos}), decode(ids, {stopAtEos}); byte-level ones also tokenBytes(id).
+
+const utf8 = new TextEncoder();
+
+/** ids -> text the way Python's bytes.decode("utf-8", errors="replace") does. */
+function bytesToText(bytes) {
+  return new TextDecoder("utf-8").decode(bytes);
+}
+
+export class ByteTokenizer {
+  constructor(record = {}) {
+    this.padId = record.pad_id ?? 0;
+    this.bosId = record.bos_id ?? 1;
+    this.eosId = record.eos_id ?? 2;
+    this.offset = record.offset ?? 3;
+    this.vocabSize = this.offset + 256;
+    if (record.vocab_size !== undefined && record.vocab_size !== this.vocabSize)
+      throw new Error(`tokenizer vocab_size ${record.vocab_size} does not match offset ${this.offset} + 256`);
+    this.framesPrompts = true;
+    this.startId = this.bosId;
+  }
+
+  encode(text, { addBos = false, addEos = false } = {}) {
+    const ids = Array.from(utf8.encode(text), (b) => b + this.offset);
+    if (addBos) ids.unshift(this.bosId);
+    if (addEos) ids.push(this.eosId);
+    return ids;
+  }
+
+  /** The bytes a token stands for (none for pad, bos, eos). */
+  tokenBytes(id) {
+    return id >= this.offset && id < this.vocabSize ? Uint8Array.of(id - this.offset) : new Uint8Array(0);
+  }
+
+  decode(ids, { stopAtEos = true } = {}) {
+    const out = [];
+    for (const id of ids) {
+      if (id === this.eosId && stopAtEos) break;
+      if (id >= this.offset && id < this.vocabSize) out.push(id - this.offset);
+    }
+    return bytesToText(Uint8Array.from(out));
+  }
+}
+
+// --- RWKV World ------------------------------------------------------------------------------
+
+const SIMPLE_ESCAPES = { n: 10, r: 13, t: 9, "\\": 92, "'": 39, '"': 34, a: 7, b: 8, f: 12, v: 11 };
+
+/**
+ * A Python str or bytes literal as written by repr() ('…', "…", b'…', b"…") -> its UTF-8 bytes.
+ * The vocabulary file is data, never code: only literals are read.
+ */
+export function pythonLiteralBytes(literal) {
+  const isBytes = literal[0] === "b";
+  const body = literal.slice(isBytes ? 2 : 1, -1);
+  const quote = literal[isBytes ? 1 : 0];
+  if ((quote !== "'" && quote !== '"') || literal[literal.length - 1] !== quote)
+    throw new Error(`not a Python string literal: ${literal}`);
+  const units = []; // bytes (bytes literal) or code points (str literal)
+  for (let i = 0; i < body.length; ) {
+    const c = body[i];
+    if (c !== "\\") {
+      const cp = body.codePointAt(i);
+      units.push(cp);
+      i += cp > 0xffff ? 2 : 1;
+      continue;
+    }
+    const e = body[i + 1];
+    if (e in SIMPLE_ESCAPES) {
+      units.push(SIMPLE_ESCAPES[e]);
+      i += 2;
+    } else if (e === "x" || (!isBytes && (e === "u" || e === "U"))) {
+      const n = { x: 2, u: 4, U: 8 }[e];
+      const hex = body.slice(i + 2, i + 2 + n);
+      if (!/^[0-9a-fA-F]+$/.test(hex) || hex.length !== n) throw new Error(`bad escape in ${literal}`);
+      units.push(parseInt(hex, 16));
+      i += 2 + n;
+    } else if (e >= "0" && e <= "7") {
+      const oct = /^[0-7]{1,3}/.exec(body.slice(i + 1))[0];
+      units.push(parseInt(oct, 8));
+      i += 1 + oct.length;
+    } else {
+      units.push(92); // an unknown escape stays as written
+      i += 1;
+    }
+  }
+  if (isBytes) return Uint8Array.from(units);
+  return utf8.encode(String.fromCodePoint(...units));
+}
+
+/** `<id> <literal> <byte length>` lines -> Map id -> bytes; an Error naming a bad line. */
+export function readRwkvVocab(text) {
+  const tokens = new Map();
+  const lines = text.split("\n");
+  for (let n = 0; n < lines.length; n++) {
+    const line = lines[n];
+    if (!line) continue;
+    const first = line.indexOf(" ");
+    const last = line.lastIndexOf(" ");
+    let bytes;
+    try {
+      bytes = pythonLiteralBytes(line.slice(first + 1, last));
+    } catch (e) {
+      throw new Error(`RWKV vocabulary line ${n + 1}: ${e.message}`);
+    }
+    if (first < 0 || last <= first || bytes.length !== Number(line.slice(last + 1)))
+      throw new Error(`RWKV vocabulary line ${n + 1}: not '<id> <literal> <length>'`);
+    tokens.set(Number(line.slice(0, first)), bytes);
+  }
+  return tokens;
+}
+
+const latin1 = (bytes) => {
+  let s = "";
+  for (let i = 0; i < bytes.length; i += 4096) s += String.fromCharCode(...bytes.subarray(i, i + 4096));
+  return s;
+};
+
+export class RwkvWorldTokenizer {
+  constructor(vocabText, record = {}) {
+    this.vocabSize = record.vocab_size ?? 65536;
+    this.eosId = record.eos_id === undefined ? 0 : record.eos_id;
+    this.bosId = null;
+    this.padId = null;
+    this.startId = null;
+    this.framesPrompts = false;
+    this.idToBytes = readRwkvVocab(vocabText);
+    this.bytesToId = new Map();
+    const lengths = new Map(); // first byte -> lengths of the tokens starting with it, longest first
+    for (const [id, bytes] of this.idToBytes) {
+      this.bytesToId.set(latin1(bytes), id);
+      if (!lengths.has(bytes[0])) lengths.set(bytes[0], new Set());
+      lengths.get(bytes[0]).add(bytes.length);
+    }
+    this.lengths = new Map([...lengths].map(([b, s]) => [b, [...s].sort((x, y) => y - x)]));
+  }
+
+  encode(text, { addEos = false } = {}) {
+    const src = latin1(utf8.encode(text));
+    const ids = [];
+    for (let i = 0; i < src.length; ) {
+      for (const n of this.lengths.get(src.charCodeAt(i))) {
+        const id = this.bytesToId.get(src.slice(i, i + n));
+        if (id !== undefined) {
+          ids.push(id);
+          i += n;
+          break;
+        }
+      }
+    }
+    if (addEos && this.eosId !== null) ids.push(this.eosId);
+    return ids;
+  }
+
+  tokenBytes(id) {
+    return id === this.eosId ? new Uint8Array(0) : this.idToBytes.get(id) ?? new Uint8Array(0);
+  }
+
+  decode(ids, { stopAtEos = true } = {}) {
+    const parts = [];
+    for (const id of ids) {
+      if (id === this.eosId) {
+        if (stopAtEos) break;
+        continue;
+      }
+      parts.push(this.tokenBytes(id));
+    }
+    const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) out.set(p, (at += p.length) - p.length);
+    return bytesToText(out);
+  }
+}
+
+// --- Hugging Face tokenizer.json -------------------------------------------------------------
+
+export class HFTokenizer {
+  /** `Tokenizer`: the class of @huggingface/tokenizers; `json`: the parsed tokenizer.json. */
+  constructor(Tokenizer, json, record = {}) {
+    // clean_up_tokenization_spaces off: decode as the `tokenizers` library does (the Python
+    // runtime's), not as transformers' wrapper does
+    this.tok = new Tokenizer(json, { clean_up_tokenization_spaces: false });
+    this.vocabSize = record.vocab_size ?? this.tok.get_vocab(true).size;
+    this.bosId = record.bos_id ?? null;
+    this.eosId = record.eos_id ?? null;
+    this.padId = record.pad_id ?? null;
+    this.startId = record.decoder_start_id ?? this.bosId;
+    this.framesPrompts = false;
+  }
+
+  encode(text, { addBos = false, addEos = false } = {}) {
+    const ids = [...this.tok.encode(text).ids];
+    if (addBos && this.bosId !== null) ids.unshift(this.bosId);
+    if (addEos && this.eosId !== null) ids.push(this.eosId);
+    return ids;
+  }
+
+  decode(ids, { stopAtEos = true } = {}) {
+    ids = [...ids];
+    if (stopAtEos && this.eosId !== null && ids.includes(this.eosId)) ids = ids.slice(0, ids.indexOf(this.eosId));
+    return this.tok.decode(ids, { skip_special_tokens: true });
+  }
+}
+
+/**
+ * The tokenizer a manifest's record describes (null for none). `readFile(name)` returns a
+ * Promise of the file's text (the export's tokenizer file); `hfModule()` a Promise of the
+ * @huggingface/tokenizers module (imported only for an "hf" record).
+ */
+export async function loadTokenizer(record, readFile, hfModule) {
+  if (!record) return null;
+  if (record.type === "byte") return new ByteTokenizer(record);
+  if (record.type === "rwkv") return new RwkvWorldTokenizer(await readFile(record.file), record);
+  if (record.type === "hf") {
+    const { Tokenizer } = await hfModule();
+    return new HFTokenizer(Tokenizer, JSON.parse(await readFile(record.file)), record);
+  }
+  throw new Error(`unknown tokenizer type ${JSON.stringify(record.type)}; expected byte, rwkv or hf`);
+}
+
+/**
+ * Text -> prompt ids as the model was trained (seqexport.runtime.tokenizer.encode_prompt): a
+ * byte tokenizer frames the text by the record's "prompt" ({bos, suffix, eos}) over the
+ * family's default frame; a Hugging Face or RWKV tokenizer takes the text as it is.
+ */
+export function encodePrompt(tok, defaultFrame, text, record) {
+  if (typeof text !== "string" || !text) throw new Error("the prompt is empty");
+  if (!tok.framesPrompts) return tok.encode(text);
+  const frame = { ...defaultFrame, ...(record?.prompt ?? {}) };
+  return tok.encode(text + (frame.suffix ?? ""), { addBos: !!frame.bos, addEos: !!frame.eos });
+}
+
+/**
+ * Text of a growing token sequence, piece by piece, never splitting a character: push(id)
+ * returns what that token completes ("" while a multi-byte character is still incomplete).
+ */
+export class TextStream {
+  constructor(tok) {
+    this.tok = tok;
+    this.ids = [];
+    this.printed = "";
+    this.decoder = tok.tokenBytes ? new TextDecoder("utf-8") : null; // byte-level: stream the bytes
+  }
+
+  push(id) {
+    if (this.decoder) {
+      const text = this.decoder.decode(this.tok.tokenBytes(id), { stream: true });
+      this.printed += text;
+      return text;
+    }
+    this.ids.push(id);
+    const text = this.tok.decode(this.ids, { stopAtEos: false });
+    if (text.endsWith("\ufffd") || !text.startsWith(this.printed)) return "";
+    const added = text.slice(this.printed.length);
+    this.printed = text;
+    return added;
+  }
+}
