@@ -211,3 +211,13 @@ def test_an_unsupported_or_incomplete_layout_is_one_line_exit_2(tmp_path, config
     result = CliRunner().invoke(cli, ["export", "mamba2", "--checkpoint", str(folder), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_bench_times_the_step_and_the_prefill_against_eager(exported):
+    from seqexport.bench.run import run_bench
+
+    _, _, out = exported
+    result = run_bench(out, provider="cpu", fast=True, contexts=(3, 17))
+    assert result["family"] == "mamba2" and [p["length"] for p in result["prefills"]] == [3, 17]
+    assert all(row["ort_ms"] > 0 and row["eager_ms"] > 0 for row in result["steps"])
+    assert len(set(result["state_bytes"].values())) == 1  # one size whatever the context

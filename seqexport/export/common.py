@@ -71,10 +71,14 @@ def traced_inputs(spec: GraphSpec) -> list:
 def keep_last_positions(model: onnx.ModelProto, keep, logits: str) -> None:
     """Give `logits` only the last `keep` positions (axis 1; 0: all): a Slice on the input of the
     head MatMul that makes them, so the head multiplies only the rows asked for. Generation asks
-    for 1; validate for all. Between that MatMul and the output only Slice/Cast may stand."""
+    for 1; validate for all. Between that MatMul and the output only Slice/Cast may stand, and a
+    Mul or Div by one constant (a logits scale, e.g. Granite's logits_scaling): each is the same
+    on every position."""
     producers = {o: n for n in model.graph.node for o in n.output}
+    scalars = {t.name for t in model.graph.initializer if int(np.prod(t.dims)) == 1}
     node, chain = producers.get(logits), set()
-    while node is not None and node.op_type in ("Slice", "Cast", "Identity"):
+    while node is not None and (node.op_type in ("Slice", "Cast", "Identity")
+                                or (node.op_type in ("Mul", "Div") and node.input[1] in scalars)):
         chain.add(node.input[0])
         node = producers.get(node.input[0])
     if node is None or node.op_type != "MatMul":

@@ -4,12 +4,13 @@ comparing family names. See docs/adding-a-family.md."""
 
 from seqexport.errors import SeqexportError
 from seqexport.families.base import Family
+from seqexport.families.hybrid import FAMILY as HYBRID
 from seqexport.families.mamba import FAMILY as MAMBA
 from seqexport.families.mamba2 import FAMILY as MAMBA2
 from seqexport.families.rwkv import FAMILY as RWKV
 from seqexport.families.transformer import FAMILY as TRANSFORMER
 
-REGISTRY: dict[str, Family] = {f.name: f for f in (TRANSFORMER, MAMBA, RWKV, MAMBA2)}
+REGISTRY: dict[str, Family] = {f.name: f for f in (TRANSFORMER, MAMBA, RWKV, MAMBA2, HYBRID)}
 
 __all__ = ["REGISTRY", "Family", "detect", "eager_model", "get", "names"]
 

@@ -70,8 +70,9 @@ def prefill_cases(rt, model, batches, lengths, rng: np.random.Generator, *, scan
     for batch in batches:
         for length in lengths:
             # every row its whole length (an attention mask of ones), as generation prefills
-            feeds = random_inputs(rt.specs["prefill"], dict(batch=batch, seq_len=length), rng, pad_rows=False,
-                                  zero_state=True)
+            # a fresh state: an appended cache (a hybrid's attention layers) holds no slot yet
+            feeds = random_inputs(rt.specs["prefill"], dict(batch=batch, seq_len=length, past_len=0), rng,
+                                  pad_rows=False, zero_state=True)
             feeds |= {name: np.array([1], np.int64) for name in keep}
             ids, fresh = feeds[INPUT_IDS], rt.start(batch)
             tids = torch.from_numpy(ids)  # (b, length)

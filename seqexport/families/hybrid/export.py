@@ -1,0 +1,135 @@
+"""Hybrid attention + Mamba-2 -> prefill.onnx (the Mamba-2 layers' chunked SSD, no per-token
+loop) + step.onnx, over one state of two kinds.
+
+Both graphs take `past_lengths` (each row's valid attention cache slots) and every layer's state
+in layer order; they return the attention layers' new K/V only (the runtime appends them in
+place) and the Mamba-2 layers' conv/SSM state whole. The prefill takes right-padded rows: a
+Mamba-2 layer gets Δ = 0 past a row's end (its state passes unchanged) and its conv state is
+read at the row's own end; an attention layer's padded positions come after every real token
+of the row, so no real token attends to them, and the runtime advances each row's length by its
+own tokens (the padded positions' K/V land in slots that stay invalid).
+"""
+
+from functools import partial
+
+import numpy as np
+import torch
+from torch import nn
+
+from seqexport.export import DEFAULT_OPSET, ragged
+from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
+from seqexport.export.parallel import GraphJob, export_graphs
+from seqexport.families.hybrid.specs import graph_specs, layer_inputs
+from seqexport.families.mamba2.export import _conv_state_at_ends
+from seqexport.models.hybrid import HybridLM
+from seqexport.models.mamba2 import ssd_chunked, ssd_sequential
+from seqexport.parity.inputs import random_inputs
+from seqexport.specs import GraphSpec
+
+
+def specs_for(config, dtype: str = "float32") -> dict[str, GraphSpec]:
+    return graph_specs(config.to_dict(), dtype)
+
+
+def chunk_of(config, manifest: dict | None = None) -> int:
+    """The SSD chunk length of an export: its `--chunk-size`, else the config's."""
+    chosen = ((manifest or {}).get("export_options") or {}).get("chunk_size")
+    return int(chosen or config.chunk_size)
+
+
+def layers_of(model: HybridLM, flat) -> list[tuple]:
+    """The graph's flat state inputs, in layer order -> one tuple per layer (() for an MLP)."""
+    out, at = [], 0
+    for i, kind in enumerate(model.config.layer_types):
+        n = len(layer_inputs(kind, i))
+        out.append(tuple(flat[at: at + n]))
+        at += n
+    return out
+
+
+def _flat(state) -> tuple:
+    return tuple(t for layer in state for t in layer)
+
+
+class PrefillGraph(nn.Module):
+    """(input_ids (b, l), attention_mask (b, l), past_lengths (b,), *state[, logits_to_keep (1,)])
+    -> logits (b, l or the last kept, v), *new state (attention: the l new positions)."""
+
+    def __init__(self, model: HybridLM, scan=ssd_sequential):
+        super().__init__()
+        self.model, self.scan = model, scan
+
+    def forward(self, input_ids, attention_mask, past_lengths, *state):
+        keep = None
+        n_state = sum(len(layer_inputs(k, i)) for i, k in enumerate(self.model.config.layer_types))
+        if len(state) > n_state:  # the state, then logits_to_keep
+            *state, keep = state
+        lengths = ragged.row_lengths(attention_mask)  # (b,)
+
+        def scan(x, dt, A, B, C, D, h0):  # dt (b, l, h): 0 past a row's end keeps h
+            return self.scan(x, dt * ragged.valid(attention_mask, dt), A, B, C, D, h0)
+
+        layers = layers_of(self.model, state)
+        mambas = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.kind == "mamba2"]
+        with ragged.outputs_of([layer.mixer.in_proj for _, layer in mambas]) as seen, \
+                ragged.rotated_output(self.model.norm_f, lengths):
+            logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan)
+        for (i, layer), projected in zip(mambas, seen, strict=True):
+            conv = _conv_state_at_ends(layer.mixer, projected, layers[i][0], lengths)  # (b, c, k)
+            new_state[i] = (conv, new_state[i][1])
+        if keep is not None and int(keep[0]) > 0:
+            logits = logits[:, -int(keep[0]):]  # (b, kept, v)
+        return (logits, *_flat(new_state))
+
+
+class StepGraph(nn.Module):
+    """(input_ids (b, 1), past_lengths (b,), *state) -> logits (b, 1, v), *new state."""
+
+    def __init__(self, model: HybridLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, past_lengths, *state):
+        logits, new_state = self.model.step(input_ids, layers_of(self.model, state), past_lengths)
+        return (logits[:, None], *_flat(new_state))
+
+
+def wrapper(model: HybridLM, graph: str, scan=ssd_sequential) -> nn.Module:
+    """The module each graph is traced from (validate compares with it, with the reference)."""
+    return PrefillGraph(model, scan) if graph == "prefill" else StepGraph(model)
+
+
+def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
+    """Inputs for tracing; sizes >= 2 and different from each other so no dim is specialised."""
+    arrays = random_inputs(spec, dict(batch=2, seq_len=length, past_len=length + 4), np.random.default_rng(0),
+                           state_scale=0.1)
+    # the SSM state stays float32 whatever the model dtype (DESIGN §4)
+    return tuple(torch.from_numpy(arrays[t.name]).to(dtype) if t.role == "state" and t.dtype != "float32"
+                 else torch.from_numpy(arrays[t.name]) for t in spec.inputs)
+
+
+def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dtype: str = "float32",
+                  overwrite: bool = False, tokenizer: dict | None = None):
+    """Write prefill.onnx, step.onnx and manifest.json for a loaded hybrid checkpoint."""
+    specs = specs_for(ckpt.config, dtype)
+    model = model_in_dtype(ckpt.model, dtype)
+    tdtype = next(model.parameters()).dtype
+    chunk = ckpt.config.chunk_size
+    prefill_args = example_inputs(specs["prefill"], tdtype, chunk + 3)
+    step_args = example_inputs(specs["step"], tdtype, 1)
+
+    def build(tmp):
+        with torch.no_grad():
+            export_graphs([
+                GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_chunked, chunk=chunk)),
+                         prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
+                         dynamic_shapes_for(specs["prefill"], varargs_from=3)),
+                GraphJob("step", StepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
+                         dynamic_shapes_for(specs["step"], varargs_from=2)),
+            ])
+
+    return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype, options={},
+                          tokenizer=tokenizer)
+
+
+export = export_hybrid

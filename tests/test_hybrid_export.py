@@ -1,0 +1,185 @@
+"""Hybrid attention + Mamba-2 export end to end, from checkpoints in transformers' layouts
+(`BambaForCausalLM`, `GraniteMoeHybridForCausalLM` dense with RoPE and with NoPE,
+`NemotronHForCausalLM`; attention at the first, a middle and the last layer; GQA 4:2): the
+exported graphs through the torch-free runtime against transformers' own models, prompts of 1,
+17 and 300 tokens then 20 single steps, every layer's state of both kinds; rows at different
+positions in one call; validate and its layer localisation through both layer kinds; the
+serving engine's continuous batching."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+import seqexport.runtime as rt
+from seqexport.cli import cli
+from seqexport.manifest import sha256_file
+from seqexport.parity.validate import validate
+from seqexport.runtime.engine import Engine
+from tests.test_hybrid_model import HF_MODELS, VOCAB, _hf, _hf_decode
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (transformers' model, runtime model, export folder), exported on first use."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            tmp = tmp_path_factory.mktemp(name)
+            hf = _hf(name, seed=len(name))
+            hf.save_pretrained(tmp / "hf")
+            result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp / "hf"),
+                                              "--out", str(tmp / "export")])
+            assert result.exit_code == 0, result.output
+            made[name] = hf, rt.load(tmp / "export", provider="cpu", threads=1), tmp / "export"
+        return made[name]
+
+    return get
+
+
+def kinds_of(hf) -> list[str]:
+    return list(hf.config.layers_block_type)
+
+
+def assert_states_equal(state, want, kinds, rows=slice(None)):
+    """Every layer's state against transformers' cache: the Mamba-2 conv/SSM tensors whole, the
+    attention K/V on each row's valid slots."""
+    lengths = state.arrays["past_lengths"][rows]
+    for i, (kind, layer) in enumerate(zip(kinds, want, strict=True)):
+        if kind == "linear_attention":
+            np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"][rows], layer[0], atol=TOL, rtol=0)
+            np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"][rows], layer[1], atol=TOL, rtol=0)
+        elif kind == "full_attention":
+            for kv, theirs in zip(("key", "value"), layer, strict=True):
+                ours = state.arrays[f"past_key_values.{i}.{kv}"][rows]
+                assert (lengths == theirs.shape[2]).all()
+                np.testing.assert_allclose(ours[:, :, : theirs.shape[2]], theirs, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+@pytest.mark.parametrize("length", [1, 17, 300])
+def test_prefill_then_20_steps_equal_transformers(exported, name, length):
+    hf, m, _ = exported(name)
+    g = torch.Generator().manual_seed(length)
+    prompt, steps = torch.randint(0, VOCAB, (2, length), generator=g), torch.randint(0, VOCAB, (2, 20), generator=g)
+    want, _, want_state = _hf_decode(hf, prompt, steps)
+    logits, state = m.step(prompt.numpy(), m.start(2))  # (2, length, v): every position
+    got = [logits]
+    for token in steps.T:
+        logits, state = m.step(token.numpy(), state)
+        got.append(logits[:, None])
+    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), atol=TOL, rtol=0)
+    assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
+
+
+def test_rows_at_different_positions_share_each_call(exported):
+    """Right-padded prompts of unequal length in one prefill, then every row stepped together
+    (each at its own position): each row's logits and state equal transformers' for it alone."""
+    hf, m, _ = exported("bamba")
+    g = np.random.default_rng(3)
+    rows = [list(map(int, g.integers(0, VOCAB, n))) for n in (17, 3, 40, 1, 25)]
+    logits, state = m.begin(rows)
+    assert m.ragged_prefill and list(state.arrays["past_lengths"]) == [17, 3, 40, 1, 25]
+    steps = g.integers(0, VOCAB, (len(rows), 6))
+    got = [logits]
+    for token in steps.T:
+        logits, state = m.step(token, state)
+        got.append(logits)
+    got = np.stack(got, 1)  # (rows, 7, v)
+    for r, row in enumerate(rows):
+        want, _, want_state = _hf_decode(hf, torch.tensor([row]), torch.from_numpy(steps[r:r + 1]))
+        np.testing.assert_allclose(got[r], want[0, len(row) - 1:].numpy(), atol=TOL, rtol=0)
+        assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf),
+                            rows=slice(r, r + 1))
+
+
+def test_a_branch_copies_the_cache_once_and_leaves_the_earlier_state_as_it_was(exported):
+    _, m, _ = exported("nemotron_h")
+    prompt = np.arange(3, 23)[None]
+    _, state = m.step(prompt, m.start(1))
+    before = {k: np.array(v) for k, v in state.arrays.items()}
+    a, after_a = m.step(np.array([5]), state)
+    b, _ = m.step(np.array([5]), state)  # the same state stepped again: a branch
+    np.testing.assert_array_equal(a, b)
+    for k, v in before.items():  # its valid slots (the newest state writes past them in place)
+        valid = (slice(None), slice(None), slice(0, 20)) if k.startswith("past_key_values.") else ()
+        np.testing.assert_array_equal(state.arrays[k][valid], v[valid])
+    assert after_a.arrays["past_lengths"][0] == 21
+
+
+def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported):
+    _, m, out = exported("granite-rope")
+    result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])
+    assert result.exit_code == 0, result.output
+    assert "result: PASS" in result.output
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, VOCAB, int(rng.integers(1, 30))).tolist() for _ in range(12)]
+    options = [rt.SearchOptions(max_new_tokens=1 + (5 * i) % 11, eos_id=-1) for i in range(12)]
+    engine = Engine(m, max_rows=4)
+    reqs = [engine.submit(p, o) for p, o in zip(prompts, options)]
+    while engine.has_work():
+        engine.step()
+    assert [r.tokens for r in reqs] == [rt.generate(m, [p], o)[0] for p, o in zip(prompts, options)]
+
+
+def damaged_copy(folder, tmp_path, graph, initializer, delta=0.5):
+    """An export with one initializer of one graph shifted, re-hashed (as an exporter bug would)."""
+    out = tmp_path / f"damaged-{graph}-{initializer}"
+    shutil.copytree(folder, out)
+    model = onnx.load(str(out / f"{graph}.onnx"))
+    init = next(i for i in model.graph.initializer if i.name == initializer)
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(delta), init.name))
+    onnx.save(model, str(out / f"{graph}.onnx"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["graphs"][graph] |= {"sha256": sha256_file(out / f"{graph}.onnx"),
+                                  "bytes": (out / f"{graph}.onnx").stat().st_size}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.mark.parametrize("graph", ["prefill", "step"])
+@pytest.mark.parametrize("layer, weight", [(2, "mixer.q_proj.weight.T"), (3, "mixer.out_proj.weight.T")],
+                         ids=["attention", "mamba2"])
+def test_a_damaged_weight_fails_naming_its_layer(exported, tmp_path, graph, layer, weight):
+    hf, _, out = exported("bamba")
+    assert kinds_of(hf)[layer] == ("full_attention" if "q_proj" in weight else "linear_attention")
+    bad = damaged_copy(out, tmp_path, graph, f"model.layers.{layer}.{weight}")
+    report = validate(bad, steps=4, write_summary=False)
+    assert not report.passed
+    failing = [c for c in report.cases if c.check == "graphs" and not c.passed]
+    assert failing and all(c.label.startswith(graph) for c in failing)
+    assert failing[0].divergence.layer == f"layers.{layer}"
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"model_type": "granitemoehybrid", "hidden_size": 64, "num_local_experts": 4}, "num_local_experts"),
+    ({"model_type": "nemotron_h", "hidden_size": 64, "layers_block_type": ["mamba", "moe"]}, "moe"),
+])
+def test_moe_variants_are_refused_naming_the_key(tmp_path, config, message):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"x": torch.zeros(1)}, folder / "model.safetensors")
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_bench_times_steps_whose_cache_grows_with_the_context(exported):
+    from seqexport.bench.run import run_bench
+
+    _, _, out = exported("nemotron_h")
+    result = run_bench(out, provider="cpu", fast=True, contexts=(3, 40))
+    assert result["family"] == "hybrid" and [p["length"] for p in result["prefills"]] == [3, 40]
+    assert all(row["ort_ms"] > 0 and row["eager_ms"] > 0 for row in result["steps"])
+    assert result["state_bytes"]["40"] > result["state_bytes"]["3"]  # the attention layers' K/V
