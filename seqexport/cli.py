@@ -105,7 +105,7 @@ def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, repor
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Sampling: nucleus probability [1.0].")
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Beam search width (transformer).")
+              help="Beam search width (every family; 1: greedy).")
 @click.option("--eos-id", type=click.IntRange(min=0), help="Stop a row at this token [the tokenizer's eos].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
