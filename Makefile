@@ -7,7 +7,12 @@ BIN := $(VENV)/bin
 ORT_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(ORT_EXTRA)
 
-.PHONY: setup demo test lint clean
+WEB := seqexport/web
+WEB_DEPS := $(WEB)/node_modules/.package-lock.json
+SITE ?= site
+BUNDLED := $(notdir $(patsubst %/config.json,%,$(wildcard models/pretrained/*/config.json)))
+
+.PHONY: setup demo test lint clean web-deps
 
 setup: $(STAMP)
 
@@ -18,10 +23,22 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/seqexport demo
+# onnxruntime-web and @huggingface/tokenizers for `seqexport web` and tests/test_web.py, from the
+# committed lock. Without npm the browser tests skip (CI sets SEQEXPORT_REQUIRE_BROWSER=1: fail).
+web-deps: $(WEB_DEPS)
 
-test: $(STAMP)
+$(WEB_DEPS): $(WEB)/package.json $(WEB)/package-lock.json
+	@if command -v npm >/dev/null; then cd $(WEB) && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error; \
+	else echo "npm not found: seqexport web and the browser tests need Node.js (npm)"; fi
+
+# the exports, their parity and held-out decodes; then a site for the bundled models demo exported
+demo: $(STAMP) web-deps
+	$(BIN)/seqexport demo
+	$(BIN)/seqexport web $$(for m in $(BUNDLED); do [ -f exported/$$m/manifest.json ] && echo exported/$$m; done) \
+	  --out $(SITE) --overwrite \
+	  --example "5 March 2021" --example "Friday, March 5th 2021" --example "05/03/87" --example "Mar 6, 21"
+
+test: $(STAMP) web-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2
 
@@ -29,4 +46,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) exported/*/ .pytest_cache
+	rm -rf $(VENV) exported/*/ .pytest_cache $(WEB)/node_modules $(SITE)

@@ -1,0 +1,336 @@
+"""`seqexport web` in a real browser: every bundled model exported with `seqexport export`, one
+site for all, served by http.server on 127.0.0.1 and driven in Debian's headless Chromium
+(Selenium + Debian's chromedriver; Chromium resolves no other host, so a CDN fetch would fail).
+
+The page decodes 50 held-out prompts per model to exactly the tokens the Python runtime gives
+(greedy, and seeded sampling), shows a clear message for bad input, and a screenshot is taken
+mid-generation ($SEQEXPORT_WEB_SHOTS, else the test's temporary folder). Without Chromium the
+browser tests skip, or fail when SEQEXPORT_REQUIRE_BROWSER=1 (CI).
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import seqexport.runtime as rt
+from seqexport import families
+from seqexport.checkpoints import bundled
+from seqexport.cli import cli
+from seqexport.errors import UsageError
+from seqexport.runtime.tokenizer import encode_prompt
+from seqexport.training.dates import make_split
+from seqexport.web import browser
+from seqexport.web.site import find_node_modules
+
+N = 50  # held-out prompts per model
+MAX_NEW = 32  # `seqexport generate`'s default
+BUNDLED = [f for f in families.names() if bundled(f) is not None and bundled(f).is_dir()]
+SAMPLING = {"temperature": 3.0, "top_k": 40, "top_p": 0.95}  # every bundled model strays from greedy
+
+
+def unavailable(why: str):
+    if os.environ.get("SEQEXPORT_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"SEQEXPORT_REQUIRE_BROWSER=1, but {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, worker_id):
+    """(site folder, {family: exported folder}), made once for all xdist workers (a lock in
+    their shared temporary folder): each bundled model through `seqexport export`, then
+    `seqexport web` over all of them."""
+    try:
+        find_node_modules()
+    except UsageError as e:
+        unavailable(f"onnxruntime-web cannot be had: {e}")
+    root = tmp_path_factory.getbasetemp()
+    root = (root.parent if worker_id != "master" else root) / "web-site"
+    root.mkdir(exist_ok=True)
+    exports = {f: root / "exports" / f for f in BUNDLED}
+    out = root / "site"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "site.json").is_file():
+            for family, folder in exports.items():
+                result = CliRunner().invoke(cli, ["export", family, "--checkpoint", str(bundled(family)),
+                                                  "--out", str(folder), "--overwrite"])
+                assert result.exit_code == 0, result.output
+            result = CliRunner().invoke(cli, ["web", *map(str, exports.values()), "--out", str(out),
+                                              "--example", "5 March 2021", "--example", "Mar 6, 21"])
+            assert result.exit_code == 0, result.output
+    return out, exports
+
+
+def need_browser():
+    why = browser.browser_missing()
+    if why:
+        unavailable(why)
+
+
+@pytest.fixture(scope="module")
+def page(request):
+    """(url, driver, site): the site served on 127.0.0.1 and a headless Chromium (checked for before
+    the site is built: no exports for a test that will skip)."""
+    need_browser()
+    site = request.getfixturevalue("site")
+    with browser.serve(site[0]) as url, browser.chromium() as driver:
+        yield url, driver, site
+
+
+def python_decode(folder, prompts, **search) -> tuple[list[list[int]], list[str]]:
+    """What the Python runtime generates for each prompt alone (`seqexport generate`'s path)."""
+    model = rt.load(folder, provider="cpu")
+    record = model.manifest["tokenizer"]
+    ids = [encode_prompt(model.tokenizer, model.prompt_frame, p, record) for p in prompts]
+    if search.get("do_sample"):  # a generator per prompt, seeded as the page seeds it
+        out = [rt.generate(model, [i], rt.SearchOptions(max_new_tokens=MAX_NEW, seed=s, **search))[0]
+               for s, i in enumerate(ids)]
+    else:
+        out = rt.generate(model, ids, rt.SearchOptions(max_new_tokens=MAX_NEW))
+    return out, [model.tokenizer.decode(o) for o in out]
+
+
+def site_record(site, family) -> dict:
+    return next(m for m in json.loads((site[0] / "site.json").read_text())["models"] if m["name"] == family)
+
+
+@pytest.mark.parametrize("family", BUNDLED)
+def test_page_decodes_held_out_prompts_as_the_python_runtime(page, family):
+    url, driver, site = page
+    prompts = [x for x, _ in make_split("test", N, seed=0)]
+    want_ids, want_text = python_decode(site[1][family], prompts)
+    assert browser.open_page(driver, url, family) == "ready"
+    assert "WASM" in driver.find_element("id", "status").text  # which backend ran, on the page
+    got = [browser.run_prompt(driver, p, maxNewTokens=MAX_NEW) for p in prompts]
+    assert [g["message"] for g in got] == [None] * N
+    assert [g["run"]["tokens"] for g in got] == want_ids
+    assert [g["output"] for g in got] == want_text
+    assert "tokens/s" in got[-1]["stats"] and "WASM" in got[-1]["stats"]
+    assert browser.resource_origins(driver) == {url.split("/")[2]}  # nothing from outside the site
+
+
+@pytest.mark.parametrize("family", BUNDLED)
+def test_seeded_sampling_matches_the_python_runtime(page, family):
+    url, driver, site = page
+    prompts = [x for x, _ in make_split("test", 10, seed=1)]
+    want, _ = python_decode(site[1][family], prompts, do_sample=True, **SAMPLING)
+    greedy, _ = python_decode(site[1][family], prompts)
+    assert want != greedy  # the draws matter
+    assert browser.open_page(driver, url, family) == "ready"
+    got = [browser.run_prompt(driver, p, maxNewTokens=MAX_NEW, doSample=True, temperature=SAMPLING["temperature"],
+                              topK=SAMPLING["top_k"], topP=SAMPLING["top_p"], seed=s)["run"]["tokens"]
+           for s, p in enumerate(prompts)]
+    assert got == want
+
+
+def test_bad_input_shows_a_message_and_the_page_keeps_working(page):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    url, driver, site = page
+    for family in BUNDLED:
+        record = site_record(site, family)
+        assert browser.open_page(driver, url, family) == "ready"
+        box = driver.find_element(By.ID, "prompt")
+        box.clear()
+        driver.find_element(By.ID, "generate").click()  # an empty prompt, as a person would send it
+        assert browser.wait_state(driver, ("error", "done")) == "error"
+        error = driver.find_element(By.ID, "error")
+        assert error.is_displayed() and "prompt is empty" in error.text
+        long = browser.run_prompt(driver, "1" * (record["max_prompt_tokens"] + 1))
+        assert long["state"] == "error" and f"at most {record['max_prompt_tokens']}" in long["message"]
+        if record["max_new_tokens_limit"]:
+            over = browser.run_prompt(driver, "5 March 2021", maxNewTokens=record["max_new_tokens_limit"] + 1)
+            assert over["state"] == "error" and f"{record['max_new_tokens_limit']} positions" in over["message"]
+        bad = browser.run_prompt(driver, "5 March 2021", maxNewTokens="")
+        assert bad["state"] == "error" and "not a number" in bad["message"]
+        ok = browser.run_prompt(driver, "5 March 2021", maxNewTokens=MAX_NEW)  # the page still works
+        assert ok["state"] == "done" and ok["output"] == "2021-03-05" and ok["message"] is None
+
+    # a site with a graph file missing and a weights file altered
+    broken = browser.copy_site(site[0], site[0].parent / f"broken-{os.getpid()}")
+    missing, altered, healthy = (BUNDLED * 3)[:3] if len(BUNDLED) < 3 else BUNDLED[:3]
+    manifest = json.loads((broken / "models" / missing / "manifest.json").read_text())
+    gone = manifest["graphs"][next(iter(manifest["graphs"]))]["file"]
+    (broken / "models" / missing / gone).unlink()
+    weights = broken / "models" / altered / "weights.onnx.data"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.unlink()  # a hard link to the real site's file: a new file instead
+    weights.write_bytes(bytes(data))
+    with browser.serve(broken) as broken_url:
+        assert browser.open_page(driver, broken_url, missing) == "load-error"
+        message = driver.find_element(By.ID, "error")
+        assert message.is_displayed() and gone in message.text and "404" in message.text
+        assert not driver.find_element(By.ID, "generate").is_enabled()
+        if altered != missing:
+            Select(driver.find_element(By.ID, "model")).select_by_value(altered)
+            assert browser.wait_state(driver) == "load-error"
+            assert "weights.onnx.data" in message.text and "altered" in message.text
+        if healthy not in (missing, altered):
+            Select(driver.find_element(By.ID, "model")).select_by_value(healthy)  # the page recovers
+            assert browser.wait_state(driver) == "ready" and not message.is_displayed()
+            assert browser.run_prompt(driver, "Mar 6, 21")["output"] == "2021-03-06"
+
+
+def test_screenshot_mid_generation_and_stop(page, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    url, driver, site = page
+    family = next((f for f in BUNDLED if not site_record(site, f)["max_new_tokens_limit"]), BUNDLED[0])
+    limit = site_record(site, family)["max_new_tokens_limit"] or 5000
+    assert browser.open_page(driver, url, family) == "ready"
+    driver.execute_script("""const $ = (id) => document.getElementById(id);
+        $("prompt").value = "Friday, March 5th 2021"; $("max-new-tokens").value = arguments[0];
+        $("stop-at-eos").checked = false; $("options").open = true; $("generate").click();""", limit)
+    tokens = driver.execute_async_script("""const done = arguments[0];
+        (function poll() { const run = window.seqexportPage.lastRun;
+          if (run && run.tokens.length >= 40 || document.body.dataset.state !== "running") done(run ? run.tokens.length : 0);
+          else setTimeout(poll, 5); })();""")
+    assert tokens >= 40 and driver.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "running"
+    shots = Path(os.environ.get("SEQEXPORT_WEB_SHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    shot = shots / f"web-{family}-mid-generation.png"
+    assert driver.save_screenshot(str(shot))
+    print(f"\nscreenshot of the page mid-generation: {shot}", file=sys.stderr)
+    driver.find_element(By.ID, "stop").click()
+    assert browser.wait_state(driver, ("done", "error")) == "done"
+    run = driver.execute_script("return window.seqexportPage.lastRun")
+    assert 40 <= len(run["tokens"]) < limit and run["text"].startswith("2021-03-05")
+    assert shot.stat().st_size > 10_000
+
+
+# WebGPU here runs on SwiftShader's software Vulkan (Debian's chromium ships it), which compiles
+# every shader on the CPU (7-24 s a model on 2 cores): the encoder-decoder (static state on the
+# device, its appended cache on the host) and one recurrent model (replaced state on the device)
+WEBGPU = [f for f in ("transformer", "mamba2") if f in BUNDLED]
+
+STATE_LOCATIONS = """
+const [prompt, done] = arguments;
+const m = window.seqexportPage.model;
+m.start(m.encodePrompt(prompt)).then(({ state }) => {
+  const where = Object.fromEntries(Object.entries(state.tensors).map(([k, t]) => [k, t.location]));
+  state.dispose();
+  done({ where, appended: Object.keys(state.buffers) });
+}, (e) => done({ error: String(e) }));
+"""
+
+
+def test_webgpu_backend_keeps_the_state_on_the_device(request):
+    """The WebGPU backend decodes a held-out prompt to the Python runtime's tokens, and every
+    state tensor the graphs feed back stays on the device between steps."""
+    need_browser()
+    site = request.getfixturevalue("site")
+    prompt = "Mar 6, 21"
+    with browser.serve(site[0]) as url, browser.chromium(webgpu=True) as driver:
+        for family in WEBGPU:
+            assert browser.open_page(driver, url, family, backend="webgpu") == "ready"
+            assert "WebGPU" in driver.find_element("id", "status").text
+            got = browser.run_prompt(driver, prompt, maxNewTokens=6)
+            want, _ = python_decode(site[1][family], [prompt])
+            assert got["message"] is None and got["run"]["backend"] == "webgpu"
+            assert got["run"]["tokens"] == want[0][:6]
+            state = driver.execute_async_script(STATE_LOCATIONS, prompt)
+            assert state.get("where") and set(state["where"].values()) == {"gpu-buffer"}, state
+
+
+JS_UNITS = """
+const [hfJson, rwkvText, texts, seeds, done] = arguments;
+(async () => {
+  const tk = await import("./tokenizers.mjs");
+  const { PCG64 } = await import("./sampling.mjs");
+  const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
+  const hf = new tk.HFTokenizer(Tokenizer, JSON.parse(hfJson), { eos_id: 0 });
+  const rwkv = new tk.RwkvWorldTokenizer(rwkvText);
+  const stream = (tok, ids) => { const s = new tk.TextStream(tok); return ids.map((i) => s.push(i)); };
+  const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  const vocab = [...rwkv.idToBytes].map(([i, b]) => `${i}:${hex(b)}`).join("\\n");
+  const byte = new tk.ByteTokenizer({});
+  return {
+    hf: texts.map((t) => { const ids = hf.encode(t); return { ids, text: hf.decode(ids), pieces: stream(hf, ids) }; }),
+    rwkv: texts.map((t) => { const ids = rwkv.encode(t); return { ids, text: rwkv.decode(ids), pieces: stream(rwkv, ids) }; }),
+    rwkvVocab: vocab,
+    bytePieces: texts.map((t) => stream(byte, byte.encode(t))),
+    random: seeds.map((s) => { const r = new PCG64(s); return [r.random(), r.random(), r.random()]; }),
+  };
+})().then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
+    """In the page: tokenizers.js on a Hugging Face BPE equals the `tokenizers` library, our RWKV
+    World tokenizer equals seqexport's (every token of the vocabulary, and encodings), text
+    streams whole characters only, and PCG64 draws equal numpy's default_rng."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from seqexport.runtime.rwkv_tokenizer import RwkvWorldTokenizer
+
+    url, driver, _ = page
+    texts = ["Friday, 5 März 2021 — 日本語 🎉", "Straße über 1984-05-09", "tabs\tand\nnew lines ", "a" * 30 + "😀😀"]
+    hf = Tokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.train_from_iterator([f"{x} = {y}" for x, y in make_split("train", 500, seed=1)] + texts,
+                           trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False,
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    vocab_path = Path(families.get("rwkv").runtime.__file__).parent / "vocab" / "rwkv_vocab_v20230424.txt"
+    rwkv = RwkvWorldTokenizer(vocab_path)
+    seeds = [0, 1, 2**40 + 7]
+    driver.get(url)
+    got = driver.execute_async_script(JS_UNITS, hf.to_str(), vocab_path.read_text(encoding="utf-8"), texts, seeds)
+    assert "error" not in got, got
+    for t, g in zip(texts, got["hf"]):
+        ids = hf.encode(t).ids
+        assert g["ids"] == ids and g["text"] == hf.decode(ids) == t and "".join(g["pieces"]) == t
+    for t, g in zip(texts, got["rwkv"]):
+        assert g["ids"] == rwkv.encode(t) and g["text"] == t and "".join(g["pieces"]) == t
+    want_vocab = "\n".join(f"{i}:{b.hex()}" for i, b in rwkv.id_to_bytes.items())
+    assert hashlib.sha256(got["rwkvVocab"].encode()).hexdigest() == hashlib.sha256(want_vocab.encode()).hexdigest()
+    for t, pieces in zip(texts, got["bytePieces"]):  # a multi-byte character comes out whole, once
+        assert "".join(pieces) == t and "\ufffd" not in "".join(pieces)
+        assert all(p == "" or p in t for p in pieces)
+    assert got["random"] == [np.random.default_rng(s).random(3).tolist() for s in seeds]
+
+
+def test_site_build_refuses_bad_input_and_writes_nothing_half(site, tmp_path):
+    _, exports = site
+    some = next(iter(exports.values()))
+    run = lambda *args: CliRunner().invoke(cli, ["web", *map(str, args)])  # noqa: E731
+
+    result = run(tmp_path, "--out", tmp_path / "s1")  # not an export
+    assert result.exit_code == 2 and "manifest.json" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "s1").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    result = run(some, "--out", tmp_path / "full")
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    result = run(some, "--out", tmp_path / "full", "--overwrite")  # not a site: never replaced
+    assert result.exit_code == 2 and (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    result = run(some, "--out", some)
+    assert result.exit_code == 2 and "replace it" in result.output
+
+    altered = tmp_path / "altered"
+    browser.copy_site(some, altered)
+    graph = altered / json.loads((altered / "manifest.json").read_text())["graphs"][next(iter(
+        json.loads((altered / "manifest.json").read_text())["graphs"]))]["file"]
+    data = graph.read_bytes()
+    graph.unlink()
+    graph.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    result = run(altered, "--out", tmp_path / "s2")
+    assert result.exit_code == 2 and "altered" in result.output and not (tmp_path / "s2").exists()
+
+    (tmp_path / "empty").mkdir()  # an empty folder is written into; a site is replaced with --overwrite
+    result = run(some, "--out", tmp_path / "empty", "--no-webgpu")
+    assert result.exit_code == 0, result.output
+    assert "python -m http.server -d" in result.output
+    assert not (tmp_path / "empty" / "ort" / "ort.webgpu.min.mjs").exists()
+    result = run(some, "--out", tmp_path / "empty", "--overwrite")
+    assert result.exit_code == 0 and (tmp_path / "empty" / "ort" / "ort.webgpu.min.mjs").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary folder left
