@@ -88,8 +88,12 @@ def bundled_exports(tmp_path_factory):
             tokenizer = __import__("json").loads((bundled(family) / "config.json").read_text())["tokenizer"]
             if family == "transformer":
                 export_transformer(ckpt, None, out, tokenizer=tokenizer)
-            else:
+            elif family == "mamba":
                 export_mamba(ckpt, None, out, scan="loop", tokenizer=tokenizer)
+            else:
+                from seqexport.export import export_model
+
+                export_model(ckpt, None, out, tokenizer=tokenizer)
             made[family] = (ckpt, out)
         return made[family]
 

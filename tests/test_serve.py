@@ -267,3 +267,22 @@ def test_transformer_rows_at_different_positions_share_the_server(bundled_export
         assert str(limit) in r.json()["error"]["message"]
         r = requests.post(s.url + "/v1/completions", json={"prompt": "5 May", "max_tokens": limit + 1}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_hybrid_rows_joining_and_leaving_get_their_generate_tokens(bundled_exports, tmp_path):
+    """The bundled hybrid (an appended KV cache in its attention layer, replaced conv/SSM state in
+    its Mamba-2 layers): 32 concurrent mixed requests, greedy and seeded, rows joining and leaving
+    a batch of 8 at different positions; each answer is generate()'s for its prompt alone."""
+    folder = bundled_exports("hybrid")[1]
+    model = rt.load(folder, provider="cpu", threads=1)
+    todo = cases(model, 32)
+    with ServerProcess(folder, "--no-ray", "--threads", "1", "--max-rows", "8", log=tmp_path / "log") as s:
+        c = client(s)
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(lambda case: c.completions.create(
+                model=folder.name, prompt=case["prompt"], max_tokens=case["max_tokens"],
+                temperature=case["temperature"], seed=case["seed"], extra_body={"ignore_eos": case["ignore_eos"]}),
+                todo))
+    for case, answer in zip(todo, answers):
+        expect = reference(model, case["ids"], case["max_tokens"], case["ignore_eos"], case["seed"], case["temperature"])
+        assert answer.choices[0].model_extra["token_ids"] == expect, case

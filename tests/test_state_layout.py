@@ -1,0 +1,94 @@
+"""The state kinds (seqexport.state), judged on their own with plain numpy: which kind each state
+input is, from what the specs declare; zeros; in-place appended writes and the copy on a branch;
+rows joining (padded), leaving (trimmed) and being written into spare rows without the batch
+being copied."""
+
+import numpy as np
+import pytest
+
+from seqexport.families.hybrid.specs import graph_specs as hybrid_specs
+from seqexport.families.mamba2.specs import graph_specs as mamba2_specs
+from seqexport.families.transformer.specs import graph_specs as transformer_specs
+from seqexport.state.layout import StateLayout, kinds_of
+from seqexport.state.state import State
+
+HYBRID = dict(vocab_size=50, layer_types=["mamba2", "attention", "mlp"], mamba_nheads=2, headdim=4, ngroups=1,
+              d_state=3, d_conv=4, n_kv_heads=2, head_dim=5)
+KEY, CONV = "past_key_values.1.key", "past_conv_state.0"
+
+
+def test_kinds_come_from_what_the_specs_declare():
+    tf = transformer_specs(dict(num_layers=1, n_heads=2, d_model=8, src_vocab_size=9, tgt_vocab_size=9))
+    assert kinds_of(tf["decoder"]) == {"past_key_values.0.encoder.key": "static",
+                                       "past_key_values.0.encoder.value": "static",
+                                       "past_key_values.0.decoder.key": "appended",
+                                       "past_key_values.0.decoder.value": "appended"}
+    m2 = mamba2_specs(dict(n_layer=2, expand=2, d_model=8, headdim=4, ngroups=1, d_state=3, d_conv=4, vocab_size=9))
+    assert set(kinds_of(m2["step"]).values()) == {"replaced"} and len(kinds_of(m2["step"])) == 4
+    hy = hybrid_specs(HYBRID)["step"]
+    assert kinds_of(hy) == {CONV: "replaced", "past_ssm_state.0": "replaced", KEY: "appended",
+                            "past_key_values.1.value": "appended"}
+    layout = StateLayout.of(tf["decoder"])
+    assert layout.masks == {"encoder_attention_mask": ("past_key_values.0.encoder.key",
+                                                       "past_key_values.0.encoder.value")}
+
+
+@pytest.fixture
+def layout():
+    return StateLayout.of(hybrid_specs(HYBRID)["step"])
+
+
+def filled(layout, rows: int, lengths: list[int], seed: int) -> State:
+    """A state of `rows` rows whose appended slots up to each row's length hold random values."""
+    spec = hybrid_specs(HYBRID)["step"]
+    arrays = layout.zeros(spec, rows)
+    rng = np.random.default_rng(seed)
+    state = State(arrays, 0).owning()
+    t = max(lengths)
+    arrays, writer, counts = layout.writable(state, t)
+    new = {name: rng.standard_normal(arrays[name].shape[:2] + (t,) + arrays[name].shape[3:]).astype(np.float32)
+           for name in layout.axes}
+    state = layout.append(arrays | {CONV: rng.standard_normal(arrays[CONV].shape).astype(np.float32)}, writer, new,
+                          counts, np.array(lengths))
+    return state
+
+
+def test_zeros_and_in_place_writes_then_a_branch_copies(layout):
+    state = filled(layout, 2, [3, 5], 0)
+    assert list(state.arrays["past_lengths"]) == [3, 5] and state.length == 5
+    arrays, writer, _ = layout.writable(state, 1)
+    assert arrays[KEY] is state.arrays[KEY]  # the newest state writes into its own buffers
+    step = layout.append(dict(arrays), writer, {n: np.ones((2, 2, 1, 5), np.float32) for n in layout.axes},
+                         [3, 5], 1)
+    assert (step.arrays[KEY][0, :, 3] == 1).all() and (step.arrays[KEY][1, :, 5] == 1).all()
+    again, _, _ = layout.writable(state, 1)  # the older state stepped again: a branch
+    assert again[KEY] is not state.arrays[KEY] and not np.shares_memory(again[KEY], state.arrays[KEY])
+    np.testing.assert_array_equal(again[KEY][0, :, :3], state.arrays[KEY][0, :, :3])
+
+
+def test_join_pads_appended_buffers_and_take_trims_them(layout):
+    a, b = filled(layout, 1, [2], 1), filled(layout, 2, [40, 7], 2)
+    assert a.arrays[KEY].shape[2] < b.arrays[KEY].shape[2]
+    joined = layout.join([a, b])
+    assert joined.arrays[KEY].shape[2] == b.arrays[KEY].shape[2] and list(joined.arrays["past_lengths"]) == [2, 40, 7]
+    np.testing.assert_array_equal(joined.arrays[KEY][0, :, :2], a.arrays[KEY][0, :, :2])
+    np.testing.assert_array_equal(joined.arrays[CONV][1:], b.arrays[CONV])
+    kept = layout.take(joined, [0])  # the 40-token row left: a buffer far larger than 2 slots is cut
+    assert kept.arrays[KEY].shape[2] < joined.arrays[KEY].shape[2] and kept.length == 2
+    np.testing.assert_array_equal(kept.arrays[KEY][0, :, :2], a.arrays[KEY][0, :, :2])
+
+
+def test_newcomers_are_written_into_spare_rows_without_copying_the_batch(layout):
+    batch = layout.extend(filled(layout, 2, [6, 9], 3), [filled(layout, 1, [4], 4)])  # reallocated with spare rows
+    before = {name: batch.arrays[name] for name in batch.arrays}
+    newcomer = filled(layout, 1, [5], 5)
+    grown = layout.extend(batch, [newcomer])
+    for name, a in before.items():  # every array: the same memory, the old rows untouched
+        assert np.shares_memory(grown.arrays[name], a), name
+        np.testing.assert_array_equal(grown.arrays[name][:3], a[:3])
+    np.testing.assert_array_equal(grown.arrays[KEY][3, :, :5], newcomer.arrays[KEY][0, :, :5])
+    assert list(grown.arrays["past_lengths"]) == [6, 9, 4, 5]
+    # a leaver's place taken by the last row, in place
+    kept = layout.retain(grown, [0, 3, 2])
+    assert np.shares_memory(kept.arrays[KEY], before[KEY]) and list(kept.arrays["past_lengths"]) == [6, 5, 4]
+    np.testing.assert_array_equal(kept.arrays[KEY][1, :, :5], newcomer.arrays[KEY][0, :, :5])
