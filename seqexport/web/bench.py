@@ -2,14 +2,16 @@
 
     python -m seqexport.web.bench exported/transformer-dates exported/mamba-dates [--prompts 20]
 
-Builds a site for the exports (a temporary folder), serves it on 127.0.0.1 and decodes the
-held-out date prompts in headless Chromium, then with `seqexport.runtime` (onnxruntime CPU, one
-thread and two), the same prompts and tokens: each run makes --tokens tokens, eos ignored.
+Builds a site for the exports (a temporary folder), serves it on 127.0.0.1 with the headers
+that make the page cross-origin isolated (a clock finer than the 0.1 ms it has otherwise; WASM
+threads allowed, --threads of them), and decodes the held-out date prompts in headless
+Chromium, then with `seqexport.runtime` (onnxruntime CPU, --threads threads), the same prompts
+and tokens: each run makes --tokens tokens, eos ignored.
+
 Per-token time is the interval between consecutive tokens (the pick, then the step that feeds
-the token back): the mean over every token after the first (the page's clock ticks in 0.1 ms
-steps without cross-origin isolation, which a mean over many tokens smooths) and the median;
-the first token's time (the prompt's prefill or encoder, then the pick) is reported apart, as a
-median. The page's intervals also hold its DOM update (the text shown as it comes).
+the token back; in the page also its DOM update): the median and the mean over every token
+after the first, and the page's ONNX Runtime run alone; the first token's time (the prompt's
+prefill or encoder, then the pick) is reported apart, as a median.
 """
 
 import argparse
@@ -44,10 +46,11 @@ def python_times(folder, prompts, tokens: int, threads: int) -> tuple[list[float
     return firsts, rest
 
 
-def page_times(driver, url, name, prompts, tokens: int) -> tuple[list[float], list[float], str]:
-    if browser.open_page(driver, url, name, backend="wasm") != "ready":
+def page_times(driver, url, name, prompts, tokens: int, threads: int) -> tuple[list[float], list[float], list[float], str]:
+    """(first-token ms, later per-token ms, their ONNX Runtime runs alone, the backend) in the page."""
+    if browser.open_page(driver, url, name, backend="wasm", threads=threads) != "ready":
         raise RuntimeError(f"{name}: the page did not load the model")
-    firsts, rest = [], []
+    firsts, rest, runs = [], [], []
     for warm in (True, False):
         for p in prompts:
             run = browser.run_prompt(driver, p, maxNewTokens=tokens, stopAtEos=False)
@@ -56,7 +59,8 @@ def page_times(driver, url, name, prompts, tokens: int) -> tuple[list[float], li
             if not warm:
                 firsts.append(run["run"]["ms"][0])
                 rest += run["run"]["ms"][1:]
-    return firsts, rest, driver.find_element("id", "status").text
+                runs += run["run"]["runMs"][1:]
+    return firsts, rest, runs, driver.find_element("id", "status").text
 
 
 def main(argv=None) -> int:
@@ -66,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("folders", nargs="+", help="exported folders")
     ap.add_argument("--prompts", type=int, default=20, help="held-out date prompts per model [20]")
     ap.add_argument("--tokens", type=int, default=48, help="tokens each run makes (eos ignored) [48]")
+    ap.add_argument("--threads", type=int, default=1, help="threads of the page's WASM and of Python's ORT [1]")
     args = ap.parse_args(argv)
     why = browser.browser_missing()
     if why:
@@ -77,22 +82,22 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         site = build_site(args.folders, Path(tmp) / "site", webgpu=False)
         names = [m["name"] for m in site["models"]]
-        with browser.serve(Path(tmp) / "site") as url, browser.chromium() as driver:
-            pages = {n: page_times(driver, url, n, prompts, args.tokens) for n in names}
+        with browser.serve(Path(tmp) / "site", browser.ISOLATED) as url, browser.chromium() as driver:
+            pages = {n: page_times(driver, url, n, prompts, args.tokens, args.threads) for n in names}
         for folder, name in zip(args.folders, names):
-            first, rest, status = pages[name]
-            py1 = python_times(folder, prompts, args.tokens, 1)
-            py2 = python_times(folder, prompts, args.tokens, 2)
-            rows.append((name, status.split(" · ")[-1], mean(rest), med(rest), med(first),
-                         mean(py1[1]), med(py1[1]), med(py1[0]), mean(py2[1])))
+            first, rest, runs, status = pages[name]
+            py_first, py_rest = python_times(folder, prompts, args.tokens, args.threads)
+            rows.append((name, status.split(" · ")[-1], med(rest), mean(rest), med(runs), med(first),
+                         med(py_rest), mean(py_rest), med(py_first)))
     b = site["bytes"]
-    print(f"\n{args.prompts} held-out prompts x {args.tokens} tokens per model; ms per token: mean (median)\n")
-    print("| model | browser | page | Python ORT 1 thread | page / Python | Python ORT 2 threads "
-          "| first token: page | Python (1 thread) |")
+    print(f"\n{args.prompts} held-out prompts x {args.tokens} tokens per model, {args.threads} thread(s); "
+          "ms per token: median (mean)\n")
+    print("| model | page backend | page | of which ORT run | Python ORT CPU | page / Python "
+          "| first token: page | Python |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, backend, page, page_med, first, py1, py1_med, py1_first, py2 in rows:
-        print(f"| {name} | {backend} | {page:.3f} ({page_med:.2f}) | {py1:.3f} ({py1_med:.3f}) | {page / py1:.2f}x "
-              f"| {py2:.3f} | {first:.1f} | {py1_first:.1f} |")
+    for name, backend, page, page_mean, run, first, py, py_mean, py_first in rows:
+        print(f"| {name} | {backend} | {page:.3f} ({page_mean:.3f}) | {run:.3f} | {py:.3f} ({py_mean:.3f}) "
+              f"| {page / py:.2f}x | {first:.2f} | {py_first:.2f} |")
     sizes = ", ".join(f"{m['name']} {m['bytes'] / 1e6:.1f} MB" for m in site["models"])
     print(f"\nsite: runtime (WASM) {b['runtime_wasm'] / 1e6:.1f} MB, models {b['models'] / 1e6:.1f} MB ({sizes}), "
           f"{b['total'] / 1e6:.1f} MB in all without the WebGPU build")

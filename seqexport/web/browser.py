@@ -25,6 +25,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1100,900",
          "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
+# what makes a page cross-origin isolated: WASM threads, and a clock finer than 0.1 ms
+ISOLATED = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp"}
 # WebGPU on SwiftShader's software Vulkan (Debian's chromium ships it): slow, but the WebGPU path runs
 WEBGPU_FLAGS = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--enable-features=Vulkan")
 
@@ -99,9 +101,10 @@ def wait_state(driver, states=("ready", "load-error"), timeout: float = 120.0) -
         })();""", list(states), timeout * 1000)
 
 
-def open_page(driver, url: str, model: str | None = None, backend: str = "auto") -> str:
-    """Open the site's page on `model` with `backend`; returns the state it settles in."""
-    query = f"?backend={backend}" + (f"&model={model}" if model else "")
+def open_page(driver, url: str, model: str | None = None, backend: str = "auto", threads: int | None = None) -> str:
+    """Open the site's page on `model` with `backend` (and WASM `threads`, on a cross-origin
+    isolated server); returns the state it settles in."""
+    query = f"?backend={backend}" + (f"&model={model}" if model else "") + (f"&threads={threads}" if threads else "")
     driver.get(url + query)
     return wait_state(driver)
 

@@ -156,7 +156,7 @@ def _check_out(out: Path, folders: list[Path], overwrite: bool) -> bool:
 def _names(folders: list[Path]) -> list[str]:
     names, seen = [], {}
     for f in folders:
-        base = f.resolve().name
+        base = Path(os.path.abspath(f)).name  # the name given (a link keeps its own)
         seen[base] = seen.get(base, 0) + 1
         names.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
     return names

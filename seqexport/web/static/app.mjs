@@ -70,6 +70,7 @@ async function selectModel(name) {
   else $("max-new-tokens").removeAttribute("max");
   const mine = (loading = loadModel(entry.path, {
     backend: params.get("backend") ?? "auto",
+    threads: Number(params.get("threads")) || undefined,
     name: entry.name,
     promptFrame: entry.prompt_frame,
     maxPromptTokens: entry.max_prompt_tokens,
@@ -131,7 +132,9 @@ async function generate() {
   out.textContent = "";
   $("ids").textContent = "";
   $("stats").textContent = "";
-  const record = { model: current.entry.name, prompt: text, tokens: [], text: "", ms: [], backend: model.backend };
+  // ms: each token's interval (the pick, the step before it, the page's update); runMs: the
+  // ONNX Runtime run inside it alone
+  const record = { model: current.entry.name, prompt: text, tokens: [], text: "", ms: [], runMs: [], backend: model.backend };
   page.lastRun = record;
   setState("running");
   try {
@@ -143,6 +146,7 @@ async function generate() {
     for await (const t of model.generate(ids, options)) {
       const now = performance.now();
       record.ms.push(now - last); // this token's pick and the step before it (the prefill for the first)
+      record.runMs.push(t.ms);
       record.tokens.push(t.token);
       record.text += t.text;
       out.textContent += t.text;

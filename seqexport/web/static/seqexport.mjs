@@ -443,8 +443,9 @@ export function searchOptions(options, tokenizer) {
  * Open an exported folder at `url`: its manifest, graphs (checked against their sha256),
  * weights and tokenizer. Options: backend ("auto": WebGPU where the browser has it, else WASM;
  * "wasm"; "webgpu"), ortUrl (the folder of onnxruntime-web's files, default ./ort/ beside this
- * module), verify (sha256 of every file, default true), and what the site builder read from
- * the Python runtime: name, promptFrame, maxPromptTokens, maxNewTokensLimit.
+ * module), threads (WASM threads, used when the page is cross-origin isolated), verify (sha256
+ * of every file, default true), and what the site builder read from the Python runtime: name,
+ * promptFrame, maxPromptTokens, maxNewTokensLimit.
  */
 export async function loadModel(url, options = {}) {
   const base = new URL(url, globalThis.location?.href ?? HERE);
@@ -502,6 +503,9 @@ function fileCache(base, manifest, verify) {
 
 async function createSessions(backend, manifest, roles, files, options) {
   const ort = await importOrt(backend, new URL(options.ortUrl ?? "./ort/", HERE));
+  // WASM threads need a cross-origin isolated page (COOP/COEP headers); ORT's default there is
+  // half the cores, at most 4
+  if (options.threads) ort.env.wasm.numThreads = options.threads;
   const weights = manifest.weights;
   const used = [...new Set([roles.begin, roles.prefill, roles.step].filter(Boolean))];
   const sessions = {};
