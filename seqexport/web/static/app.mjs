@@ -16,6 +16,7 @@ function setState(state) {
   document.body.dataset.state = state;
   $("generate").disabled = !current?.model || state === "running" || state === "loading";
   $("stop").disabled = state !== "running";
+  $("model").disabled = $("backend").disabled = state === "running";
 }
 
 function showError(message) {
@@ -51,6 +52,7 @@ function backendLabel(model) {
 async function selectModel(name) {
   const entry = site.models.find((m) => m.name === name) ?? site.models[0];
   $("model").value = entry.name;
+  current?.model.release().catch(() => {}); // the sessions of the model left
   current = null;
   page.model = null;
   clearError();
