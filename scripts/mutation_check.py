@@ -196,6 +196,14 @@ FAULTS = (
           ("tests/test_serve_ray.py::test_embedded_ray_listens_on_loopback_only",)),
     Fault("M47", "a stop string that is the first thing generated leaks into the text", "seqexport/serve/text.py",
           "        if cut >= 0:", "        if cut > 0:", ("tests/test_serve_text.py",)),
+    Fault("M48", "browser runtime: the KV cache's valid length never advances", "seqexport/web/static/seqexport.mjs",
+          "if ((spec.appends ?? []).length) next.pastLength = state.pastLength + ids.length;",
+          "if ((spec.appends ?? []).length) next.pastLength = state.pastLength;",
+          ("tests/test_web.py::test_page_decodes_held_out_prompts_as_the_python_runtime",)),
+    Fault("M49", "browser runtime: top-k keeps one token too many", "seqexport/web/static/sampling.mjs",
+          "const kth = Float64Array.from(z).sort()[n - Math.min(options.topK, n)];",
+          "const kth = Float64Array.from(z).sort()[n - Math.min(options.topK, n) - 1];",
+          ("tests/test_web.py::test_seeded_sampling_matches_the_python_runtime",)),
 )
 
 
