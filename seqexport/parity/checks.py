@@ -23,12 +23,39 @@ NEVER = -1  # an eos id that never matches: free-running decodes run all N steps
 
 
 @dataclass(frozen=True)
-class Int8Rule:
-    """How an int8 export is judged against the float32 eager model: per-output figures are
-    reported, not judged (any NaN/Inf still fails); the decodes are judged by agreement."""
+class QuantRule:
+    """How a quantised export is judged against the float32 eager model: per-output figures are
+    reported, not judged (any NaN/Inf still fails); the decodes are judged by agreement, and a
+    recurrent model's state by its drift over a long decode (`parity.drift`). The defaults are
+    int8's; `for_bits(4)` gives int4's."""
 
     min_top1: float = 0.95  # teacher-forced: share of positions whose argmax equals eager's
     min_tokens: float = 0.75  # free-running: share of each row's int8 picks that are eager's argmax on that prefix
+    max_drift: float = 0.1  # every recurrent state tensor after 256 steps: ‖q − f‖ / ‖f‖ (worst row)
+    bits: int = 8
+
+    @property
+    def label(self) -> str:
+        return f"int{self.bits}"
+
+    @classmethod
+    def for_bits(cls, bits: int, min_top1: float | None = None, min_tokens: float | None = None,
+                 max_drift: float | None = None) -> "QuantRule":
+        """The rule for int`bits` weights, with the thresholds given (None: the default).
+
+        int4, from validate on the bundled models' int4 copies, seeds 0-4 (docs/quantization.md):
+        teacher-forced top-1 over validate's random tokens 0.77-1.00 (a 4-bit weight moves a
+        near-flat logit of a date model fed random bytes more than an 8-bit one; int8: 0.95-1.00),
+        copies with one layer's in_proj scaled 1.3x / 1.6x 0.68 / 0.41: so 0.7; free-running
+        picks 0.80-1.00 (1.6x: 0.65), so 0.7; state drift after 256 steps 0.09-0.19 (the 130m and
+        0.1b presets up to 0.19), 1.3x-scaled in_proj 0.37-0.43: so 0.3. int8: drift 0.017-0.030,
+        so 0.1."""
+        d = cls(min_top1=0.7, min_tokens=0.7, max_drift=0.3, bits=4) if bits == 4 else cls()
+        return cls(d.min_top1 if min_top1 is None else min_top1, d.min_tokens if min_tokens is None else min_tokens,
+                   d.max_drift if max_drift is None else max_drift, bits)
+
+
+Int8Rule = QuantRule  # its name while int8 was the only quantisation
 CHUNKS = (1, 4, 1, 2, 3)  # teacher-forced chunk lengths after the prompt, cycled
 
 
@@ -42,7 +69,7 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def graph_case(rt, cases, graph: str, label: str, arrays: dict, atol, rtol, device, localize: bool,
-               int8: Int8Rule | None = None) -> Case:
+               int8: QuantRule | None = None) -> Case:
     """One graph on one set of inputs, every output compared with the wrapper it was traced from."""
     spec = rt.specs[graph]
     feeds = {t.name: arrays[t.name].astype(NP_DTYPES[t.dtype]) for t in spec.inputs}
@@ -54,7 +81,7 @@ def graph_case(rt, cases, graph: str, label: str, arrays: dict, atol, rtol, devi
     case = Case("graphs", label, [compare(n, got[n], ref[n], atol, rtol) for n in spec.output_names])
     if int8:
         case.ok = all(o.nonfinite == 0 for o in case.outputs)
-        case.note = "int8: figures reported, not judged"
+        case.note = f"{int8.label}: figures reported, not judged"
         return case
     if not case.passed and localize:
         providers = rt.graphs[graph].session.get_providers()
@@ -65,7 +92,7 @@ def graph_case(rt, cases, graph: str, label: str, arrays: dict, atol, rtol, devi
     return case
 
 
-def graph_cases(rt, cases, rng, atol, rtol, device, localize: bool, int8: Int8Rule | None = None) -> list[Case]:
+def graph_cases(rt, cases, rng, atol, rtol, device, localize: bool, int8: QuantRule | None = None) -> list[Case]:
     out = []
     for graph, sizes, zero in cases.graph_cases():
         arrays = random_inputs(rt.specs[graph], sizes, rng, zero_state=zero)
@@ -85,7 +112,7 @@ def chunk_lengths(first: int, total: int) -> list[int]:
         out.append(min(n, total - sum(out)))
 
 
-def teacher_forced(rt, cases, steps: int, atol, rtol, rng, int8: Int8Rule | None = None) -> Case:
+def teacher_forced(rt, cases, steps: int, atol, rtol, rng, int8: QuantRule | None = None) -> Case:
     """The ONNX decode fed the target in chunks of mixed lengths, every position's logits
     compared with the eager model's full forward over the whole sequence, and the final
     state with the eager model's after the whole sequence in one call."""
@@ -111,9 +138,9 @@ def teacher_forced(rt, cases, steps: int, atol, rtol, rng, int8: Int8Rule | None
     if int8:
         agree, decisive, share = int8_agreement(np.concatenate(got, 1), ref_logits)
         case.ok = agree >= int8.min_top1 and all(o.nonfinite == 0 for o in outs)
-        case.note = (f"int8: top-1 agreement {agree:.2%} (>= {int8.min_top1:.0%} required); "
+        case.note = (f"{int8.label}: top-1 agreement {agree:.2%} (>= {int8.min_top1:.0%} required); "
                      f"{decisive:.2%} at the {share:.0%} of positions whose eager top-2 margin exceeds "
-                     "twice the mean int8 logit error")
+                     f"twice the mean {int8.label} logit error")
     return case
 
 
@@ -139,7 +166,7 @@ def per_position(got: np.ndarray, ref: np.ndarray, atol, rtol) -> list[Compariso
     return [whole]
 
 
-def free_running(rt, cases, steps: int, atol, rtol, int8: Int8Rule | None = None) -> list[Case]:
+def free_running(rt, cases, steps: int, atol, rtol, int8: QuantRule | None = None) -> list[Case]:
     """Greedy ONNX decode of each prompt vs eager greedy with the full forward every step."""
     rows = cases.prompts()
     options = SearchOptions(max_new_tokens=steps, eos_id=NEVER, start_id=cases.start_id)
@@ -153,7 +180,7 @@ def free_running(rt, cases, steps: int, atol, rtol, int8: Int8Rule | None = None
     return [free_case(r, got[r], steps, reference, rows[r], cases.start_id, atol, rtol) for r in range(len(rows))]
 
 
-def int8_free_case(row: int, int8_tokens, reference, prompt, options: SearchOptions, int8: Int8Rule) -> Case:
+def int8_free_case(row: int, int8_tokens, reference, prompt, options: SearchOptions, int8: QuantRule) -> Case:
     """An int8 row's greedy decode judged step by step along its own path: the eager model (no
     cache) fed the same prefix, is each int8 pick its argmax? Comparing the two decodes token
     by token instead counted every token after one near-tie as wrong (a pick 0.0096 below
@@ -174,10 +201,11 @@ def int8_free_case(row: int, int8_tokens, reference, prompt, options: SearchOpti
     share = agree / n if n else 1.0
     own = generate(reference, [list(prompt)], options)[0]  # eager's own greedy decode
     same = sum(x == y for x, y in zip(int8_tokens, own))
-    note = (f"int8: {share:.0%} of its picks are eager's argmax on the same prefix (>= {int8.min_tokens:.0%} "
+    note = (f"{int8.label}: {share:.0%} of its picks are eager's argmax on the same prefix (>= {int8.min_tokens:.0%} "
             f"required){f'; the others within {worst:.3g} of it' if agree < n else ''}; {same}/{len(own)} "
             "tokens equal eager's own greedy decode")
-    return Case("free_running", f"row {row}: {agree}/{n} int8 picks are eager's", note=note, ok=share >= int8.min_tokens)
+    return Case("free_running", f"row {row}: {agree}/{n} {int8.label} picks are eager's", note=note,
+                ok=share >= int8.min_tokens)
 
 
 def free_case(row: int, onnx_tokens, steps: int, reference, prompt, start_id, atol, rtol) -> Case:

@@ -8,7 +8,7 @@ from seqexport.parity.localize import Divergence
 
 @dataclass
 class Case:
-    check: str  # graphs | teacher_forced | free_running
+    check: str  # graphs | teacher_forced | free_running | state_drift
     label: str
     outputs: list[Comparison] = field(default_factory=list)
     divergence: Divergence | None = None
@@ -43,6 +43,7 @@ class Report:
     rule: str = "float: every element within atol + rtol * |eager|"  # how outputs are judged
 
     CHECKS = ("graphs", "teacher_forced", "free_running")
+    OPTIONAL = ("state_drift",)  # reported when run (quantised recurrent models)
     # What each check compares ONNX Runtime with (stated in the report).
     REFERENCES = {
         "graphs": "the eager export wrapper each graph was traced from (the model's own "
@@ -50,6 +51,8 @@ class Report:
         "teacher_forced": "the unmodified eager model's full forward over the whole sequence (logits at "
                           "every position); final state: the eager model fed the whole sequence in one call",
         "free_running": "eager greedy decoding with the full forward over the whole prefix at every step",
+        "state_drift": "the float32 eager model's recurrent state after the same 256 tokens; per tensor "
+                       "||quantised - eager|| / ||eager||, worst row",
     }
 
     @property
@@ -58,6 +61,11 @@ class Report:
 
     def __bool__(self) -> bool:
         return self.passed
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The checks this report holds: the three always, state_drift when it ran."""
+        return self.CHECKS + tuple(k for k in self.OPTIONAL if any(c.check == k for c in self.cases))
 
     def check_passed(self, check: str) -> bool:
         return all(c.passed for c in self.cases if c.check == check)
@@ -77,7 +85,7 @@ class Report:
     def summary(self) -> dict:
         return {"passed": self.passed, "provider": self.provider, "eager_device": self.eager_device,
                 "atol": self.atol, "rtol": self.rtol, "rule": self.rule, "steps": self.steps,
-                "checks": {k: self.check_passed(k) for k in self.CHECKS},
+                "checks": {k: self.check_passed(k) for k in self.checks},
                 "failures": self.failures()}
 
     def to_dict(self) -> dict:
@@ -85,14 +93,14 @@ class Report:
                                            "rtol", "rule", "steps", "batch", "seed", "checkpoint", "seconds")}
         d["passed"] = self.passed
         d["checks"] = {k: {"passed": self.check_passed(k), "reference": self.REFERENCES[k],
-                           "cases": [c.to_dict() for c in self.cases if c.check == k]} for k in self.CHECKS}
+                           "cases": [c.to_dict() for c in self.cases if c.check == k]} for k in self.checks}
         d["failures"] = self.failures()
         return d
 
     def table(self) -> str:
         lines = [f"parity of {self.folder} ({self.family}, {self.dtype}) · ORT {self.provider} vs eager "
                  f"{self.eager_device} · atol {self.atol:g} rtol {self.rtol:g} · {self.rule}"]
-        for check in self.CHECKS:
+        for check in self.checks:
             lines.append(f"{check}: {'PASS' if self.check_passed(check) else 'FAIL'} "
                          f"(reference: {self.REFERENCES[check]})")
             for c in (c for c in self.cases if c.check == check):

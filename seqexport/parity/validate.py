@@ -8,7 +8,9 @@
    final cache/state compared with eager's;
 3. free_running: greedy decode of N steps, ONNX vs eager (full forward each
    step): the same tokens, or a first differing step whose eager top-2 margin is
-   within tolerance (a near-tie, reported as such).
+   within tolerance (a near-tie, reported as such);
+4. state_drift (quantised copies of recurrent models only): every replaced state
+   tensor after 256 one-token steps against the float32 eager model's (`drift`).
 
 When a graph check fails, the shipped graph is re-run with every module's output
 exposed to name the first diverging eager module (see `localize`).
@@ -29,6 +31,7 @@ from seqexport import families
 from seqexport.checkpoints.io import load_checkpoint
 from seqexport.errors import CheckpointError
 from seqexport.manifest import MANIFEST, read_manifest, update_manifest
+from seqexport.parity import drift
 from seqexport.parity.compare import DEFAULT_TOLERANCE
 from seqexport.parity.report import Report
 from seqexport.runtime.models import load as rt_load
@@ -65,12 +68,12 @@ def eager_checkpoint(folder: Path, manifest: dict, checkpoint: str | None):
 def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol: float | None = None,
              rtol: float | None = None, steps: int = 20, batch: int = 2, seed: int = 0,
              localize: bool = True, write_summary: bool = True, log=None, min_top1: float | None = None,
-             min_tokens: float | None = None) -> Report:
+             min_tokens: float | None = None, max_drift: float | None = None) -> Report:
     """Run the three checks; the report is truthy when everything passed.
 
     `log` (e.g. stderr) hears each check as it ends, with its counts and the time taken.
-    An int8 export (`seqexport quantize`) is judged by `checks.Int8Rule`: `min_top1` and
-    `min_tokens` override its thresholds.
+    A quantised export (`seqexport quantize`) is judged by `checks.QuantRule` for its bits:
+    `min_top1`, `min_tokens` and `max_drift` override its thresholds.
     """
     log = log or (lambda msg: None)
     started = time.perf_counter()
@@ -89,15 +92,17 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
                     steps, batch, seed, str(ckpt.path))
     log(f"validating {folder} ({manifest['family']}, {manifest['dtype']}) on {rt.provider} "
         f"against {ckpt.path or 'the preset weights'}")
-    int8 = None
-    if manifest.get("quantization"):
-        d = checks.Int8Rule()
-        int8 = checks.Int8Rule(d.min_top1 if min_top1 is None else min_top1,
-                               d.min_tokens if min_tokens is None else min_tokens)
-        report.rule = f"int8: top-1 >= {int8.min_top1:g}, free-running tokens >= {int8.min_tokens:g}"
+    int8 = None  # the quantised copy's rule (int8 or int4)
+    q = manifest.get("quantization")
+    if q:
+        int8 = checks.QuantRule.for_bits(q.get("bits", 8), min_top1, min_tokens, max_drift)
+        report.rule = (f"{int8.label}: top-1 >= {int8.min_top1:g}, free-running tokens >= {int8.min_tokens:g}, "
+                       f"recurrent state drift after {drift.DRIFT_STEPS} steps <= {int8.max_drift:g}")
     runs = (("graphs", lambda: checks.graph_cases(rt, cases, rng, atol, rtol, device, localize, int8)),
             ("teacher_forced", lambda: [checks.teacher_forced(rt, cases, steps, atol, rtol, rng, int8)]),
             ("free_running", lambda: checks.free_running(rt, cases, steps, atol, rtol, int8)))
+    if int8 and drift.recurrent_states(rt):
+        runs += (("state_drift", lambda: drift.state_drift(rt, cases, rng, int8.max_drift)),)
     for check, run in runs:
         t = time.perf_counter()
         found = run()
