@@ -9,6 +9,7 @@ import numpy as np
 
 from seqexport.errors import ArtifactError, InputError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
+from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.session import Graph, SharedWeights
 from seqexport.runtime.tokenizer import load_tokenizer
 from seqexport.state.rows import retain_rows
@@ -26,16 +27,13 @@ def tokens_2d(tokens) -> tuple[np.ndarray, bool]:
     return (a[:, None], True) if a.ndim == 1 else (a, False)
 
 
-class RuntimeModel:
+class RuntimeModel(StepModel):
     """Common part: manifest, graphs, tokenizer, provider, feeding outputs back as state.
 
     A family's model adds `vocab_size`, `start(...)`, `step(tokens, state)` and
     `begin(prompts)` (what generation calls first; see `seqexport.runtime.generate`).
     """
 
-    family = ""  # the registry name, set by each family's model
-    supports_beams = False  # beam search needs rows that can be reordered mid-decode
-    max_new_tokens_limit: int | None = None  # the most tokens one decode can make (a positional table)
 
     def __init__(self, folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None,
                  io_binding: bool | None = None, manifest: dict | None = None):
@@ -62,14 +60,8 @@ class RuntimeModel:
             raise ArtifactError(f"{self.folder / MANIFEST}: field 'tokenizer': {e}") from None
 
     # serving: rows join and leave (engine). Defaults for families whose rows are independent
-    # along the batch (Mamba, RWKV); a family whose rows need padding or per-row lengths
-    # overrides join/take, or sets continuous_batching False (then the engine admits new
-    # requests only when the running batch is empty).
-    continuous_batching = True
-    # Whether `begin_rows` runs a graph (a transformer's encoder): then the engine's starter
-    # thread runs it beside the batched step; otherwise (a zero recurrent state) the starter
-    # runs `begin` instead, the prompt's whole prefill.
-    begin_rows_runs_a_graph = False
+    # along the batch (Mamba, RWKV); a family whose state has another kind overrides join/take
+    # (through its StateLayout), or sets continuous_batching False.
 
     def join(self, states: list[State]) -> State:
         """The rows of several states as one batch, in order."""

@@ -161,7 +161,7 @@ class Engine:
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise UsageError(f"{name} must be an integer >= {least}, got {v!r}")
         self.model = model
-        self._advance = getattr(model, "advance", None)  # a step that consumes the batch's state
+        self._advance = model.advance  # a step that consumes the batch's state
         self.max_rows = max_rows
         self.max_queue = max_queue
         self.max_state_bytes = max_state_bytes
@@ -223,7 +223,7 @@ class Engine:
         (row,) = _as_rows([prompt])
         if self.max_prompt_tokens is not None and len(row) > self.max_prompt_tokens:
             raise InputError(f"prompt: {len(row)} tokens exceeds the limit of {self.max_prompt_tokens}")
-        limit = getattr(self.model, "max_new_tokens_limit", None)
+        limit = self.model.max_new_tokens_limit
         if limit is not None and options.max_new_tokens > limit:
             raise InputError(f"max_new_tokens {options.max_new_tokens} exceeds what the model can hold: "
                              f"its decoder has {limit} positions")
@@ -296,8 +296,8 @@ class Engine:
         prompt's prefill and first logits) for waiting requests, at most `start_ahead` ready at
         once; up to `start_batch` of them in one `begin` when the model prefills rows of
         unequal length together (`ragged_prefill`)."""
-        prefills = not getattr(self.model, "begin_rows_runs_a_graph", False)
-        batch = self.start_batch if prefills and getattr(self.model, "ragged_prefill", False) else 1
+        prefills = not self.model.begin_rows_runs_a_graph
+        batch = self.start_batch if prefills and self.model.ragged_prefill else 1
         while True:
             with self._cond:
                 while not self._stopping and not (self._waiting and len(self._ready) < self.start_ahead):
@@ -436,7 +436,7 @@ class Engine:
             self._join(s for start_id, group in _by_start(newcomers).items() for s in self._begin(group, start_id))
             return
         if not running:  # no one to stall: prefilled at once, prompts of unequal length together
-            if getattr(self.model, "ragged_prefill", False):  # where the model takes them in one run
+            if self.model.ragged_prefill:  # where the model takes them in one run
                 first = [newcomers[0]]
                 for req in newcomers[1:]:
                     if _pads_little(first, req):

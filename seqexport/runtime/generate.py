@@ -151,7 +151,7 @@ class Generator:
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
         rows = _as_rows(prompts)
-        limit = getattr(self.model, "max_new_tokens_limit", None)
+        limit = self.model.max_new_tokens_limit
         if limit is not None and self.options.max_new_tokens > limit:
             raise InputError(f"max_new_tokens {self.options.max_new_tokens} exceeds what the model can hold: "
                              f"its decoder has {limit} positions")

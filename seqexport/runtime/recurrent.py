@@ -9,12 +9,13 @@ import numpy as np
 
 from seqexport.errors import InputError
 from seqexport.runtime.base import State, retain_rows
+from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.row_buffers import RowBuffers
 from seqexport.runtime.session import NP_DTYPES, check_token_ids
 from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
 
 
-class RecurrentSteps:
+class RecurrentSteps(StepModel):
     # beams reorder rows: a gather along the batch (`State.select`) for a fixed-size state too
     supports_beams = True
     prompt_frame = {"bos": True, "suffix": "", "eos": False}
@@ -27,7 +28,7 @@ class RecurrentSteps:
         each row's state and logits taken at its own end; one-token prompts go through the
         step graph, as alone. Otherwise rows of equal length go together, a run per length."""
         by_len: dict[int, list[int]] = {}
-        ragged = getattr(self, "ragged_prefill", False)
+        ragged = self.ragged_prefill
         for i, r in enumerate(rows):
             by_len.setdefault(min(len(r), 2) if ragged else len(r), []).append(i)
         states, logits, order = [], [], []

@@ -88,7 +88,7 @@ class ServingHost:
         return encode_prompt(tok, self.model.prompt_frame, params.prompt, self.model.manifest.get("tokenizer"))
 
     def options(self, params: CompletionParams) -> SearchOptions:
-        limit = getattr(self.model, "max_new_tokens_limit", None)
+        limit = self.model.max_new_tokens_limit
         if limit is not None and params.max_tokens > limit:
             raise HTTPError(400, f"max_tokens: {params.max_tokens} exceeds what the model can hold "
                                  f"({limit} positions)", "max_tokens")

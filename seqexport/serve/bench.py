@@ -86,8 +86,8 @@ def step_floor(model, prompts: list[list[int]], rows: int, calls: int = 100, rou
     """Median ms of one batched decode step as the engine runs it (`advance` where the model
     has it, else `step`), alone, at 1 row and at `rows`, rounds taken in turn; a chain of steps
     from `begin` of that many prompts, begun again (untimed) before a positional table ends."""
-    limit = getattr(model, "max_new_tokens_limit", None)
-    advance = getattr(model, "advance", None)
+    limit = model.max_new_tokens_limit
+    advance = model.advance
     sizes = sorted({1, max(1, rows)})
     chains = {}
 

@@ -20,11 +20,12 @@ from seqexport.families.transformer.specs import (
     LOGITS,
 )
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d
+from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.session import check_token_ids, to_numpy
 from seqexport.state.layout import StateLayout
 
 
-class TransformerSteps:
+class TransformerSteps(StepModel):
     """What generation does with any transformer that has start/step (ONNX or eager)."""
 
     family = "transformer"

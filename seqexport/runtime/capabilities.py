@@ -1,0 +1,21 @@
+"""What generation, the engine and the server may ask of a model with `start`/`step` (an
+exported one or the eager one behind the same API): its capabilities, declared as data with the
+default of a model that lacks them, instead of probed for with getattr.
+
+A model also has `vocab_size`, `tokenizer`, `prompt_frame`, `start`, `step`, `begin`,
+`begin_rows`, `feed` and the row operations `join` / `take` / `extend` / `retain`.
+"""
+
+
+class StepModel:
+    family: str = ""  # the registry name
+    supports_beams: bool = False  # beam search: rows can be reordered mid-decode (a gather per kind)
+    # rows may join a running batch at any step boundary; False: the engine admits new requests
+    # only when the batch is empty (an old transformer decoder whose rows must stay in step)
+    continuous_batching: bool = True
+    # `begin_rows` runs a graph (a transformer's encoder): the engine's starter thread runs it beside
+    # the batched step; otherwise (a zero recurrent state) the starter runs `begin`, the whole prefill
+    begin_rows_runs_a_graph: bool = False
+    ragged_prefill: bool = False  # prompts of unequal length share one prefill run
+    max_new_tokens_limit: int | None = None  # the most tokens one decode can make (a positional table)
+    advance = None  # the engine's batched step that consumes the state it steps (RowBuffers), if any
