@@ -137,11 +137,11 @@ def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_
 @click.option("--fast", is_flag=True, help="Small sizes and few repeats (CI).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every figure as JSON here.")
 @click.option("--baseline", type=click.Path(file_okay=False),
-              help="int8 FOLDER: the float32 export to time it beside [its manifest's quantization source].")
+              help="int8/int4 FOLDER: the float32 export to time it beside [its manifest's quantization source].")
 def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fast, json_path, baseline):
     """Time eager PyTorch vs ONNX Runtime on an exported FOLDER: steps, prefill, generation, memory.
 
-    An int8 FOLDER (`seqexport quantize`) is also timed beside its float32 source."""
+    An int8 or int4 FOLDER (`seqexport quantize`) is also timed beside its float32 source."""
     from seqexport.bench.int8 import baseline_of, format_int8_table, run_int8_bench
     from seqexport.bench.run import format_table, run_bench
 
@@ -154,9 +154,9 @@ def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fas
     if source is not None:
         sizes = dict(contexts=(4, 16), new_tokens=4, repeats=2, sample_s=0.002) if fast else \
             dict(contexts=contexts or (16, 64), new_tokens=new_tokens or 16, repeats=repeats or 5)
-        result["int8_vs_float32"] = run_int8_bench(folder, source, threads=threads, **sizes,
-                                                   log=lambda msg: click.echo(msg, err=True))
-        click.echo(format_int8_table(result["int8_vs_float32"]))
+        side = run_int8_bench(folder, source, threads=threads, **sizes, log=lambda msg: click.echo(msg, err=True))
+        result[f"{side['weights']}_vs_float32"] = side  # int8_vs_float32 or int4_vs_float32
+        click.echo(format_int8_table(side))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2)
@@ -164,23 +164,31 @@ def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fas
 
 @cli.command()
 @click.argument("folder", type=click.Path(file_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder of the int8 copy.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder of the quantised copy.")
+@click.option("--bits", type=int, default=8, show_default=True,
+              help="8: int8 weights and activations; 4: weight-only int4 (MatMulNBits, block-wise).")
 @click.option("--mode", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
-              help="dynamic: int8 weights, activations quantised on the fly (no calibration data); "
+              help="int8 only. dynamic: activations quantised on the fly (no calibration data); "
                    "static: activation ranges calibrated on the float32 model's own decodes (QDQ).")
 @click.option("--calibration", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="static: a text file of prompts, one a line [seeded random token ids].")
-@click.option("--per-channel", is_flag=True, help="One int8 scale per output channel of each weight.")
+              help="static int8: a text file of prompts, one a line [seeded random token ids].")
+@click.option("--per-channel", is_flag=True, help="int8: one scale per output channel of each weight.")
+@click.option("--block-size", type=int, help="int4: weights per scale along the input dim (16-256, a power of 2) [32].")
+@click.option("--accuracy-level", type=int,
+              help="int4: MatMulNBits compute type of the activations, 4 int8, 1 float32 (0-4) [4].")
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep float32 the weight MatMuls whose module path or node name matches (glob; repeat).")
-@click.option("--include-head", is_flag=True, help="Quantise the output head too (kept float32 by default).")
+@click.option("--include-head/--float-head", default=None,
+              help="Quantise the output head too, or keep it float32 [int8: float32; int4: quantised].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
-def quantize(folder, out, mode, calibration, per_channel, exclude, include_head, overwrite):
-    """Write an int8 copy of an exported FOLDER (ONNX Runtime's quantisation tools).
+def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accuracy_level, exclude, include_head,
+             overwrite):
+    """Write an int8 or int4 copy of an exported FOLDER (ONNX Runtime's quantisation tools).
 
-    Norms, softmax, embeddings, the scans and their state, the output head and the
-    family's sensitive projections stay float32. `seqexport validate` judges the copy by
-    top-1 agreement with the float32 eager model.
+    Norms, softmax, embeddings, the scans and their state and the family's sensitive
+    projections stay float32 (int8: the output head too). `seqexport validate` judges the
+    copy by top-1 agreement with the float32 eager model and, for Mamba / RWKV-7, by the
+    drift of every state tensor over 256 steps.
     """
     from seqexport.export.quantize import quantize as run_quantize
 
@@ -188,8 +196,9 @@ def quantize(folder, out, mode, calibration, per_channel, exclude, include_head,
     if calibration:
         with open(calibration, encoding="utf-8") as f:
             texts = [line.rstrip("\n") for line in f if line.strip()]
-    run_quantize(folder, out, mode=mode, per_channel=per_channel, exclude=exclude, include_head=include_head,
-                 overwrite=overwrite, calibration=texts, log=lambda msg: click.echo(msg, err=True))
+    run_quantize(folder, out, bits=bits, mode=mode, per_channel=per_channel, block_size=block_size,
+                 accuracy_level=accuracy_level, exclude=exclude, include_head=include_head, overwrite=overwrite,
+                 calibration=texts, log=lambda msg: click.echo(msg, err=True))
 
 
 @cli.command()

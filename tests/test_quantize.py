@@ -119,6 +119,32 @@ def test_static_mode_calibrates_on_the_models_own_decodes(dates_exports, tmp_pat
     assert abs(exact_match(out, pairs) - exact_match(folder, pairs)) <= 0.02
 
 
+def test_static_per_channel_puts_one_scale_per_output_channel(transformer_tiny, tmp_path):
+    """Static int8 per channel: each int8 weight is dequantised along its output axis with one
+    scale per output channel (the eager Linear's out_features), not one per tensor or per input."""
+    ckpt, folder = transformer_tiny
+    out = quantize(folder, tmp_path / "static", mode="static", per_channel=True)
+    m = json.loads((out / "manifest.json").read_text())
+    tensors = m["weights"]["tensors"]
+    checked = 0
+    for name in m["graphs"]:
+        graph = onnx.load(str(out / m["graphs"][name]["file"]), load_external_data=False)
+        init = {t.name: t for t in graph.graph.initializer}
+        dims = {n: list(t.dims) for n, t in init.items()} | {n: t["dims"] for n, t in tensors.items()}
+        int8 = {n for n, t in init.items() if t.data_type == onnx.TensorProto.INT8} | \
+            {n for n, t in tensors.items() if t["dtype"] == "int8"}
+        for node in graph.graph.node:
+            if node.op_type != "DequantizeLinear" or node.input[0] not in int8:
+                continue
+            w = node.input[0]  # (in, out): the MatMul's B
+            path = w.removeprefix("model.").removesuffix("_quantized").removesuffix(".T").removesuffix(".weight")
+            out_features = ckpt.model.get_submodule(path).out_features
+            axis = next(a.i for a in node.attribute if a.name == "axis")
+            assert dims[w][axis] == out_features and dims[node.input[1]] == [out_features], (w, dims[node.input[1]])
+            checked += 1
+    assert checked >= 2 * 8  # every decoder layer's linears at least (the head stays float32)
+
+
 def test_tiny_transformer_keeps_its_appended_cache_io(transformer_tiny, tmp_path):
     """A random-weight preset, head included: past_lengths in, only the new K/V out, as the
     source; the runtime decodes it (with a cache buffer it grows) to the requested length."""
@@ -182,7 +208,7 @@ def test_bench_times_the_int8_copy_beside_its_source(dates_exports, tmp_path):
     assert all(r["step_int8_ms"] > 0 and r["step_float32_ms"] > 0 for r in side["rows"])
     assert side["disk_bytes"]["int8"] < 0.7 * side["disk_bytes"]["float32"]  # tiny: float embedding, x_proj
     bad = CliRunner().invoke(cli, ["bench", str(folder), "--fast", "--baseline", str(folder)])
-    assert bad.exit_code == 2 and "is not an int8 copy" in bad.output, bad.output
+    assert bad.exit_code == 2 and "is not a quantised (int8 or int4) copy" in bad.output, bad.output
 
 
 def test_int8_free_running_judges_each_pick_on_its_own_prefix():

@@ -1,7 +1,9 @@
-"""`seqexport quantize`: an int8 copy of an exported folder, made by ONNX Runtime's own
+"""`seqexport quantize`: an int8 or int4 copy of an exported folder, made by ONNX Runtime's own
 quantisation tools (`onnxruntime.quantization`), not hand-written kernels.
 
-dynamic (default): weights of MatMuls int8 (per tensor, or per output channel), activations
+--bits 4: weight-only int4, block-wise (`export.int4`: one MatMulNBits node per weight MatMul,
+the head included by default — on the 130m/0.1b presets a float32 head alone is 30-37% of the
+bytes a step reads). --bits 8 (default), dynamic: weights of MatMuls int8 (per tensor, or per output channel), activations
 quantised on the fly (`quantize_dynamic`; ORT fuses each into one DynamicQuantizeMatMul at
 load). static: activations too, with ranges calibrated on the float32 model's own decodes
 (`quantize_static`, QDQ format). A plain Gemm (a one-token step's linear) is first rewritten
@@ -13,8 +15,9 @@ weights) — plus, by default, the output head and what the family marks as nume
 sensitive (`Family.int8_keep_float`: Mamba's x_proj/dt_proj, which make Δ, B and C; RWKV's
 decay LoRA). The runtime needs no change: graph I/O names and dtypes are those of the source
 (checked). The graphs' weights go into one shared file again (`export.weights.share_weights`):
-an int8 weight both graphs read is stored once. The manifest records the quantisation (mode,
-what stayed float, source folder and its manifest's sha256).
+a quantised weight both graphs read is stored once. The manifest records the quantisation
+(bits, mode, block size and accuracy level for int4, what stayed float, source folder and its
+manifest's sha256).
 """
 
 import fnmatch
@@ -29,6 +32,7 @@ from onnx import numpy_helper
 
 from seqexport import families
 from seqexport.errors import ExportError, UsageError
+from seqexport.export import int4
 from seqexport.export.atomic import atomic_folder
 from seqexport.export.weights import WEIGHTS_FILE, share_weights
 from seqexport.manifest import (
@@ -43,6 +47,7 @@ from seqexport.parity.localize import SCOPES_KEY
 from seqexport.specs import LOGITS
 
 MODES = ("dynamic", "static")
+BITS = (8, 4)  # the first is the default
 WEIGHT_OPS = ("MatMul", "Gemm")
 CALIBRATION_PROMPTS = 8  # static mode: random prompts decoded by the float32 model, when none given
 
@@ -223,24 +228,52 @@ def _quantize_graph(src: onnx.ModelProto, path: Path, mode: str, per_channel: bo
         root.level = level
 
 
-def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, exclude=(),
-             include_head: bool = False, overwrite: bool = False, calibration: list[str] | None = None,
-             log=None) -> Path:
-    """Write an int8 copy of the exported `folder` to `out` (atomically). `calibration`: static
-    mode's prompts (text; default: seeded random token ids)."""
-    log = log or (lambda msg: None)
-    folder, out = Path(folder), Path(out)
+def _check_options(bits: int, mode: str, per_channel: bool, calibration, block_size, accuracy_level) -> None:
+    """Refuse a request that mixes the int8 and int4 options, naming the bad value."""
+    if bits not in BITS:
+        raise UsageError(f"--bits {bits}: expected one of {list(BITS)} (int8 with activations quantised, "
+                         "or weight-only int4)")
     if mode not in MODES:
         raise UsageError(f"unknown quantisation mode {mode!r}; expected one of {list(MODES)}")
+    if bits == 4:
+        given = [o for o, v in (("--mode static", mode == "static"), ("--per-channel", per_channel),
+                                ("--calibration", calibration)) if v]
+        if given:
+            raise UsageError(f"{given[0]} is an int8 option; --bits 4 is weight-only, one scale per block "
+                             "of --block-size weights")
+        if block_size not in int4.BLOCK_SIZES:
+            raise UsageError(f"--block-size {block_size}: expected one of {list(int4.BLOCK_SIZES)}")
+        if accuracy_level not in int4.ACCURACY_LEVELS:
+            raise UsageError(f"--accuracy-level {accuracy_level}: expected one of {list(int4.ACCURACY_LEVELS)}")
+        return
+    if block_size is not None or accuracy_level is not None:
+        raise UsageError(f"--{'block-size' if block_size is not None else 'accuracy-level'} is an int4 option "
+                         "(--bits 4)")
     if calibration and mode != "static":
         raise UsageError("calibration prompts are for --mode static (dynamic int8 needs none)")
+
+
+def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: bool = False, exclude=(),
+             include_head: bool | None = None, block_size: int | None = None, accuracy_level: int | None = None,
+             overwrite: bool = False, calibration: list[str] | None = None, log=None) -> Path:
+    """Write an int8 (`bits` 8) or weight-only int4 (`bits` 4) copy of the exported `folder` to
+    `out` (atomically). `include_head`: quantise the output head too [int8: no, int4: yes].
+    `block_size`, `accuracy_level`: int4's MatMulNBits options [32, 4]. `calibration`: static
+    int8's prompts (text; default: seeded random token ids)."""
+    log = log or (lambda msg: None)
+    folder, out = Path(folder), Path(out)
+    if bits == 4:
+        block_size = int4.BLOCK_SIZE if block_size is None else block_size
+        accuracy_level = int4.ACCURACY_LEVEL if accuracy_level is None else accuracy_level
+    _check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)
+    include_head = bits == 4 if include_head is None else include_head
     manifest = read_manifest(folder)
     if manifest.get("quantization"):
         q = manifest["quantization"]
-        raise UsageError(f"{folder} is already quantised ({q.get('mode')} int8 of {q.get('source', {}).get('folder')}); "
-                         "quantise its float32 source instead")
+        raise UsageError(f"{folder} is already quantised ({q.get('weights', 'int8')} of "
+                         f"{q.get('source', {}).get('folder')}); quantise its float32 source instead")
     if manifest["dtype"] != "float32":
-        raise UsageError(f"{folder} is a {manifest['dtype']} export; int8 is made from a float32 export")
+        raise UsageError(f"{folder} is a {manifest['dtype']} export; int{bits} is made from a float32 export")
     family = families.get(manifest["family"])
     models = {name: onnx.load(str(folder / g["file"])) for name, g in manifest["graphs"].items()}
     keep: dict[str, set[str]] = {}  # graph -> node names of the weight MatMuls that stay float32
@@ -256,6 +289,8 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
                     keep[name].add(node.name)
                     if pattern in matched:
                         matched[pattern] += 1
+        if bits == 4:  # a weight MatMulNBits cannot take (not the B operand, not 2-D) stays float32 too
+            keep[name] |= {n.name for n in weight_nodes(model)} - {n.name for n in int4.quantizable(model, weight_nodes(model))}
         kept[name] = sorted(_labels(n, weights, bias_of)[-1] for n in weight_nodes(model) if n.name in keep[name])
     unmatched = [p for p, n in matched.items() if n == 0]
     if unmatched:
@@ -263,19 +298,27 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
                          "eager module paths such as 'decoder.layers.0.*' or ONNX node names)")
     started = time.perf_counter()
     feeds = calibration_feeds(folder, calibration) if mode == "static" else {}
+    kind = f"int4 (MatMulNBits, block {block_size}, accuracy level {accuracy_level})" if bits == 4 else f"int8 ({mode})"
     with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
         quantized = {}
         for name, g in manifest["graphs"].items():
-            path = Path(scratch) / name / g["file"]
-            path.parent.mkdir()
             copy = onnx.ModelProto()
             copy.CopyFrom(models[name])  # the quantiser edits the model it is given
-            arithmetic = {n.name for n in structural_nodes(models[name])}
-            _quantize_graph(copy, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
-            quantized[name] = onnx.load(str(path))
+            if bits == 4:
+                chosen = {n.name for n in weight_nodes(models[name])} - keep[name]
+                quantized[name] = int4.quantize_graph(copy, chosen, 4, block_size, accuracy_level)
+                missed = chosen - set(int4.nbits_nodes(quantized[name]))
+                if missed:
+                    raise ExportError(f"graph {name!r}: the int4 quantiser left {sorted(missed)[:3]} float")
+            else:
+                path = Path(scratch) / name / g["file"]
+                path.parent.mkdir()
+                arithmetic = {n.name for n in structural_nodes(models[name])}
+                _quantize_graph(copy, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
+                quantized[name] = onnx.load(str(path))
             if _io(quantized[name]) != _io(models[name]):
                 raise ExportError(f"graph {name!r}: the quantiser changed the graph's inputs or outputs")
-        # one weights file again: an int8 weight both graphs read (same name, same bytes) once
+        # one weights file again: a quantised weight both graphs read (same name, same bytes) once
         shared = share_weights(quantized, {name: {} for name in quantized})
         shared.write(tmp / WEIGHTS_FILE)
         graphs = {}
@@ -284,8 +327,7 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
             onnx.checker.check_model(str(tmp / g["file"]))
             graphs[name] = graph_entry(tmp, graph_specs(manifest)[name], g["file"])
             total = len(weight_nodes(models[name]))
-            log(f"  {name}: {total - len(keep[name])}/{total} weight MatMuls int8 ({mode}), "
-                f"{len(keep[name])} float32")
+            log(f"  {name}: {total - len(keep[name])}/{total} weight MatMuls {kind}, {len(keep[name])} float32")
         log(f"  {WEIGHTS_FILE}: {_weights_bytes(manifest) / 1e6:.1f} MB -> {shared.size / 1e6:.1f} MB")
         if manifest.get("tokenizer", {}) and "file" in manifest["tokenizer"]:
             (tmp / manifest["tokenizer"]["file"]).write_bytes((folder / manifest["tokenizer"]["file"]).read_bytes())
@@ -293,16 +335,21 @@ def quantize(folder, out, *, mode: str = "dynamic", per_channel: bool = False, e
         if source.get("checkpoint") and not Path(source["checkpoint"]).is_absolute():
             source["checkpoint"] = str((folder / source["checkpoint"]).resolve())  # validate's eager model
         new = {k: v for k, v in manifest.items() if k not in ("format", "format_version", "parity", "weights")}
-        new |= {"graphs": graphs, "weights": shared.record(), "source": source, "quantization": {
-            "mode": mode, "weights": "int8", "activations": "int8 (calibrated)" if mode == "static" else
-            "int8 (per call)", "per_channel": per_channel, "include_head": include_head,
-            "excluded_patterns": list(exclude), "family_kept_float": list(family.int8_keep_float),
-            "kept_float": kept,
-            "calibration_feeds": {k: len(v) for k, v in feeds.items()} or None,
+        if bits == 4:
+            record = {"mode": "weight-only", "weights": "int4", "bits": 4, "block_size": block_size,
+                      "accuracy_level": accuracy_level, "symmetric": int4.SYMMETRIC,
+                      "activations": "float32" + (" (int8 inside MatMulNBits)" if accuracy_level == 4 else "")}
+        else:
+            record = {"mode": mode, "weights": "int8", "bits": 8, "activations": "int8 (calibrated)"
+                      if mode == "static" else "int8 (per call)", "per_channel": per_channel,
+                      "calibration_feeds": {k: len(v) for k, v in feeds.items()} or None}
+        new |= {"graphs": graphs, "weights": shared.record(), "source": source, "quantization": record | {
+            "include_head": include_head, "excluded_patterns": list(exclude),
+            "family_kept_float": list(family.int8_keep_float), "kept_float": kept,
             "source": {"folder": str(folder.resolve()), "manifest_sha256": sha256_file(folder / MANIFEST)},
             "seconds": round(time.perf_counter() - started, 2)}}
         write_manifest(tmp, new)
-    log(f"quantised {folder} -> {out} ({mode}, int8 weights{', per channel' if per_channel else ''})")
+    log(f"quantised {folder} -> {out} ({kind} weights{', per channel' if per_channel else ''})")
     return out
 
 

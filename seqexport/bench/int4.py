@@ -1,0 +1,75 @@
+"""The floor under an int4 copy's step ratio: its step graph's linears alone, at batch 1.
+
+Each weight MatMul of the int4 step graph (MatMulNBits, or a MatMul on a float32 weight it kept)
+becomes an independent MatMul of the same (K, N) over random weights, in one session; the same
+chain with the same MatMuls as MatMulNBits (the copy's block size and accuracy level) in a
+second. int4 ÷ float32 of the two is what ORT's GEMVs reach on this machine with nothing else in
+the graph; the step ratio is that plus the rest of the step (norms, the scan's state update,
+the attention over the cache), which int4 does not shrink.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from seqexport.bench.timing import time_paired
+from seqexport.export import int4
+from seqexport.manifest import MANIFEST
+
+
+def step_linears(folder: Path) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]], dict]:
+    """(graph, int4 (K, N) shapes, float32 (K, N) shapes, MatMulNBits attributes) of the copy's
+    one-token graph: `step`, or a transformer's `decoder`."""
+    m = json.loads((folder / MANIFEST).read_text())
+    graph = next(g for g in ("step", "decoder") if g in m["graphs"])
+    model = onnx.load(str(folder / m["graphs"][graph]["file"]), load_external_data=False)
+    # the float32 weights are those in the shared weights file (constants under 1 KB stay in the
+    # graph: a broadcast by ones is arithmetic, not a weight)
+    stored = {n: t["dims"] for n, t in (m.get("weights") or {}).get("tensors", {}).items() if t["dtype"] == "float32"}
+    q, f, attrs = [], [], {}
+    for node in model.graph.node:
+        if node.op_type == int4.NBITS:
+            a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+            q.append((a["K"], a["N"]))
+            attrs = a
+        elif node.op_type == "MatMul" and len(stored.get(node.input[1], ())) == 2:
+            f.append(tuple(stored[node.input[1]]))
+    return graph, q, f, attrs
+
+
+def chain(shapes: list[tuple[int, int]], seed: int = 0) -> onnx.ModelProto:
+    """One MatMul per (K, N) weight, each reading a (1, K) input of its own width."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, outputs = [], [], []
+    for i, (k, n) in enumerate(shapes):
+        inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.02).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [f"x{k}", f"w{i}"], [f"y{i}"], name=f"linear{i}"))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, n]))
+    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted({k for k, _ in shapes})]
+    return helper.make_model(helper.make_graph(nodes, "linears", inputs, outputs, inits),
+                             opset_imports=[helper.make_opsetid("", 18)])
+
+
+def linears_floor(folder: Path, threads: int, repeats: int, sample_s: float) -> dict:
+    """The copy's step linears alone, float32 and as the copy has them; milliseconds and ratio."""
+    graph, q, f, attrs = step_linears(Path(folder))
+    shapes = q + f
+    fp32 = chain(shapes)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(fp32)
+    quantized = int4.quantize_graph(copy, {f"linear{i}" for i in range(len(q))}, 4,
+                                    attrs.get("block_size", int4.BLOCK_SIZE), attrs.get("accuracy_level", 0))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    sessions = {name: ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                for name, m in (("float32", fp32), ("int4", quantized))}
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal((1, i.shape[1])).astype(np.float32) for i in sessions["float32"].get_inputs()}
+    t = time_paired({n: (lambda s=s: s.run(None, feeds)) for n, s in sessions.items()}, repeats, sample_s)
+    return {"graph": graph, "linears": len(shapes), "int4_linears": len(q),
+            "float32_weights_mb": sum(k * n for k, n in shapes) * 4 / 1e6,
+            "float32_ms": t["float32"] * 1e3, "int4_ms": t["int4"] * 1e3, "ratio": t["int4"] / t["float32"]}
