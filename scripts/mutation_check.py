@@ -204,6 +204,11 @@ FAULTS = (
           "const kth = Float64Array.from(z).sort()[n - Math.min(options.topK, n)];",
           "const kth = Float64Array.from(z).sort()[n - Math.min(options.topK, n) - 1];",
           ("tests/test_web.py::test_seeded_sampling_matches_the_python_runtime",)),
+    Fault("M50", "the Mamba-2 export's SSD: chunk start states not decayed to each position",
+          "seqexport/families/mamba2/ssd.py",
+          "y_off = (Cc @ states[:, :, :, :-1].transpose(-1, -2)) * torch.exp(A_cumsum)[..., None]  # (b, g, r, c, t, p)",
+          "y_off = (Cc @ states[:, :, :, :-1].transpose(-1, -2))  # (b, g, r, c, t, p)",
+          ("tests/test_mamba2_ssd.py", "tests/test_mamba2_export.py")),
 )
 
 

@@ -10,8 +10,8 @@ import torch
 from seqexport.bench.cases import Case, bare_session, split_feeds
 from seqexport.families.hybrid.export import chunk_of, layers_of
 from seqexport.families.hybrid.specs import INPUT_IDS, PAST_LENGTHS
+from seqexport.families.mamba2.ssd import ssd_grouped
 from seqexport.families.recurrent import bench as recurrent
-from seqexport.models.mamba2 import ssd_chunked
 from seqexport.parity.inputs import random_inputs
 from seqexport.runtime.session import NP_DTYPES
 from seqexport.state import appended
@@ -52,7 +52,7 @@ def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Gen
 
 def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes: list[str]):
     chunk = chunk_of(model.config, rt.manifest)
-    return recurrent.prefill_cases(rt, model, batches, contexts, rng, scan=partial(ssd_chunked, chunk=chunk),
+    return recurrent.prefill_cases(rt, model, batches, contexts, rng, scan=partial(ssd_grouped, chunk=chunk),
                                    lowering=f"chunked SSD, chunk {chunk}")
 
 

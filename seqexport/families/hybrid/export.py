@@ -20,9 +20,10 @@ from seqexport.export import DEFAULT_OPSET, ragged
 from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
 from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
-from seqexport.families.mamba2.export import _conv_state_at_ends
+from seqexport.families.mamba2.export import CHUNK, _conv_state_at_ends
+from seqexport.families.mamba2.ssd import ssd_grouped
 from seqexport.models.hybrid import HybridLM
-from seqexport.models.mamba2 import ssd_chunked, ssd_sequential
+from seqexport.models.mamba2 import ssd_sequential
 from seqexport.parity.inputs import random_inputs
 from seqexport.specs import GraphSpec
 
@@ -32,7 +33,7 @@ def specs_for(config, dtype: str = "float32") -> dict[str, GraphSpec]:
 
 
 def chunk_of(config, manifest: dict | None = None) -> int:
-    """The SSD chunk length of an export: its `--chunk-size`, else the config's."""
+    """The SSD chunk length of an export (its `chunk_size` option)."""
     chosen = ((manifest or {}).get("export_options") or {}).get("chunk_size")
     return int(chosen or config.chunk_size)
 
@@ -114,22 +115,22 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     specs = specs_for(ckpt.config, dtype)
     model = model_in_dtype(ckpt.model, dtype)
     tdtype = next(model.parameters()).dtype
-    chunk = ckpt.config.chunk_size
+    chunk = min(ckpt.config.chunk_size, CHUNK)  # as Mamba-2's (measured there)
     prefill_args = example_inputs(specs["prefill"], tdtype, chunk + 3)
     step_args = example_inputs(specs["step"], tdtype, 1)
 
     def build(tmp):
         with torch.no_grad():
             export_graphs([
-                GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_chunked, chunk=chunk)),
+                GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_grouped, chunk=chunk)),
                          prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
                          dynamic_shapes_for(specs["prefill"], varargs_from=3)),
                 GraphJob("step", StepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
                          dynamic_shapes_for(specs["step"], varargs_from=2)),
             ])
 
-    return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype, options={},
-                          tokenizer=tokenizer)
+    return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
+                          options={"chunk_size": chunk}, tokenizer=tokenizer)
 
 
 export = export_hybrid

@@ -8,8 +8,8 @@ import numpy as np
 
 from seqexport.families.mamba2.eager import layer_state
 from seqexport.families.mamba2.export import chunk_of
+from seqexport.families.mamba2.ssd import ssd_grouped
 from seqexport.families.recurrent import bench as recurrent
-from seqexport.models.mamba2 import ssd_chunked
 from seqexport.runtime.session import NP_DTYPES
 
 # as every recurrent-state LM's
@@ -21,7 +21,7 @@ step_cases = partial(recurrent.step_cases, layer_state=layer_state)
 
 def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes: list[str]):
     chunk = chunk_of(model.config, rt.manifest)
-    return recurrent.prefill_cases(rt, model, batches, contexts, rng, scan=partial(ssd_chunked, chunk=chunk),
+    return recurrent.prefill_cases(rt, model, batches, contexts, rng, scan=partial(ssd_grouped, chunk=chunk),
                                    lowering=f"chunked SSD, chunk {chunk}")
 
 
