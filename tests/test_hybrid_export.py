@@ -7,20 +7,17 @@ positions in one call; validate and its layer localisation through both layer ki
 serving engine's continuous batching."""
 
 import json
-import shutil
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from onnx import numpy_helper
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
-from seqexport.manifest import sha256_file
 from seqexport.parity.validate import validate
 from seqexport.runtime.engine import Engine
+from tests.damage import damaged_copy
 from tests.test_hybrid_model import HF_MODELS, VOCAB, _hf, _hf_decode
 
 TOL = 1e-4
@@ -130,28 +127,13 @@ def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported):
     assert [r.tokens for r in reqs] == [rt.generate(m, [p], o)[0] for p, o in zip(prompts, options)]
 
 
-def damaged_copy(folder, tmp_path, graph, initializer, delta=0.5):
-    """An export with one initializer of one graph shifted, re-hashed (as an exporter bug would)."""
-    out = tmp_path / f"damaged-{graph}-{initializer}"
-    shutil.copytree(folder, out)
-    model = onnx.load(str(out / f"{graph}.onnx"))
-    init = next(i for i in model.graph.initializer if i.name == initializer)
-    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(delta), init.name))
-    onnx.save(model, str(out / f"{graph}.onnx"))
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["graphs"][graph] |= {"sha256": sha256_file(out / f"{graph}.onnx"),
-                                  "bytes": (out / f"{graph}.onnx").stat().st_size}
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    return out
-
-
 @pytest.mark.parametrize("graph", ["prefill", "step"])
 @pytest.mark.parametrize("layer, weight", [(2, "mixer.q_proj.weight.T"), (3, "mixer.out_proj.weight.T")],
                          ids=["attention", "mamba2"])
 def test_a_damaged_weight_fails_naming_its_layer(exported, tmp_path, graph, layer, weight):
     hf, _, out = exported("bamba")
     assert kinds_of(hf)[layer] == ("full_attention" if "q_proj" in weight else "linear_attention")
-    bad = damaged_copy(out, tmp_path, graph, f"model.layers.{layer}.{weight}")
+    bad = damaged_copy(out, tmp_path, graph, f"model.layers.{layer}.{weight}", delta=0.5)
     report = validate(bad, steps=4, write_summary=False)
     assert not report.passed
     failing = [c for c in report.cases if c.check == "graphs" and not c.passed]

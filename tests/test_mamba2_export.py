@@ -5,7 +5,6 @@ through the torch-free runtime against transformers' own model (its torch path),
 validate (and its layer localisation on a damaged copy), generation, and bad input."""
 
 import json
-import shutil
 
 import numpy as np
 import onnx
@@ -13,13 +12,12 @@ import pytest
 import torch
 import transformers
 from click.testing import CliRunner
-from onnx import numpy_helper
 from safetensors.torch import save_file
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
-from seqexport.manifest import sha256_file
 from seqexport.parity.validate import validate
+from tests.damage import damaged_copy
 
 V = 100
 TOL = 1e-4
@@ -134,25 +132,10 @@ def test_validate_passes(exported):
     assert "result: PASS" in result.output
 
 
-def damaged_copy(folder, tmp_path, graph, initializer, delta=0.5):
-    """An export with one initializer of one graph shifted, re-hashed (as an exporter bug would)."""
-    out = tmp_path / f"damaged-{graph}"
-    shutil.copytree(folder, out)
-    model = onnx.load(str(out / f"{graph}.onnx"))
-    init = next(i for i in model.graph.initializer if i.name == initializer)
-    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(delta), init.name))
-    onnx.save(model, str(out / f"{graph}.onnx"))
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["graphs"][graph] |= {"sha256": sha256_file(out / f"{graph}.onnx"),
-                                  "bytes": (out / f"{graph}.onnx").stat().st_size}
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    return out
-
-
 @pytest.mark.parametrize("graph", ["prefill", "step"])
 def test_a_damaged_layer_1_weight_fails_and_names_layer_1(exported, tmp_path, graph):
     _, _, out = exported
-    bad = damaged_copy(out, tmp_path, graph, "model.backbone.layers.1.mixer.conv1d.bias")
+    bad = damaged_copy(out, tmp_path, graph, "model.backbone.layers.1.mixer.conv1d.bias", delta=0.5)
     report = validate(bad, steps=4, write_summary=False)
     assert not report.passed
     failing = [c for c in report.cases if c.check == "graphs" and not c.passed]

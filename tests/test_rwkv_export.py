@@ -5,21 +5,19 @@ layer localisation on a damaged copy), the runtime's generation paths, `generate
 the World tokenizer. (float16: tests/test_rwkv_bundled.py.)"""
 
 import json
-import shutil
 
 import numpy as np
 import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from onnx import numpy_helper
 from seqexport.models.rwkv import RwkvConfig, RwkvLM
 
 import seqexport.runtime as rt
 from seqexport.checkpoints import load_checkpoint
 from seqexport.cli import cli
-from seqexport.manifest import sha256_file
 from seqexport.parity.validate import validate
+from tests.damage import damaged_copy
 
 # the World vocabulary, so the checkpoint reads text with the World tokenizer; small otherwise
 CONFIG = dict(n_embd=32, n_layer=2, vocab_size=65536, head_size=8)
@@ -107,24 +105,9 @@ def test_validate_passes(exported):
     assert "result: PASS" in result.output
 
 
-def damaged_copy(folder, tmp_path, graph, initializer, delta=0.5):
-    """An export with one initializer of one graph shifted, re-hashed (as an exporter bug would)."""
-    out = tmp_path / f"damaged-{graph}"
-    shutil.copytree(folder, out)
-    model = onnx.load(str(out / f"{graph}.onnx"))
-    init = next(i for i in model.graph.initializer if i.name == initializer)
-    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(delta), init.name))
-    onnx.save(model, str(out / f"{graph}.onnx"))
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["graphs"][graph] |= {"sha256": sha256_file(out / f"{graph}.onnx"),
-                                  "bytes": (out / f"{graph}.onnx").stat().st_size}
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    return out
-
-
 def test_a_damaged_prefill_fails_and_names_the_layer(exported, tmp_path):
     _, _, out = exported
-    bad = damaged_copy(out, tmp_path, "prefill", "model.blocks.1.att.w1")
+    bad = damaged_copy(out, tmp_path, "prefill", "model.blocks.1.att.w1", delta=0.5)
     report = validate(bad, steps=4, write_summary=False)
     assert not report.passed
     failing = [c for c in report.cases if c.check == "graphs" and not c.passed]

@@ -4,35 +4,14 @@ import json
 import shutil
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from onnx import numpy_helper
 
 from seqexport.cli import cli
-from seqexport.manifest import sha256_file
 from seqexport.parity.checks import free_case
 from seqexport.parity.validate import validate
-
-
-def damaged_copy(folder, tmp_path, graph, initializer, delta=1e-2, edit=None):
-    """Copy an export, add `delta` to one initializer of one graph, and re-hash it in the manifest
-    (as an exporter bug would: the file is consistent with its manifest, the numbers are wrong)."""
-    out = tmp_path / f"damaged-{graph}"
-    shutil.copytree(folder, out)
-    model = onnx.load(str(out / f"{graph}.onnx"))
-    init = next(i for i in model.graph.initializer if i.name == initializer)
-    w = numpy_helper.to_array(init)
-    w = edit(w.copy()) if edit else w + np.float32(delta)
-    init.CopyFrom(numpy_helper.from_array(w, init.name))
-    onnx.save(model, str(out / f"{graph}.onnx"))
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = manifest["graphs"][graph]
-    entry["sha256"] = sha256_file(out / entry["file"])
-    entry["bytes"] = (out / entry["file"]).stat().st_size
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    return out
+from tests.damage import damaged_copy
 
 
 def test_transformer_export_passes(transformer_tiny, tmp_path):
