@@ -179,16 +179,16 @@ def bench(folder, provider, batches, contexts, new_tokens, threads, repeats, fas
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep float32 the weight MatMuls whose module path or node name matches (glob; repeat).")
 @click.option("--include-head/--float-head", default=None,
-              help="Quantise the output head too, or keep it float32 [int8: float32; int4: quantised].")
+              help="Quantise the output head at --bits too, or keep it float32 [int8: float32; int4: 8-bit].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accuracy_level, exclude, include_head,
              overwrite):
     """Write an int8 or int4 copy of an exported FOLDER (ONNX Runtime's quantisation tools).
 
     Norms, softmax, embeddings, the scans and their state and the family's sensitive
-    projections stay float32 (int8: the output head too). `seqexport validate` judges the
-    copy by top-1 agreement with the float32 eager model and, for Mamba / RWKV-7, by the
-    drift of every state tensor over 256 steps.
+    projections stay float32 (int8: the output head too; int4 makes it 8-bit). `seqexport
+    validate` judges the copy by top-1 agreement with the float32 eager model and, for
+    Mamba / RWKV-7, by the drift of every state tensor over 256 steps.
     """
     from seqexport.export.quantize import quantize as run_quantize
 

@@ -74,7 +74,7 @@ def graph(folder, name) -> onnx.ModelProto:
 
 def module_path(weight: str) -> str:
     """`model.blocks.1.att.key.weight.T_Q4` -> `blocks.1.att.key`."""
-    for suffix in ("_Q4", "_scales", ".T", ".weight"):
+    for suffix in ("_Q4", "_Q8", "_scales", ".T", ".weight"):
         weight = weight.removesuffix(suffix)
     return weight.removeprefix("model.")
 
@@ -85,13 +85,13 @@ def test_int4_copy_validates_and_keeps_the_accuracy(dates_exports, int4_copies, 
     m, source = (json.loads((f / "manifest.json").read_text()) for f in (out, folder))
     q = m["quantization"]
     assert (q["weights"], q["bits"], q["block_size"], q["accuracy_level"]) == ("int4", 4, 32, 4)
-    assert q["include_head"] and q["source"]["folder"] == str(folder.resolve())
+    assert q["head"] == "int8" and q["source"]["folder"] == str(folder.resolve())
     for name, g in m["graphs"].items():  # the runtime's contract: every graph's I/O as the source's
         assert (g["inputs"], g["outputs"]) == (source["graphs"][name]["inputs"], source["graphs"][name]["outputs"])
     assert m["weights"]["bytes"] < source["weights"]["bytes"] / 2
     n = m["config"]["n_layer" if family != "transformer" else "num_layers"]
     # float32: what makes a scan's inputs (Mamba's x_proj and dt_proj: Δ, B, C), RWKV-7's LoRAs of
-    # the decay, in-context rate and value mix (layer 0 has no v); the head is int4 here
+    # the decay, in-context rate and value mix (layer 0 has no v); the head is 8-bit MatMulNBits
     kept = {
         "transformer": set(),
         "mamba": {f"backbone.layers.{i}.mixer.{p}" for i in range(n) for p in ("x_proj", "dt_proj")},
@@ -111,12 +111,12 @@ def test_int4_copy_validates_and_keeps_the_accuracy(dates_exports, int4_copies, 
                   and tensors.get(nd.input[1], {}).get("dtype") == "float32"}
         assert floats == kept, (name, floats ^ kept)
         assert not quantised & kept
-        if name != "encoder":
-            head = {"transformer": "decoder.fc_out", "mamba": "backbone.embedding", "rwkv": "head"}[family]
-            assert head in quantised, (name, sorted(quantised))
-        for nd in nbits:  # 4-bit, in the copy's blocks; the packed weight is uint8
+        head = {"transformer": "decoder.fc_out", "mamba": "backbone.embedding", "rwkv": "head"}[family]
+        assert (head in quantised) == (name != "encoder"), (name, sorted(quantised))
+        for nd in nbits:  # 4-bit (the head 8-bit), in the copy's blocks; the packed weight is uint8
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nd.attribute}
-            assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (4, 32, 4)
+            bits = 8 if module_path(nd.input[1]) == head else 4
+            assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (bits, 32, 4), nd.name
             dtype = tensors[nd.input[1]]["dtype"] if nd.input[1] in tensors else init[nd.input[1]].data_type
             assert dtype in ("uint8", onnx.TensorProto.UINT8)
         for path in kept:  # kept float32 as exported
@@ -133,8 +133,9 @@ def test_int4_copy_validates_and_keeps_the_accuracy(dates_exports, int4_copies, 
     assert abs(exact_match(out, pairs) - exact_match(folder, pairs)) <= 0.02
 
 
-def test_float_head_keeps_the_head_float32(transformer_tiny, tmp_path):
-    """--float-head: the head stays a float32 MatMul; the runtime decodes the copy to length."""
+def test_head_options(transformer_tiny, tmp_path):
+    """--float-head: the head stays a float32 MatMul; the runtime decodes the copy to length.
+    --include-head: the head 4-bit like the rest."""
     _, folder = transformer_tiny
     out = tmp_path / "int4"
     result = CliRunner().invoke(cli, ["quantize", str(folder), "--out", str(out), "--bits", "4", "--float-head",
@@ -149,6 +150,10 @@ def test_float_head_keeps_the_head_float32(transformer_tiny, tmp_path):
     assert [nd.op_type for nd in heads] == ["MatMul"]
     tokens = rt.generate(rt.load(out, provider="cpu"), [[5, 6, 7], [8, 9]], rt.SearchOptions(max_new_tokens=20, eos_id=-1))
     assert [len(t) for t in tokens] == [20, 20]
+    four = quantize(folder, tmp_path / "int4-head", bits=4, include_head=True)
+    assert json.loads((four / "manifest.json").read_text())["quantization"]["head"] == "int4"
+    heads = [nd for nd in graph(four, "decoder").graph.node if nd.input[1:2] and nd.input[1].startswith("model.decoder.fc_out.weight")]
+    assert [(nd.op_type, [a.i for a in nd.attribute if a.name == "bits"]) for nd in heads] == [("MatMulNBits", [4])]
 
 
 def test_bad_int4_requests_are_one_line_exit_2(transformer_tiny, tmp_path):

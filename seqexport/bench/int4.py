@@ -73,3 +73,64 @@ def linears_floor(folder: Path, threads: int, repeats: int, sample_s: float) -> 
     return {"graph": graph, "linears": len(shapes), "int4_linears": len(q),
             "float32_weights_mb": sum(k * n for k, n in shapes) * 4 / 1e6,
             "float32_ms": t["float32"] * 1e3, "int4_ms": t["int4"] * 1e3, "ratio": t["int4"] / t["float32"]}
+
+
+def _one_round(folder: str, contexts: tuple[int, ...], new_tokens: int, repeats: int, threads: int) -> dict:
+    """One fresh process's `run_int8_bench` of a quantised folder beside its source (JSON out)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from seqexport.bench.int8 import run_int8_bench, baseline_of; "
+            f"r = run_int8_bench({folder!r}, baseline_of({folder!r}), contexts={contexts!r}, "
+            f"new_tokens={new_tokens}, repeats={repeats}, threads={threads}); print(json.dumps(r))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def alternating_rounds(folders: list[str], rounds: int = 3, contexts=(16,), new_tokens: int = 8, repeats: int = 5,
+                       threads: int = 2, log=print) -> dict[str, list[dict]]:
+    """Each quantised folder beside its float32 source, `rounds` times, every run a fresh process,
+    the folders taken in turn within a round (a busy hour slows every model alike)."""
+    out: dict[str, list[dict]] = {f: [] for f in folders}
+    for r in range(rounds):
+        for f in folders:
+            out[f].append(_one_round(f, tuple(contexts), new_tokens, repeats, threads))
+            row = out[f][-1]["rows"][0]
+            log(f"round {r + 1} {f}: step ratio {row['step_ratio']:.3f}")
+    return out
+
+
+def format_rounds(results: dict[str, list[dict]]) -> str:
+    """Medians over the rounds, each round's step ratio beside them."""
+    from statistics import median
+
+    lines = ["folder   weights   step fp32 ms   step q ms   q/fp32 (median; rounds)   linears alone q/fp32   "
+             "size fp32 -> q MB"]
+    for f, runs in results.items():
+        q = runs[0]["weights"]
+        rows = [r["rows"][0] for r in runs]
+        ratios = [row["step_ratio"] for row in rows]
+        alone = [r["linears_alone"]["ratio"] for r in runs if "linears_alone" in r]
+        size = runs[0]["disk_bytes"]
+        lines.append(f"{f}   {q}   {median(row['step_float32_ms'] for row in rows):.2f}   "
+                     f"{median(row[f'step_{q}_ms'] for row in rows):.2f}   "
+                     f"{median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})   "
+                     f"{f'{median(alone):.3f}' if alone else 'n/a'}   "
+                     f"{size['float32'] / 1e6:.0f} -> {size[q] / 1e6:.0f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m seqexport.bench.int4 [--rounds N] QUANTISED_DIR...
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Quantised copies beside their float32 sources, "
+                                                 "alternating fresh-process rounds; medians.")
+    parser.add_argument("folders", nargs="+")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--context", type=int, default=16)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    res = alternating_rounds(args.folders, args.rounds, (args.context,))
+    print(format_rounds(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))

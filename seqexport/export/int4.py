@@ -5,10 +5,14 @@ block 4-bit with one float32 scale (symmetric: no zero points), activations floa
 
 `accuracy_level` is the kernel's compute type for the activations: 0 (unset) and 1 float32,
 4 int8 (each block of the activations quantised on the fly, then VNNI/AVX2 integer dot products).
-Measured here (2 threads, batch-1 GEMV over Mamba 130m's in/out projections, int4 ÷ float32):
-level 4 0.21-0.25, level 0 0.38-0.42 — so 4 by default. Block 32 vs 128: 0.25 vs 0.19 of float32
-on the GEMV alone, while block 128 raised the bundled RWKV-7's state drift after 256 steps from
-0.13 to 0.19 (see docs/quantization.md) — so 32 by default, as onnxruntime-genai's CPU int4 models.
+Measured here (2 threads, a loaded machine, int4 ÷ float32 of a batch-1 GEMV chain over Mamba
+130m's in/out projections): level 4 0.21-0.25, level 0 0.38-0.42 — so 4 by default. Block size,
+step ratio on the base transformer / Mamba 130m / RWKV-7 0.1b (medians of three alternating
+rounds): block 32 0.16 / 0.35 / 0.28, block 128 0.12 / 0.28 / 0.24; but block 128 raised the
+mean logit error of the bundled models' copies by 12-22% and cut the bundled Mamba's
+teacher-forced top-1 on random tokens from 0.88 to 0.82 — so 32 by default, as onnxruntime-
+genai's CPU int4 models; `--block-size 128` for the speed. Symmetric (no zero points): the
+asymmetric kernel was 0-14% slower in the same runs for the same state drift on the presets.
 
 ORT's CPU kernel for MatMulNBits is fast only with its weights prepacked at session creation
 (unpacked it dequantises every call: Mamba 130m step 1050 ms against 104 ms); the runtime packs
@@ -23,7 +27,12 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits: a power of two, at least 16
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # 0: unset (float32), 1 float32, 2 float16, 3 bfloat16, 4 int8
 BLOCK_SIZE = 32  # default; see the module docstring for the measurements
 ACCURACY_LEVEL = 4
-SYMMETRIC = True  # no zero points: asymmetric was 5-13% slower here for no gain on the 130m/0.1b presets
+SYMMETRIC = True  # no zero points (see above)
+# The output head's bits by default: RWKV-7 0.1b (random weights, near-flat logits over 65536
+# tokens), teacher-forced top-1 at decisive positions over three seeds: head 4-bit 95-97%
+# (block 16 or asymmetric no better), 8-bit 98-100% as with a float32 head; step ratio with the
+# 8-bit head 0.28-0.32 against 0.27-0.28 (Mamba 130m 0.30-0.31 both), alternating rounds.
+HEAD_BITS = 8
 NBITS = "MatMulNBits"
 
 
