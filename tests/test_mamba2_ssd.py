@@ -3,9 +3,9 @@ against the per-token sequential reference, in float64: any chunk, any length, g
 
 import pytest
 import torch
+from seqexport.models.mamba2 import ssd_sequential
 
 from seqexport.families.mamba2.ssd import ssd_grouped
-from seqexport.models.mamba2 import ssd_sequential
 
 
 @pytest.mark.parametrize("groups", [1, 2])
