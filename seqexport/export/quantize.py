@@ -268,7 +268,10 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         block_size = int4.BLOCK_SIZE if block_size is None else block_size
         accuracy_level = int4.ACCURACY_LEVEL if accuracy_level is None else accuracy_level
     _check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)
-    head_bits = (int4.HEAD_BITS if bits == 4 else None) if include_head is None else bits if include_head else None
+    if include_head is None:  # the default: int8 keeps the head float32, int4 makes it 8-bit
+        head_bits = int4.HEAD_BITS if bits == 4 else None
+    else:
+        head_bits = bits if include_head else None
     manifest = read_manifest(folder)
     if manifest.get("quantization"):
         q = manifest["quantization"]
