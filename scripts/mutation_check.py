@@ -209,6 +209,18 @@ FAULTS = (
           "y_off = (Cc @ states[:, :, :, :-1].transpose(-1, -2)) * torch.exp(A_cumsum)[..., None]  # (b, g, r, c, t, p)",
           "y_off = (Cc @ states[:, :, :, :-1].transpose(-1, -2))  # (b, g, r, c, t, p)",
           ("tests/test_mamba2_ssd.py", "tests/test_mamba2_export.py")),
+    Fault("M51", "int4: every MatMul quantised, the kept-float ones too", "seqexport/export/int4.py",
+          "nodes_to_exclude=sorted(matmul_names(model.graph) - chosen))", "nodes_to_exclude=[])",
+          ("tests/test_int4.py::test_int4_copy_validates_and_keeps_the_accuracy",)),
+    Fault("M52", "validate's state drift: twice the documented bound accepted", "seqexport/parity/drift.py",
+          "ok = drift[worst] <= max_drift", "ok = drift[worst] <= 2 * max_drift",
+          ("tests/test_int4.py::test_state_drift_fails_a_copy_whose_state_writing_weight_is_off",)),
+    Fault("M53", "int4: the output head left float32 instead of 8-bit", "seqexport/export/quantize.py",
+          "head_bits = int4.HEAD_BITS if bits == 4 else None", "head_bits = None",
+          ("tests/test_int4.py::test_int4_copy_validates_and_keeps_the_accuracy",)),
+    Fault("M54", "static int8: one scale per tensor though --per-channel asks one per channel",
+          "seqexport/export/quantize.py", "common = dict(per_channel=per_channel,", "common = dict(per_channel=False,",
+          ("tests/test_quantize.py::test_static_per_channel_puts_one_scale_per_output_channel",)),
 )
 
 
