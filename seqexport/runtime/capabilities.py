@@ -2,12 +2,13 @@
 exported one or the eager one behind the same API): its capabilities, declared as data with the
 default of a model that lacks them, instead of probed for with getattr.
 
-A model also has `vocab_size`, `tokenizer`, `prompt_frame`, `start`, `step`, `begin`,
+A model also has `tokenizer`, `prompt_frame`, `start`, `step`, `begin`,
 `begin_rows`, `feed` and the row operations `join` / `take` / `extend` / `retain`.
 """
 
 
 class StepModel:
+    vocab_size: int  # token ids lie in [0, vocab_size): every model sets it (an attribute or a property)
     family: str = ""  # the registry name
     supports_beams: bool = False  # beam search: rows can be reordered mid-decode (a gather per kind)
     # rows may join a running batch at any step boundary; False: the engine admits new requests

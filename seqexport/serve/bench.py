@@ -42,8 +42,7 @@ def bench_prompts(model, n: int, seed: int = 0) -> list[list[int]]:
         words = ["Friday", "March", "5th", "2021", "12", "Oct", "1999", "Sunday", "the", "of", "July", "1 May 2003"]
         texts = [" ".join(rng.choice(words, int(rng.integers(2, 6)))) for _ in range(n)]
         return [encode_prompt(model.tokenizer, model.prompt_frame, t, record) for t in texts]
-    vocab = getattr(model, "vocab_size", 256)
-    return [rng.integers(3, vocab, int(rng.integers(8, 41))).tolist() for _ in range(n)]
+    return [rng.integers(3, model.vocab_size, int(rng.integers(8, 41))).tolist() for _ in range(n)]
 
 
 def _figures(wall: float, tokens: int, ttft: list[float], gaps: list[float]) -> dict:
