@@ -52,9 +52,6 @@ class StateLayout:
         ragged |= dict.fromkeys(masks, 1)
         return cls(kinds, axes, spec.lengths.name if spec.lengths else None, ragged, masks, limit)
 
-    def names(self, kind: str) -> list[str]:
-        return [name for name, k in self.kinds.items() if k == kind]
-
     # --- a fresh state ---------------------------------------------------------------------
 
     def zeros(self, spec: GraphSpec, batch: int, skip=frozenset()) -> dict[str, np.ndarray]:

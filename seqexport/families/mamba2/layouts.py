@@ -36,6 +36,7 @@ from dataclasses import fields
 import torch
 from torch import Tensor
 
+from seqexport.families.mamba2 import is_mamba2_config as is_public_mamba2
 from seqexport.models.mamba2 import Mamba2Config
 
 _OURS = {f.name for f in fields(Mamba2Config)}
@@ -65,12 +66,8 @@ def is_mamba2_config(d: dict) -> bool:
     """True for transformers' `model_type: "mamba2"`, a state-spaces config whose `ssm_cfg`
     names the `Mamba2` layer (with `d_model` and `n_layer`), and ours (`"family": "mamba2"`);
     False for Mamba-1 configs of either public layout."""
-    if not isinstance(d, dict):
-        return False
-    if d.get("family") == "mamba2" or d.get("model_type") == "mamba2":
-        return True
-    ssm_cfg = d.get("ssm_cfg")
-    return isinstance(ssm_cfg, dict) and ssm_cfg.get("layer") == "Mamba2" and "d_model" in d and "n_layer" in d
+    return isinstance(d, dict) and (d.get("family") == "mamba2" or (is_public_mamba2(d) and (
+        d.get("model_type") == "mamba2" or {"d_model", "n_layer"} <= set(d))))
 
 
 def mamba2_config_from_json(d: dict) -> Mamba2Config:

@@ -78,7 +78,7 @@ class EagerTransformer(TransformerSteps):
                                     tgt_mask=generate_mask(tgt.shape[1]).to(self.device))[:, -ids.shape[1]:])
             new = State(state.arrays | {TGT: tgt}, tgt.shape[1])
         else:
-            a, writer, counts = self._writable(state, ids.shape[1]) if self.appended else (state.arrays, None, None)
+            a, writer, counts = self.layout.writable(state, ids.shape[1]) if self.appended else (state.arrays, None, None)
             cross = [tuple(self._t(a[past_kv(i, "encoder", x)]) for x in KV) for i in range(self.n)]
             cache = [tuple(self._t(a[past_kv(i, "decoder", x)]) for x in KV) for i in range(self.n)]
             mask = self._t(a[ENCODER_ATTENTION_MASK])
@@ -88,7 +88,7 @@ class EagerTransformer(TransformerSteps):
                 out, new_kv = self.model.decode_step(self._t(ids), mask, cross, cache)
             logits = _np(out)
             written = {past_kv(i, "decoder", x): _np(t) for i, kv in enumerate(new_kv) for x, t in zip(KV, kv)}
-            new = (self._appended(a, writer, written, ids.shape[1], counts) if self.appended
+            new = (self.layout.append(a, writer, written, counts, ids.shape[1]) if self.appended
                    else State(a | written, state.length + ids.shape[1]))
         return (logits[:, -1] if squeeze else logits), new
 

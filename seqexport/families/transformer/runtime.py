@@ -58,12 +58,6 @@ class TransformerSteps(StepModel):
     # static over the source. Both the ONNX model and the eager one set `layout`.
     layout: StateLayout
 
-    def _writable(self, state: State, t: int):
-        return self.layout.writable(state, t)
-
-    def _appended(self, arrays: dict, writer: list, new: dict[str, np.ndarray], t: int, counts: list[int]) -> State:
-        return self.layout.append(arrays, writer, new, counts, t)
-
 
 class TransformerModel(TransformerSteps, RuntimeModel):
     begin_rows_runs_a_graph = True  # the encoder: the engine's starter thread runs it
@@ -121,9 +115,10 @@ class TransformerModel(TransformerSteps, RuntimeModel):
             out = self._run("decoder", {INPUT_IDS: ids, **state.arrays})
             new = State(self._feed_back("decoder", out, state.arrays), state.length + ids.shape[1])
             return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
-        arrays, writer, same = self._writable(state, ids.shape[1])
+        arrays, writer, counts = self.layout.writable(state, ids.shape[1])
         out = self._run("decoder", {INPUT_IDS: ids, **arrays})
-        new = self._appended(arrays, writer, {inp: to_numpy(out[o]) for o, inp in self._appends}, ids.shape[1], same)
+        new = self.layout.append(arrays, writer, {inp: to_numpy(out[o]) for o, inp in self._appends}, counts,
+                                 ids.shape[1])
         return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
 
     # --- serving: rows join and leave --------------------------------------------------------
