@@ -14,7 +14,7 @@ import torch
 from seqexport import families
 from seqexport.checkpoints import checkpoint_extra, resolve_model
 from seqexport.export import export_model
-from seqexport.export.commands import default_name
+from seqexport.export.naming import default_name
 from seqexport.parity.validate import validate
 from seqexport.runtime.generate import SearchOptions, generate
 from seqexport.runtime.models import load

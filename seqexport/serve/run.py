@@ -1,55 +1,11 @@
-"""What `seqexport serve` does: check the folder, then serve it under Ray Serve (a local Ray
-started on demand, or `--address` of a cluster) or as one plain uvicorn process (`--no-ray`),
-until SIGINT/SIGTERM; or write a Ray Serve config file (`--config-out`) and stop."""
+"""How `seqexport serve` runs (`seqexport/cli/serve.py` checks the folder and options): under
+Ray Serve (a local Ray started on demand, or `--address` of a cluster) or as one plain uvicorn
+process (`--no-ray`), until SIGINT/SIGTERM."""
 
-import json
 import time
 from pathlib import Path
 
-from seqexport.errors import UsageError
-from seqexport.manifest import read_manifest
 from seqexport.serve.app import ServeConfig
-
-
-def parse_autoscale(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    try:
-        low, high = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise UsageError(f"--autoscale {text!r}: expected MIN:MAX replicas, e.g. 1:4") from None
-    return low, high
-
-
-def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: str | None, replicas: int,
-                  autoscale: str | None, replica_cpus: float, config_out: str | None, log, **engine) -> None:
-    folder = str(Path(folder).resolve())  # replicas may start in another working directory
-    read_manifest(folder)  # a missing or altered export fails here, in one line
-    config = ServeConfig(folder, **engine)
-    scaling = {"replicas": replicas, "autoscale": parse_autoscale(autoscale), "replica_cpus": replica_cpus}
-    if config_out:
-        write_config(config_out, config, host, port, scaling)
-        log(f"wrote {config_out}: deploy it with `serve deploy {config_out}` on a Ray cluster")
-        return
-    if use_ray:
-        run_ray(config, host, port, address, scaling, log)
-    else:
-        if address or replicas != 1 or autoscale:
-            raise UsageError("--address, --replicas and --autoscale need Ray; drop --no-ray")
-        run_plain(config, host, port, log)
-
-
-def write_config(path: str, config: ServeConfig, host: str, port: int, scaling: dict) -> None:
-    from seqexport.serve.ray_app import config_file
-
-    data = config_file(config, host, port, **scaling)
-    try:
-        import yaml
-
-        text = yaml.safe_dump(data, sort_keys=False)
-    except ImportError:  # JSON is YAML too
-        text = json.dumps(data, indent=2)
-    Path(path).write_text(text)
 
 
 def run_plain(config: ServeConfig, host: str, port: int, log) -> None:

@@ -1,10 +1,12 @@
-"""`seqexport export <family>` click commands, one per registered family (thin: the work is
-in each family's export module)."""
+"""`seqexport export <family>`: one command per registered family (thin: the work is in each
+family's export module)."""
 
 import click
 
 from seqexport import families
+from seqexport.cli.group import export
 from seqexport.export import DEFAULT_OPSET
+from seqexport.export.naming import default_out, vocab_limit
 
 _common = [
     click.option("--checkpoint", type=click.Path(),
@@ -17,21 +19,6 @@ _common = [
     click.option("--overwrite", is_flag=True, help="Replace an existing output folder."),
     click.option("--seed", type=int, default=0, show_default=True, help="Seed of a preset's random weights."),
 ]
-
-
-def default_name(family, ckpt, preset):
-    """exported/<name>: the preset's or the checkpoint folder's name, led by the family."""
-    name = preset if preset else (ckpt.path.stem if ckpt.path.is_file() else ckpt.path.name)  # a .pth file
-    return name if name.startswith(family) else f"{family}-{name}"
-
-
-def vocab_limit(config: dict) -> int | None:
-    """The smallest vocabulary of a model (a tokenizer must fit every one it feeds or reads)."""
-    return min((v for k, v in config.items() if k.endswith("vocab_size")), default=None)
-
-
-def default_out(family: families.Family, ckpt, preset, options: dict) -> str:
-    return f"exported/{default_name(family.name, ckpt, preset)}{family.out_suffix(options)}"
 
 
 def _command(family: families.Family) -> click.Command:
@@ -55,6 +42,5 @@ def _command(family: families.Family) -> click.Command:
     return click.command(family.name)(run)
 
 
-def register(group: click.Group) -> None:
-    for family in families.REGISTRY.values():
-        group.add_command(_command(family))
+for _family in families.REGISTRY.values():
+    export.add_command(_command(_family))

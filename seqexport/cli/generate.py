@@ -1,0 +1,94 @@
+"""`seqexport generate`: parse prompts, decode from an exported folder with the torch-free runtime,
+print as text or ids, streaming."""
+
+import sys
+
+import click
+import numpy as np
+
+from seqexport.cli.group import cli
+from seqexport.errors import UsageError
+
+
+@cli.command()
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--text", multiple=True, help="Prompt text (repeat for a batch); needs a tokenizer in the manifest.")
+@click.option("--ids", multiple=True, help='Prompt token ids, e.g. "1 2 3" (repeat for a batch).')
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Stop after this many new tokens.")
+@click.option("--greedy/--sample", default=True, help="Greedy decoding (default) or sampling.")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True),
+              help="Sampling temperature [1.0].")
+@click.option("--top-k", type=click.IntRange(min=0), help="Sampling: top-k (0: off) [0].")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Sampling: nucleus probability [1.0].")
+@click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
+@click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Beam search width (every family; 1: greedy).")
+@click.option("--eos-id", type=click.IntRange(min=0), help="Stop a row at this token [the tokenizer's eos].")
+@click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="ONNX Runtime execution provider.")
+def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id, provider):
+    """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens."""
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    given = [f"--{k.replace('_', '-')}" for k, v in sampling.items() if v is not None]
+    if greedy and given:
+        click.echo(f"warning: {', '.join(given)} apply to sampling only; add --sample (decoding greedily)", err=True)
+    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
+    search = {k: defaults[k] if v is None else v for k, v in sampling.items()}
+    run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=not greedy, num_beams=beams,
+                 eos_id=eos_id, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)
+
+
+def parse_ids(s: str) -> list[int]:
+    try:
+        ids = [int(x) for x in s.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(f"--ids {s!r}: expected integers separated by spaces") from None
+    if not ids:
+        raise UsageError(f"--ids {s!r}: expected at least one token id")
+    return ids
+
+
+def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **search) -> list[list[int]]:
+    """`log` (e.g. stderr) hears which provider runs; `out` gets the text or ids."""
+    out = out or sys.stdout
+    if bool(texts) == bool(ids):
+        raise UsageError("give the prompt as --text or as --ids (one of them)")
+    for i, t in enumerate(texts):
+        if not t.strip():
+            raise UsageError(f"--text #{i + 1} is empty; expected a prompt")
+    from seqexport.runtime.generate import SearchOptions, generate
+    from seqexport.runtime.models import load
+    from seqexport.runtime.tokenizer import TextStream, encode_prompt
+
+    options = SearchOptions(**search)  # checked before the model loads
+    model = load(folder, provider=provider)
+    if log:
+        log(f"{model.family} from {folder} on {model.provider}")
+    tok = model.tokenizer
+    if texts:
+        if tok is None:
+            raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
+        prompts = [encode_prompt(tok, model.prompt_frame, t, model.manifest["tokenizer"]) for t in texts]
+    else:
+        prompts = [parse_ids(s) for s in ids]
+    # rows already end where generation stopped them (eos excluded; --eos-id may differ)
+    show = (lambda seq: tok.decode(seq, stop_at_eos=False)) if tok else (lambda seq: " ".join(map(str, seq)))
+    eos = options.eos_id if options.eos_id is not None else (tok.eos_id if tok else None)
+    if len(prompts) == 1 and options.num_beams == 1:
+        text = TextStream(tok) if tok else None
+
+        def on_token(tokens: np.ndarray):  # stream what each new token adds
+            t = int(tokens[0])
+            if t < 0 or t == eos:
+                return
+            out.write(text.push(t) if text else f"{t} ")
+            out.flush()
+
+        result = generate(model, prompts, options, on_token=on_token)
+        out.write("\n")
+        return result
+    result = generate(model, prompts, options)
+    for seq in result:
+        out.write(show(seq) + "\n")
+    return result

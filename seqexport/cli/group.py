@@ -1,0 +1,47 @@
+"""The `seqexport` group: every command's errors a user can cause become one line + exit 2."""
+
+import os
+
+import click
+
+from seqexport.errors import SeqexportError, UsageError
+
+
+class _Group(click.Group):
+    """Turns our typed errors into one line + exit 2 for every subcommand."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise
+        except (SeqexportError, OSError) as e:  # OSError: a path the user named
+            if ctx.params.get("debug") or (ctx.parent and ctx.parent.params.get("debug")):
+                raise
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(2)
+
+
+def check_output_path(path: str | None, option: str) -> None:
+    """Refuse an output file that cannot be written, before any work is done."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a folder; expected a file path")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
+@click.version_option(package_name="seqexport")
+def cli(debug):
+    """Export PyTorch sequence models to ONNX, prove parity, decode without torch."""
+
+
+@cli.group(cls=_Group)
+def export():
+    """Export a model to an ONNX artifact folder (graphs + manifest.json)."""
