@@ -7,15 +7,18 @@ rows (export.ragged) get Δ = 0 past their end, which keeps the SSM state exactl
 graph is the model's one-token `step`: no loop in it.
 """
 
+import contextlib
 from functools import partial
 
 import numpy as np
 import torch
 from torch import nn
 
+from seqexport.errors import UsageError
 from seqexport.export import DEFAULT_OPSET, ragged
 from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
 from seqexport.export.parallel import GraphJob, export_graphs
+from seqexport.families.mamba2 import linear_attention
 from seqexport.families.mamba2.specs import graph_specs
 from seqexport.families.mamba2.ssd import ssd_grouped
 from seqexport.models.mamba2 import Mamba2LM, ssd_sequential
@@ -31,6 +34,12 @@ def specs_for(config, dtype: str = "float32") -> dict[str, GraphSpec]:
 # 1024 tokens (2 layers, ORT, 2 threads) took 1.33 s at 64 against 2.12 s at the config's 256
 # (the within-chunk products grow with the chunk; fewer chunks save less than that costs).
 CHUNK = 64
+
+# --ssd: how the prefill's SSD and the conv are written. "matmul": plain ONNX ops (the chunked
+# SSD as MatMuls, `ssd.ssd_grouped`; the conv a Conv); "linear-attention": ONNX Runtime's fused
+# com.microsoft LinearAttention and CausalConvWithState kernels, in both graphs (`linear_attention`).
+SSD_FORMS = ("matmul", "linear-attention")
+SSD = "matmul"
 
 
 def chunk_of(config, manifest: dict | None = None) -> int:
@@ -55,9 +64,9 @@ class PrefillGraph(nn.Module):
     logits_to_keep: export adds it to the graph (`keep_last_positions`); here it slices the
     eager logits alike, for validate."""
 
-    def __init__(self, model: Mamba2LM, scan=ssd_sequential):
+    def __init__(self, model: Mamba2LM, scan=ssd_sequential, fused_chunk: int | None = None):
         super().__init__()
-        self.model, self.scan = model, scan
+        self.model, self.scan, self.fused_chunk = model, scan, fused_chunk
 
     def forward(self, input_ids, attention_mask, *state):
         keep = None
@@ -70,7 +79,7 @@ class PrefillGraph(nn.Module):
 
         layers = self.model.backbone.layers
         with ragged.outputs_of([layer.mixer.in_proj for layer in layers]) as seen, \
-                ragged.rotated_output(self.model.backbone.norm_f, lengths):
+                ragged.rotated_output(self.model.backbone.norm_f, lengths), _mixers(layers, self.fused_chunk):
             logits, new_state = self.model(input_ids, _pairs(state), scan=scan)
         new_state = [(_conv_state_at_ends(layer.mixer, projected, conv, lengths), ssm)
                      for layer, projected, (conv, _), (_, ssm) in zip(layers, seen, _pairs(state), new_state, strict=True)]
@@ -90,21 +99,40 @@ def _conv_state_at_ends(mixer, projected, conv_state, lengths):
     return ragged.at_ends(x_cat, lengths + k, k, axis=2)
 
 
+def _mixers(layers, fused_chunk: int | None):
+    """The fused kernels' mixers while a graph runs (fused_chunk: their chunk), else the model's own."""
+    if fused_chunk is None:
+        return contextlib.nullcontext()
+    return linear_attention.linear_attention_mixers(layers, fused_chunk)
+
+
 class StepGraph(nn.Module):
     """(input_ids (b, 1), *state) -> logits (b, 1, v), *new state."""
 
-    def __init__(self, model: Mamba2LM):
+    def __init__(self, model: Mamba2LM, fused_chunk: int | None = None):
         super().__init__()
-        self.model = model
+        self.model, self.fused_chunk = model, fused_chunk
 
     def forward(self, input_ids, *state):
-        logits, new_state = self.model.step(input_ids, _pairs(state))
+        with _mixers(self.model.backbone.layers, self.fused_chunk):
+            logits, new_state = self.model.step(input_ids, _pairs(state))
         return (logits[:, None], *_flat(new_state))
 
 
 def wrapper(model: Mamba2LM, graph: str, scan=ssd_sequential) -> nn.Module:
     """The module each graph is traced from (validate compares with it, with the reference)."""
     return PrefillGraph(model, scan) if graph == "prefill" else StepGraph(model)
+
+
+def traced_graphs(model: Mamba2LM, ssd: str, chunk: int) -> tuple[nn.Module, nn.Module, dict | None]:
+    """The prefill and step modules of an `ssd` form, and the translation table they need."""
+    if ssd not in SSD_FORMS:
+        raise UsageError(f"--ssd {ssd!r}: expected one of {', '.join(SSD_FORMS)}")
+    if ssd == "matmul":
+        return PrefillGraph(model, partial(ssd_grouped, chunk=chunk)), StepGraph(model), None
+    fused = partial(linear_attention.ssd_gated, chunk=chunk)
+    return (PrefillGraph(model, fused, fused_chunk=chunk), StepGraph(model, fused_chunk=chunk),
+            linear_attention.translation_table())
 
 
 def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
@@ -115,13 +143,16 @@ def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
                  else torch.from_numpy(arrays[t.name]) for t in spec.inputs)
 
 
-def export_mamba2(ckpt, preset: str | None, out, *, chunk_size: int | None = None, opset: int = DEFAULT_OPSET,
-                  dtype: str = "float32", overwrite: bool = False, tokenizer: dict | None = None):
+def export_mamba2(ckpt, preset: str | None, out, *, chunk_size: int | None = None, ssd: str | None = None,
+                  opset: int = DEFAULT_OPSET, dtype: str = "float32", overwrite: bool = False,
+                  tokenizer: dict | None = None):
     """Write prefill.onnx, step.onnx and manifest.json for a loaded Mamba-2 checkpoint."""
     specs = specs_for(ckpt.config, dtype)
     model = model_in_dtype(ckpt.model, dtype)
     tdtype = next(model.parameters()).dtype
     chunk = chunk_size or CHUNK
+    ssd = ssd or SSD
+    prefill, step, table = traced_graphs(model, ssd, chunk)
     # a length that is not a multiple of the chunk, over more than one chunk: nothing specialised
     prefill_args = example_inputs(specs["prefill"], tdtype, chunk + 3)
     step_args = example_inputs(specs["step"], tdtype, 1)
@@ -129,15 +160,14 @@ def export_mamba2(ckpt, preset: str | None, out, *, chunk_size: int | None = Non
     def build(tmp):
         with torch.no_grad():
             export_graphs([
-                GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_grouped, chunk=chunk)),
-                         prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
-                         dynamic_shapes_for(specs["prefill"], varargs_from=2)),
-                GraphJob("step", StepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
-                         dynamic_shapes_for(specs["step"], varargs_from=1)),
+                GraphJob(f"prefill ({ssd} SSD, chunk {chunk})", prefill, prefill_args, specs["prefill"],
+                         tmp / "prefill.onnx", opset, dynamic_shapes_for(specs["prefill"], varargs_from=2), table),
+                GraphJob(f"step ({ssd})", step, step_args, specs["step"], tmp / "step.onnx", opset,
+                         dynamic_shapes_for(specs["step"], varargs_from=1), table),
             ])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
-                          options={"chunk_size": chunk}, tokenizer=tokenizer)
+                          options={"chunk_size": chunk, "ssd": ssd}, tokenizer=tokenizer)
 
 
 export = export_mamba2
