@@ -221,6 +221,23 @@ FAULTS = (
     Fault("M54", "static int8: one scale per tensor though --per-channel asks one per channel",
           "seqexport/export/quantize.py", "common = dict(per_channel=per_channel,", "common = dict(per_channel=False,",
           ("tests/test_quantize.py::test_static_per_channel_puts_one_scale_per_output_channel",)),
+    Fault("M75", "Mamba-2 --ssd linear-attention: B tiled over groups (head i gets group i % g) instead of repeated",
+          "seqexport/families/mamba2/linear_attention_onnx.py",
+          "key = op.Expand(op.Unsqueeze(B, [3]), op.Constant(value_ints=[1, 1, 1, h // g, 1]))",
+          "key = op.Expand(op.Unsqueeze(B, [2]), op.Constant(value_ints=[1, 1, h // g, 1, 1]))",
+          ("tests/test_mamba2_linear_attention.py::test_prefill_then_20_steps_equal_transformers",)),
+    Fault("M76", "Mamba-2 --ssd linear-attention: the kernel's (b, h, n, p) state returned untransposed",
+          "seqexport/families/mamba2/linear_attention_onnx.py",
+          "return y, op.Transpose(state, perm=[0, 1, 3, 2])", "return y, state",
+          ("tests/test_mamba2_linear_attention.py::test_prefill_then_20_steps_equal_transformers",)),
+    Fault("M77", "Mamba-2 --ssd linear-attention: the conv reads the state's first k - 1 inputs, not its last",
+          "seqexport/families/mamba2/linear_attention.py",
+          "conv_state[:, :, 1:].float())  # (b, c, l)", "conv_state[:, :, :-1].float())  # (b, c, l)",
+          ("tests/test_mamba2_linear_attention.py::test_prefill_then_20_steps_equal_transformers",)),
+    Fault("M78", "Mamba-2 --ssd linear-attention: the D·x skip left out of the kernel's output",
+          "seqexport/families/mamba2/linear_attention_onnx.py",
+          "y = op.Add(y, op.Mul(op.Unsqueeze(D, [-1]), x))  # + D x", "y = y  # + D x",
+          ("tests/test_mamba2_linear_attention.py::test_prefill_then_20_steps_equal_transformers",)),
 )
 
 
