@@ -11,6 +11,7 @@ it is what Optimum's ORTModel classes load by default.
 """
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from seqexport.foreign import onnx_io
@@ -66,9 +67,13 @@ class Optimum:
             if (folder / "encoder_model.onnx").is_file() else None
         architecture = "encoder-decoder" if encoder else "decoder"
         if (folder / "decoder_model_merged.onnx").is_file():
-            step = graph_map(folder, "decoder_model_merged.onnx")
-            return ModelMap(self.name, architecture, step, encoder=encoder,
-                            note="merged decoder: use_cache_branch false on the first call")
+            first = graph_map(folder, "decoder_model_merged.onnx")
+            # Its with-past branch is the seq2seq decoder_with_past graph, traced for one token
+            # (that graph declares logits [batch, "1", vocab]; the merged one does not say, and
+            # two tokens fail in its cross-attention MatMul).
+            step = replace(first, max_tokens=1) if encoder else first
+            return ModelMap(self.name, architecture, step, first=first, encoder=encoder,
+                            note="merged decoder: use_cache_branch false on the first call, true after")
         if (folder / "decoder_with_past_model.onnx").is_file():
             first = graph_map(folder, "decoder_model.onnx")
             step = graph_map(folder, "decoder_with_past_model.onnx")
