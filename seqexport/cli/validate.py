@@ -22,18 +22,33 @@ from seqexport.cli.group import check_output_path, cli
 @click.option("--min-top1", type=click.FloatRange(0, 1), help="int8 exports: teacher-forced top-1 agreement [0.95].")
 @click.option("--min-tokens", type=click.FloatRange(0, 1),
               help="int8 exports: share of the free-running picks that are eager's argmax on the same prefix [0.75].")
-def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, report_path, min_top1, min_tokens):
+@click.option("--reference", type=click.Path(file_okay=False),
+              help="A folder another tool exported (no manifest.json of ours): the transformers checkpoint "
+                   "to judge it against (docs/validate-other-tools.md).")
+@click.option("--io-map", "io_map", type=click.Path(dir_okay=False),
+              help="With --reference: a JSON file naming the graphs' roles, for a folder no adapter recognises.")
+def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, report_path, min_top1, min_tokens,
+             reference, io_map):
     """Prove parity of an exported FOLDER with its eager model; exit 1 if any check fails.
 
     Checks every graph at several shapes, a teacher-forced decode against the eager
     full forward, and a free-running greedy decode; names the first diverging module.
+    A FOLDER another tool made (Optimum, transformers.js-style, --io-map) is judged
+    against --reference, transformers' model, by the two decodes.
     """
+    from seqexport.foreign.route import foreign_folder
     from seqexport.parity.validate import validate as run_validate
 
     check_output_path(report_path, "--report")
-    report = run_validate(folder, checkpoint=checkpoint, provider=provider, atol=atol, rtol=rtol,
-                          steps=steps, batch=batch, seed=seed, log=lambda msg: click.echo(msg, err=True),
-                          min_top1=min_top1, min_tokens=min_tokens)
+    log = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    if foreign_folder(folder, reference, io_map, checkpoint):
+        from seqexport.foreign.validate import validate_foreign
+
+        report = validate_foreign(folder, reference, io_map, provider=provider, atol=atol, rtol=rtol, steps=steps,
+                                  batch=batch, seed=seed, log=log, min_top1=min_top1, min_tokens=min_tokens)
+    else:
+        report = run_validate(folder, checkpoint=checkpoint, provider=provider, atol=atol, rtol=rtol,
+                              steps=steps, batch=batch, seed=seed, log=log, min_top1=min_top1, min_tokens=min_tokens)
     click.echo(report.table())
     if report_path:
         with open(report_path, "w") as f:
