@@ -10,7 +10,8 @@ import numpy as np
 from seqexport.errors import ArtifactError, InputError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
 from seqexport.runtime.capabilities import StepModel
-from seqexport.runtime.session import Graph, SharedWeights
+from seqexport.runtime.runners import open_graph
+from seqexport.runtime.session import SharedWeights
 from seqexport.runtime.tokenizer import load_tokenizer
 from seqexport.state.rows import retain_rows
 from seqexport.state.state import State, physical_memory, zero_state
@@ -36,8 +37,9 @@ class RuntimeModel(StepModel):
 
 
     def __init__(self, folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None,
-                 io_binding: bool | None = None, manifest: dict | None = None):
+                 io_binding: bool | None = None, manifest: dict | None = None, runtime: str = "onnxruntime"):
         self.folder = Path(folder)
+        self.runtime = runtime  # what runs the graphs (seqexport.runtime.runners.RUNTIMES)
         self.manifest = manifest if manifest is not None else read_manifest(self.folder, verify=verify)
         self.config = self.manifest["config"]
         self.specs = graph_specs(self.manifest)
@@ -46,8 +48,8 @@ class RuntimeModel(StepModel):
         self.shared_weights = SharedWeights(self.folder, weights) if weights else None
         if self.shared_weights:
             self.shared_weights.index(self.folder / g["file"] for g in self.manifest["graphs"].values())
-        self.graphs = {name: Graph(self.folder / self.manifest["graphs"][name]["file"], spec, provider, threads,
-                                   self.shared_weights)
+        self.graphs = {name: open_graph(runtime, self.folder / self.manifest["graphs"][name]["file"], spec, provider,
+                                        threads, self.shared_weights)
                        for name, spec in self.specs.items()}
         self.provider = next(iter(self.graphs.values())).provider
         self._keep = {g: {out for out, _ in spec.feeds} for g, spec in self.specs.items()}

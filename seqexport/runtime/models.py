@@ -14,15 +14,16 @@ __all__ = ["RuntimeModel", "State", "load", "tokens_2d"]
 
 
 def load(folder: str | Path, provider: str = "auto", verify: bool = True, threads: int | None = None,
-         io_binding: bool | None = None, manifest: dict | None = None) -> RuntimeModel:
+         io_binding: bool | None = None, manifest: dict | None = None, runtime: str = "onnxruntime") -> RuntimeModel:
     """Open an exported folder: reads manifest.json (checking graph hashes unless verify=False).
 
     provider: auto (CUDA when onnxruntime-gpu can use a GPU, else CPU), cpu or cuda.
     io_binding: keep the cache/state as OrtValues between steps (default: on with CUDA).
     manifest: the folder's manifest when the caller has already read (and checked) it.
+    runtime: what runs the graphs: onnxruntime, or openvino (the openvino extra; provider auto or cpu).
     """
     if manifest is None:
         manifest = read_manifest(folder, verify=verify)
     family = families.get(manifest["family"], ArtifactError, where=f"{Path(folder) / MANIFEST}")
     return family.runtime.Model(folder, provider=provider, threads=threads, io_binding=io_binding,
-                                  manifest=manifest)
+                                  manifest=manifest, runtime=runtime)
