@@ -19,7 +19,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(ORT_EXTRA),dev,plot,serve]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(ORT_EXTRA),dev,plot,serve,openvino]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
