@@ -41,6 +41,7 @@ class Report:
     cases: list[Case] = field(default_factory=list)
     seconds: float = 0.0
     rule: str = "float: every element within atol + rtol * |eager|"  # how outputs are judged
+    runtime: str = "onnxruntime"  # what ran the graphs, with its release (validate --runtime)
 
     CHECKS = ("graphs", "teacher_forced", "free_running")
     OPTIONAL = ("state_drift",)  # reported when run (quantised recurrent models)
@@ -83,13 +84,14 @@ class Report:
         return out
 
     def summary(self) -> dict:
-        return {"passed": self.passed, "provider": self.provider, "eager_device": self.eager_device,
+        return {"passed": self.passed, "runtime": self.runtime, "provider": self.provider,
+                "eager_device": self.eager_device,
                 "atol": self.atol, "rtol": self.rtol, "rule": self.rule, "steps": self.steps,
                 "checks": {k: self.check_passed(k) for k in self.checks},
                 "failures": self.failures()}
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("folder", "family", "dtype", "provider", "eager_device", "atol",
+        d = {k: getattr(self, k) for k in ("folder", "family", "dtype", "runtime", "provider", "eager_device", "atol",
                                            "rtol", "rule", "steps", "batch", "seed", "checkpoint", "seconds")}
         d["passed"] = self.passed
         d["checks"] = {k: {"passed": self.check_passed(k), "reference": self.REFERENCES[k],
@@ -98,7 +100,8 @@ class Report:
         return d
 
     def table(self) -> str:
-        lines = [f"parity of {self.folder} ({self.family}, {self.dtype}) · ORT {self.provider} vs eager "
+        runs = "ORT" if self.runtime.startswith("onnxruntime") else self.runtime
+        lines = [f"parity of {self.folder} ({self.family}, {self.dtype}) · {runs} {self.provider} vs eager "
                  f"{self.eager_device} · atol {self.atol:g} rtol {self.rtol:g} · {self.rule}"]
         for check in self.checks:
             lines.append(f"{check}: {'PASS' if self.check_passed(check) else 'FAIL'} "
