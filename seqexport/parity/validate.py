@@ -36,6 +36,7 @@ from seqexport.parity import drift
 from seqexport.parity.compare import DEFAULT_TOLERANCE
 from seqexport.parity.report import Report
 from seqexport.runtime.models import load as rt_load
+from seqexport.runtime.runners import runtime_version
 
 # --- the eager model --------------------------------------------------------------------------
 
@@ -69,8 +70,13 @@ def eager_checkpoint(folder: Path, manifest: dict, checkpoint: str | None):
 def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol: float | None = None,
              rtol: float | None = None, steps: int = 20, batch: int = 2, seed: int = 0,
              localize: bool = True, write_summary: bool = True, log=None, min_top1: float | None = None,
-             min_tokens: float | None = None, max_drift: float | None = None) -> Report:
+             min_tokens: float | None = None, max_drift: float | None = None,
+             runtime: str = "onnxruntime") -> Report:
     """Run the three checks; the report is truthy when everything passed.
+
+    `runtime` runs the graphs: onnxruntime, or openvino (`seqexport.runtime.runners`). The layer
+    of a failing graph is localised on ONNX Runtime only (`localize` exposes every module's
+    output, which changes what OpenVINO fuses): with another runtime a failing graph case says so.
 
     `log` (e.g. stderr) hears each check as it ends, with its counts and the time taken.
     A quantised export (`seqexport quantize`) is judged by `checks.QuantRule` for its bits:
@@ -84,14 +90,16 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
     d_atol, d_rtol = DEFAULT_TOLERANCE[manifest["dtype"]]
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
-    rt = rt_load(folder, provider=provider, manifest=manifest)
+    rt = rt_load(folder, provider=provider, manifest=manifest, runtime=runtime)
+    on_ort = runtime == "onnxruntime"
     device = "cuda" if rt.provider == "CUDAExecutionProvider" and torch.cuda.is_available() else "cpu"
     model = ckpt.model.to(device).float().eval()
     rng = np.random.default_rng(seed)
     cases = families.get(manifest["family"]).parity.Cases(model, rt, rng, batch, device)
     report = Report(str(folder), manifest["family"], manifest["dtype"], rt.provider, device, atol, rtol,
-                    steps, batch, seed, str(ckpt.path))
-    log(f"validating {folder} ({manifest['family']}, {manifest['dtype']}) on {rt.provider} "
+                    steps, batch, seed, str(ckpt.path), runtime=f"{runtime} {runtime_version(runtime)}")
+    log(f"validating {folder} ({manifest['family']}, {manifest['dtype']}) on {'' if on_ort else runtime + ' '}"
+        f"{rt.provider} "
         f"against {ckpt.path or 'the preset weights'}")
     int8 = None  # the quantised copy's rule (int8 or int4)
     q = manifest.get("quantization")
@@ -100,7 +108,8 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
         report.rule = (f"{int8.label}: top-1 >= {int8.min_top1:g}, free-running tokens >= {int8.min_tokens:g}, "
                        f"recurrent state drift over steps {drift.DRIFT_STEPS - drift.WINDOW + 1}-{drift.DRIFT_STEPS} "
                        f"<= {int8.max_drift:g}")
-    runs = (("graphs", lambda: checks.graph_cases(rt, cases, rng, atol, rtol, device, localize, int8)),
+    runs = (("graphs", lambda: _not_localized(
+                 checks.graph_cases(rt, cases, rng, atol, rtol, device, localize and on_ort, int8), on_ort or not localize)),
             ("teacher_forced", lambda: [checks.teacher_forced(rt, cases, steps, atol, rtol, rng, int8)]),
             ("free_running", lambda: checks.free_running(rt, cases, steps, atol, rtol, int8)))
     if int8 and drift.recurrent_states(rt):
@@ -119,3 +128,11 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
         except OSError as e:  # a read-only artifact still gets its report
             warnings.warn(f"parity summary not written into {folder / MANIFEST}: {e}", stacklevel=2)
     return report
+
+
+def _not_localized(found: list, localized: bool) -> list:
+    """Failing graph cases of a runtime other than ONNX Runtime: why no layer is named."""
+    for case in found if not localized else ():
+        if not case.passed and not case.note:
+            case.note = "layer not localised: localisation runs on ONNX Runtime only (validate --runtime onnxruntime)"
+    return found
