@@ -6,6 +6,7 @@ import sys
 import click
 
 from seqexport.cli.group import check_output_path, cli
+from seqexport.runtime.runners import RUNTIMES
 
 
 @cli.command()
@@ -13,6 +14,8 @@ from seqexport.cli.group import check_output_path, cli
 @click.option("--checkpoint", type=click.Path(), help="Eager checkpoint to compare with [the manifest's].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
+@click.option("--runtime", type=click.Choice(RUNTIMES), default=RUNTIMES[0], show_default=True,
+              help="What runs the graphs: ONNX Runtime, or OpenVINO's CPU (the openvino extra).")
 @click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance [by dtype: 1e-4 for float32].")
 @click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance [by dtype: 1e-3 for float32].")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Decode steps.")
@@ -27,8 +30,8 @@ from seqexport.cli.group import check_output_path, cli
                    "to judge it against (docs/validate-other-tools.md).")
 @click.option("--io-map", "io_map", type=click.Path(dir_okay=False),
               help="With --reference: a JSON file naming the graphs' roles, for a folder no adapter recognises.")
-def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, report_path, min_top1, min_tokens,
-             reference, io_map):
+def validate(folder, checkpoint, provider, runtime, atol, rtol, steps, batch, seed, report_path, min_top1,
+             min_tokens, reference, io_map):
     """Prove parity of an exported FOLDER with its eager model; exit 1 if any check fails.
 
     Checks every graph at several shapes, a teacher-forced decode against the eager
@@ -44,11 +47,12 @@ def validate(folder, checkpoint, provider, atol, rtol, steps, batch, seed, repor
     if foreign_folder(folder, reference, io_map, checkpoint):
         from seqexport.foreign.validate import validate_foreign
 
-        report = validate_foreign(folder, reference, io_map, provider=provider, atol=atol, rtol=rtol, steps=steps,
-                                  batch=batch, seed=seed, log=log, min_top1=min_top1, min_tokens=min_tokens)
+        report = validate_foreign(folder, reference, io_map, runtime=runtime, provider=provider, atol=atol, rtol=rtol,
+                                  steps=steps, batch=batch, seed=seed, log=log, min_top1=min_top1, min_tokens=min_tokens)
     else:
         report = run_validate(folder, checkpoint=checkpoint, provider=provider, atol=atol, rtol=rtol,
-                              steps=steps, batch=batch, seed=seed, log=log, min_top1=min_top1, min_tokens=min_tokens)
+                              steps=steps, batch=batch, seed=seed, log=log, min_top1=min_top1, min_tokens=min_tokens,
+                              runtime=runtime)
     click.echo(report.table())
     if report_path:
         with open(report_path, "w") as f:
