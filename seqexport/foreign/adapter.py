@@ -90,6 +90,8 @@ class GraphMap:
     outputs: dict = field(default_factory=dict)  # role -> output name
     state: tuple[StateRole, ...] = ()
     max_tokens: int | None = None  # tokens per call the graph takes (None: any number)
+    dims: dict = field(default_factory=dict)  # symbolic axis -> size of a fresh past (e.g. genai's kv_cache_dim)
+    chunk_rows: int | None = None  # rows a call of several tokens after a past takes (None: any); more go row by row
 
     def __post_init__(self):
         for role in self.inputs:
@@ -100,7 +102,8 @@ class GraphMap:
                 raise ArtifactError(f"{self.file}: output role {role!r}; expected one of {list(OUTPUT_ROLES)}")
 
     def describe(self) -> list[str]:
-        lines = [f"{self.file}" + (f" (at most {self.max_tokens} token a call)" if self.max_tokens else "")]
+        lines = [f"{self.file}" + (f" (at most {self.max_tokens} token a call)" if self.max_tokens else "")
+                 + (f" (several tokens after a past: {self.chunk_rows} row a call)" if self.chunk_rows else "")]
         lines += [f"  in  {role:24} {name}" for role, name in self.inputs.items()]
         lines += [f"  out {role:24} {name}" for role, name in self.outputs.items()]
         for s in self.state:
@@ -140,7 +143,7 @@ class ModelMap:
     def to_dict(self) -> dict:
         def graph(g):
             return {"file": g.file, "inputs": g.inputs, "outputs": g.outputs, "max_tokens": g.max_tokens,
-                    "state": [vars(s) for s in g.state]}
+                    "dims": g.dims, "chunk_rows": g.chunk_rows, "state": [vars(s) for s in g.state]}
         return {"adapter": self.adapter, "architecture": self.architecture, "note": self.note,
                 "graphs": {k: graph(g) for k, g in (("encoder", self.encoder), ("first", self.first),
                                                      ("step", self.step)) if g is not None}}

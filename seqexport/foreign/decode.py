@@ -61,6 +61,8 @@ class ForeignModel:
         b, n = tokens.shape
         if g.max_tokens is not None and n > g.max_tokens:
             raise ArtifactError(f"{g.file} takes at most {g.max_tokens} tokens a call, {n} given")
+        if g.chunk_rows and b > g.chunk_rows and n > 1 and ctx.past:
+            return self._rows_apart(tokens, ctx, g.chunk_rows)
         by_role = {"input_ids": tokens,
                    "attention_mask": np.ones((b, ctx.past + n), np.int64),  # no padding: every slot valid
                    "position_ids": np.broadcast_to(np.arange(ctx.past, ctx.past + n), (b, n)),
@@ -76,6 +78,19 @@ class ForeignModel:
         ctx.past += n
         return outs[g.outputs["logits"]]
 
+    def _rows_apart(self, tokens: np.ndarray, ctx: Context, rows: int) -> np.ndarray:
+        """The call in slices of `rows` rows (every state and encoder value sliced on axis 0),
+        joined back: for a graph that takes several tokens after a past only for fewer rows."""
+        logits, parts = [], []
+        for r in range(0, ctx.batch, rows):
+            part = Context(min(rows, ctx.batch - r), ctx.past, {k: v[r: r + rows] for k, v in ctx.state.items()},
+                           {k: v[r: r + rows] for k, v in ctx.encoder.items()})
+            logits.append(self.step(tokens[r: r + rows], part))  # (rows, n, vocab)
+            parts.append(part)
+        ctx.state = {k: np.concatenate([p.state[k] for p in parts]) for k in parts[0].state}
+        ctx.past += tokens.shape[1]
+        return np.concatenate(logits)
+
     def _run(self, g: GraphMap, by_role: dict, ctx: Context) -> dict:
         runner = self.runners[g.file]
         names = {name: role for role, name in g.inputs.items()}
@@ -85,7 +100,7 @@ class ForeignModel:
                 value = by_role[names[name]]
             elif name in self.roles:
                 value = ctx.state.get(name)
-                value = zeros_for(tensor, ctx.batch) if value is None else value
+                value = zeros_for(tensor, ctx.batch, g.dims) if value is None else value
             else:
                 raise ArtifactError(f"{g.file}: input {name!r} has no role in the {self.map.adapter} map; "
                                     "name it in an --io-map file")

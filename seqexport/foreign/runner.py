@@ -59,8 +59,9 @@ def open_graph(path: Path, runtime: str = "onnxruntime", provider: str = "auto",
     return RUNNERS[runtime](path, provider, threads)
 
 
-def zeros_for(tensor: onnx_io.Tensor, batch: int) -> np.ndarray:
+def zeros_for(tensor: onnx_io.Tensor, batch: int, dims: dict | None = None) -> np.ndarray:
     """A fresh value for an input nobody fed yet (an empty past): axis 0 the batch, every other
-    symbolic axis 0 (no past positions), fixed axes as declared."""
-    shape = [batch if i == 0 else (d if isinstance(d, int) else 0) for i, d in enumerate(tensor.dims)]
+    symbolic axis its size in `dims` (the map's), else 0 (no past positions), fixed axes as declared."""
+    sizes = dims or {}
+    shape = [batch if i == 0 else (d if isinstance(d, int) else sizes.get(d, 0)) for i, d in enumerate(tensor.dims)]
     return np.zeros(shape, np.dtype(tensor.dtype))
