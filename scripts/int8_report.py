@@ -49,7 +49,7 @@ def teacher_forced_agreement(folder: Path, steps: int):
     rt = load(folder, "cpu")
     rng = np.random.default_rng(0)
     cases = families.get(manifest["family"]).parity.Cases(model, rt, rng, 2, "cpu")
-    return checks.teacher_forced(rt, cases, steps, 1e-4, 1e-3, rng, checks.Int8Rule())
+    return checks.teacher_forced(rt, cases, steps, 1e-4, 1e-3, rng, checks.QuantRule())
 
 
 def main() -> None:

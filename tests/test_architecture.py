@@ -102,9 +102,9 @@ def test_runtime_and_family_declarations_import_no_torch():
 
 
 README_EXAMPLE = """
-from seqexport.presets import build_preset
-from seqexport.export.transformer import export_transformer
-from seqexport.validate import validate
+from seqexport.checkpoints import build_preset
+from seqexport.families.transformer.export import export_transformer
+from seqexport.parity.validate import validate
 import numpy as np
 import seqexport.runtime as rt
 

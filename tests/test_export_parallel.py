@@ -25,7 +25,7 @@ def run_script(script: str, *args, jobs: str = "2", timeout: int = 300) -> subpr
 EXPORT = """
 import sys
 from seqexport.families.transformer.export import export_transformer
-from seqexport.presets import build_preset
+from seqexport.checkpoints import build_preset
 export_transformer(build_preset("transformer", "tiny", seed=0), "tiny", sys.argv[1])
 """
 
@@ -46,7 +46,7 @@ BROKEN_ENCODER = """
 import sys
 from seqexport.errors import ExportError
 from seqexport.families.transformer import export as transformer_export
-from seqexport.presets import build_preset
+from seqexport.checkpoints import build_preset
 
 real = transformer_export.exported_module
 
@@ -99,7 +99,7 @@ import gc, os, sys, time
 import numpy as np
 import onnxruntime as ort
 from seqexport.families.transformer.export import export_transformer
-from seqexport.presets import build_preset
+from seqexport.checkpoints import build_preset
 
 ckpt = build_preset("transformer", "tiny", seed=0)
 gc.disable()  # the garbage below is still there at the fork (the parent never collects it) ...

@@ -220,7 +220,7 @@ def test_int8_free_running_judges_each_pick_on_its_own_prefix():
 
     from seqexport import families
     from seqexport.checkpoints.io import load_checkpoint
-    from seqexport.parity.checks import NEVER, Int8Rule, int8_free_case
+    from seqexport.parity.checks import NEVER, QuantRule, int8_free_case
     from seqexport.runtime.generate import SearchOptions
 
     model = load_checkpoint(bundled("rwkv")).model.float().eval()
@@ -236,10 +236,10 @@ def test_int8_free_running_judges_each_pick_on_its_own_prefix():
             logits, state = judge.step(np.array([out[-1]], np.int64), state)
         return out
 
-    detour = int8_free_case(0, decode({2}), judge, prompt, options, Int8Rule())
+    detour = int8_free_case(0, decode({2}), judge, prompt, options, QuantRule())
     assert detour.passed and detour.label == "row 0: 11/12 int8 picks are eager's"
     assert "tokens equal eager's own greedy decode" in detour.note and "12/12 tokens equal" not in detour.note
-    wrong = int8_free_case(0, decode({0, 3, 6, 9}), judge, prompt, options, Int8Rule())
+    wrong = int8_free_case(0, decode({0, 3, 6, 9}), judge, prompt, options, QuantRule())
     assert not wrong.passed and wrong.label == "row 0: 8/12 int8 picks are eager's"
-    assert int8_free_case(0, decode(set()), judge, prompt, options, Int8Rule()).note.endswith("12/12 tokens equal "
+    assert int8_free_case(0, decode(set()), judge, prompt, options, QuantRule()).note.endswith("12/12 tokens equal "
                                                                                              "eager's own greedy decode")

@@ -55,7 +55,6 @@ class QuantRule:
                    d.max_drift if max_drift is None else max_drift, bits)
 
 
-Int8Rule = QuantRule  # its name while int8 was the only quantisation
 CHUNKS = (1, 4, 1, 2, 3)  # teacher-forced chunk lengths after the prompt, cycled
 
 
