@@ -33,6 +33,10 @@ class ForeignReport(Report):
                           "sequence in one call, compared through the adapter's layout",
         "free_running": "transformers' greedy decoding with a full forward over the whole prefix at every step",
     }
+    roles: dict | None = None  # the adapter's map (ModelMap.to_dict)
+
+    def to_dict(self) -> dict:
+        return super().to_dict() | {"adapter": self.adapter, "map": self.roles}
 
 
 def validate_foreign(folder, reference, io_map=None, runtime: str = "onnxruntime", provider: str = "auto",
@@ -51,7 +55,8 @@ def validate_foreign(folder, reference, io_map=None, runtime: str = "onnxruntime
     quant = QuantRule.for_bits(model.quant_bits, min_top1, min_tokens) if model.quant_bits else None
     dtype = quant.label if quant else model.dtype
     report = ForeignReport(str(folder), f"{model_map.adapter}: {type(ref.model).__name__}", dtype, model.provider,
-                           "cpu", atol, rtol, steps, batch, seed, str(ref.path), adapter=model_map.adapter)
+                           "cpu", atol, rtol, steps, batch, seed, str(ref.path), adapter=model_map.adapter,
+                           roles=model_map.to_dict())
     if quant:
         report.rule = (f"{quant.label}: top-1 >= {quant.min_top1:g}, free-running picks on the artifact's own "
                        f"prefix >= {quant.min_tokens:g}; figures reported, not judged")

@@ -5,12 +5,16 @@ from pathlib import Path
 
 from seqexport.errors import ArtifactError
 from seqexport.foreign.adapter import ModelMap
+from seqexport.foreign.adapters.genai import Genai
+from seqexport.foreign.adapters.mobius import Mobius
 from seqexport.foreign.adapters.optimum import Optimum
 from seqexport.foreign.adapters.transformers_js import TransformersJs
 
 ADAPTERS = [
     Optimum(),
     TransformersJs(),
+    Genai(),
+    Mobius(),
 ]
 
 
