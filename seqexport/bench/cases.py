@@ -24,6 +24,7 @@ import numpy as np
 
 from seqexport.runtime.base import State
 from seqexport.specs import INPUT_IDS
+from seqexport.state.arrays import to_numpy
 
 
 @dataclass
@@ -46,3 +47,45 @@ def split_feeds(feeds: dict[str, np.ndarray], length: int) -> tuple[np.ndarray, 
     """A step graph's feeds -> the tokens (b,) and the runtime State of everything else."""
     tokens = feeds[INPUT_IDS][:, 0]  # (b, 1) -> (b,)
     return tokens, State({k: v for k, v in feeds.items() if k != INPUT_IDS}, length)
+
+
+def _owned(state: State) -> State:
+    """A copy of `state` that owns its arrays: the newest over its buffers, which a step may
+    write into in place."""
+    return State({k: np.array(to_numpy(v)) for k, v in state.arrays.items()}, state.length).owning()
+
+
+def _lengths_input(rt) -> str | None:
+    """The input giving each row's valid appended slots, for a model with an appended state."""
+    layout = getattr(rt, "layout", None)
+    return layout.lengths if layout is not None and layout.axes else None
+
+
+def advancing_step(rt, tokens: np.ndarray, state: State) -> Callable[[], object]:
+    """The runtime's step as in a decode, on a copy of `state` the calls own: each call steps
+    the newest state (an appended cache is written in place, never copied) and rewinds its
+    lengths to `state`'s, so every call is timed at one context. A model without an appended
+    state steps `state` itself each time (its state is replaced whole, of one size)."""
+    lengths = _lengths_input(rt)
+    if lengths is None:
+        return lambda: rt.step(tokens, state)
+    past = to_numpy(state.arrays[lengths]).copy()
+    newest = [_owned(state)]
+
+    def run():
+        _, newest[0] = rt.step(tokens, newest[0])
+        newest[0].arrays[lengths][:] = past  # the new state's own array: rewound in place
+
+    return run
+
+
+def branch_step(rt, tokens: np.ndarray, state: State) -> Callable[[], object]:
+    """The runtime's step from an earlier state (a branch: beam search, "regenerate", n samples
+    from one prompt): `state` stepped once, then each call steps it again, so an appended
+    cache is copied every call (the result is dropped, as when the previous continuation is
+    let go). A model without an appended state: each call is `advancing_step`'s."""
+    if _lengths_input(rt) is None:
+        return lambda: rt.step(tokens, state)
+    earlier = _owned(state)
+    _, later = rt.step(tokens, earlier)  # `earlier` is no longer the newest over its buffers
+    return lambda: (later, rt.step(tokens, earlier))[1]

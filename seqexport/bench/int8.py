@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from seqexport import families
+from seqexport.bench.cases import advancing_step
 from seqexport.bench.timing import rss_now, time_paired
 from seqexport.errors import UsageError
 from seqexport.manifest import MANIFEST, read_manifest
@@ -69,7 +70,8 @@ def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16,
         log(f"  {label} vs float32: step and prefill at context {context}")
         state = bench.decode_state(fp32, 1, context, rng, bench.PROMPT_LEN[False])
         tokens = rng.integers(1, fp32.vocab_size, 1, dtype=np.int64)
-        step = time_paired({n: (lambda m=m, t=tokens, s=state: m.step(t, s)) for n, m in models.items()}, repeats, sample_s)
+        # each model steps its own copy as in a decode (stepping a shared state would copy its cache every call)
+        step = time_paired({n: advancing_step(m, tokens, state) for n, m in models.items()}, repeats, sample_s)
         prompt = [list(map(int, bench.generation_prompts(fp32, 1, context, rng)[0]))]
         prefill = time_paired({n: (lambda m=m, p=prompt: m.begin(p)) for n, m in models.items()}, repeats, sample_s)
         rows.append({"context": context, **{f"step_{n}_ms": step[n] * 1e3 for n in names},

@@ -13,7 +13,10 @@ ratios use the faster eager — see `timing.time_eager_and_ort`):
   the cached decoder step at each past length; mamba: the step, whose state has
   one size at every context). Eager is the model's own cached step on the same
   arrays; ORT through the runtime (`model.step`: input checks, state book-keeping
-  — what an application gets) and as the bare `InferenceSession.run`;
+  — what an application gets) advancing a state it owns (`cases.advancing_step`),
+  and as the bare `InferenceSession.run`; for a model with an appended cache, also
+  the step from an earlier state (`cases.branch_step`: the cache copied first), and
+  branch ÷ advancing step;
 - the prefill, where the family has one (mamba: eager with the sequential
   reference scan and with the export's scan lowering, vs the prefill graph);
 - end-to-end greedy generation, tokens/s: the one eager decoder of the family
@@ -68,6 +71,8 @@ def _ms(med: dict[str, float | None]) -> dict:
     out = {f"{k}_ms": None if v is None else v * 1e3 for k, v in med.items()}
     out["ort_over_eager"] = med["ort"] / med["eager_best"]
     out["ort_session_over_eager"] = med["ort_session"] / med["eager_best"]
+    if med.get("ort_branch") is not None:  # a step from an earlier state (an appended cache copied first)
+        out["branch_over_step"] = med["ort_branch"] / med["ort"]
     if med.get("ort_all") is not None:  # a prefill's every-position logits (mamba)
         out["ort_all_over_eager"] = med["ort_all"] / med["eager_best"]
     for name in med:

@@ -24,6 +24,7 @@ import numpy as np
 
 from seqexport import families
 from seqexport.bench.artifact import artifact_facts
+from seqexport.bench.cases import advancing_step
 from seqexport.bench.timing import measure_bandwidth, rss_now, time_paired
 from seqexport.errors import ArtifactError, UsageError
 from seqexport.manifest import read_manifest
@@ -51,7 +52,7 @@ def _point(rt, bench, batch: int, context: int, repeats: int, rng) -> dict:
     """The runtime's one-token step with a state as after `context` tokens: median ms, state bytes."""
     state = bench.decode_state(rt, batch, context, rng, SRC_LEN)
     tokens = rng.integers(1, rt.vocab_size, batch, dtype=np.int64)
-    med = time_paired({"step": lambda: rt.step(tokens, state)}, repeats, 0.05)
+    med = time_paired({"step": advancing_step(rt, tokens, state)}, repeats, 0.05)  # as in a decode: cache owned
     return {"context": context, "step_ms": med["step"] * 1e3, "state_bytes": state.nbytes}
 
 

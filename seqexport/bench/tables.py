@@ -62,12 +62,19 @@ def format_table(result: dict) -> str:
     lines.append("")
     table: StepTable = families.get(r["family"]).bench.TABLE
     lines.append(table.title)
+    # a model with an appended cache: the step from an earlier state (a branch) beside the advancing one
+    branch = [("ORT branch", "ort_branch_ms"), ("branch/ORT", "branch_over_step")] \
+        if any("ort_branch_ms" in s for s in r["steps"]) else []
     lines += _table(
-        ["batch", *(h for h, _ in table.columns), "state MB", f"eager {n}t", "eager 1t", "ORT", "ORT bare",
-         "ORT/eager", "bare/eager", "bound", "ORT/bound", "bound+state", "ORT/bound+state"],
+        ["batch", *(h for h, _ in table.columns), "state MB", f"eager {n}t", "eager 1t", "ORT", *(h for h, _ in branch),
+         "ORT bare", "ORT/eager", "bare/eager", "bound", "ORT/bound", "bound+state", "ORT/bound+state"],
         [[s["batch"], *(s[k] for _, k in table.columns), _mb(s["state_bytes"]), s["eager_ms"], s["eager_1t_ms"],
-          s["ort_ms"], s["ort_session_ms"], s["ort_over_eager"], s["ort_session_over_eager"], s["bound_ms"],
-          s["ort_over_bound"], s["bound_with_state_ms"], s["ort_over_bound_with_state"]] for s in r["steps"]])
+          s["ort_ms"], *(s.get(k) for _, k in branch), s["ort_session_ms"], s["ort_over_eager"],
+          s["ort_session_over_eager"], s["bound_ms"], s["ort_over_bound"], s["bound_with_state_ms"],
+          s["ort_over_bound_with_state"]] for s in r["steps"]])
+    if branch:
+        lines.append("(ORT: the runtime's step advancing a state it owns, the cache written in place; ORT branch: "
+                     "the step from an earlier state, which copies the cache first)")
     if r["prefills"]:
         lines += ["", f"prefill, ms (ref: the sequential reference scan; {r['prefills'][0]['lowering']}: "
                       "the export's lowering run eagerly)"]

@@ -3,7 +3,8 @@ whole state: zeros, in-place writes of appended positions (copying first on a br
 rows joining and leaving. A runtime model keeps one layout per stepping graph and asks it;
 nothing here knows a family."""
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +40,7 @@ class StateLayout:
     ragged: dict[str, int]  # static input, or the mask over its source -> the source axis
     masks: dict[str, tuple[str, ...]]  # those masks -> the static inputs over their source
     limit: int | None  # the most slots an appended row may hold (a positional table), or None
+    pool: buffers.CopyPool = field(default_factory=buffers.CopyPool, compare=False, repr=False)  # branch copies
 
     @classmethod
     def of(cls, spec: GraphSpec, limit: int | None = None) -> "StateLayout":
@@ -89,8 +91,9 @@ class StateLayout:
         if need > capacity:  # grown: each buffer copied once into a larger one
             grown = buffers.resized({name: to_numpy(state.arrays[name]) for name in self.axes}, self.axes,
                                     buffers.capacity_for(need, self.limit))
-        elif state.writer is None or state.writer[0] is not state:  # an older state: copied once
-            grown = {name: to_numpy(state.arrays[name]).copy() for name in self.axes}
+        elif state.writer is None or state.writer[0] is None or state.writer[0]() is not state:
+            # an older state (a branch): copied once, into buffers an earlier branch let go
+            grown = self.pool.copies({name: to_numpy(state.arrays[name]) for name in self.axes})
         else:  # the newest state over its buffers: the step writes into them in place
             return state.arrays, state.writer, counts
         return state.arrays | grown, [None], counts
@@ -105,7 +108,7 @@ class StateLayout:
         buffers.write_new(arrays, self.axes, new, lengths, same)
         lengths = lengths + advance
         state = State(arrays | {self.lengths: lengths}, int(lengths.max()), writer)
-        writer[0] = state
+        writer[0] = weakref.ref(state)  # not the state itself: a cycle would keep its buffers until gc runs
         return state
 
     # --- rows joining and leaving --------------------------------------------------------------

@@ -2,6 +2,7 @@
 the zeros a fresh sequence starts from."""
 
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,9 @@ class State:
     arrays: dict[str, np.ndarray]
     length: int = 0
     # Appended state (seqexport.state.appended): the one-item list shared by every state
-    # over the same buffers, naming the newest, the only one that may write into them in place.
+    # over the same buffers, a weak reference to the newest, the only one that may write into
+    # them in place (weak: a state that named itself would live, buffers and all, until the
+    # cyclic gc ran; a dropped state's buffers are free at once, for the next branch to reuse).
     writer: list | None = field(default=None, repr=False, compare=False)
     # The engine's running batch of a recurrent model (seqexport.runtime.row_buffers): the
     # buffers these arrays are the first rows of.
@@ -51,7 +54,7 @@ class State:
 
     def owning(self) -> "State":
         """This state as the sole writer of its arrays (they are its own copies)."""
-        self.writer = [self]
+        self.writer = [weakref.ref(self)]
         return self
 
     @staticmethod

@@ -7,7 +7,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from seqexport.bench.cases import Case, bare_session, split_feeds
+from seqexport.bench.cases import Case, advancing_step, bare_session, branch_step, split_feeds
 from seqexport.families.hybrid.export import chunk_of, layers_of
 from seqexport.families.hybrid.specs import INPUT_IDS, PAST_LENGTHS
 from seqexport.families.mamba2.ssd import ssd_grouped
@@ -34,7 +34,9 @@ def decode_state(rt, batch: int, context: int, rng: np.random.Generator, prompt_
 
 
 def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator):
-    """The one-token step at each batch and context: eager `model.step` and the step graph."""
+    """The one-token step at each batch and context: eager `model.step`, the runtime's step as
+    in a decode (advancing: the KV cache written in place) and from an earlier state (a branch:
+    the cache copied first), the bare step graph."""
     for batch in batches:
         for context in contexts:
             feeds = _step_feeds(rt, batch, context, rng)
@@ -44,7 +46,7 @@ def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Gen
             layers = layers_of(model, [t[n] for n in names])
             eager = lambda ids=t[INPUT_IDS][:, 0], layers=layers, lengths=t[PAST_LENGTHS]: \
                 model.step(ids, layers, lengths)  # noqa: E731
-            fns = {"eager": eager, "ort": lambda tokens=tokens, state=state: rt.step(tokens, state),
+            fns = {"eager": eager, "ort": advancing_step(rt, tokens, state), "ort_branch": branch_step(rt, tokens, state),
                    "ort_session": bare_session(rt, "step", feeds)}
             yield Case(f"step: batch {batch}, context {context}",
                        {"batch": batch, "context": context, "state_bytes": state.nbytes}, fns)

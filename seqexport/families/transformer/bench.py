@@ -6,7 +6,7 @@ runs once per source."""
 import numpy as np
 import torch
 
-from seqexport.bench.cases import Case, bare_session, split_feeds
+from seqexport.bench.cases import Case, advancing_step, bare_session, branch_step, split_feeds
 from seqexport.bench.gemv_floor import linear_chain_ms
 from seqexport.bench.tables import StepTable
 from seqexport.errors import UsageError
@@ -88,7 +88,9 @@ def _eager_step(model, feeds: dict[str, np.ndarray]):
 
 
 def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Generator):
-    """The decoder step at each batch and past length: eager, runtime step, bare session.
+    """The decoder step at each batch and past length: eager, the runtime's step as in a decode
+    (advancing: the cache written in place) and from an earlier state (a branch: the cache
+    copied first), the bare session.
     `self_kv_bytes` counts the valid self K/V (what a step must read), not the buffer's spare
     slots; `state_moved_bytes` all a step must read of the state (valid cache + cross K/V)."""
     grows = _self_kv(rt)
@@ -102,25 +104,9 @@ def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Gen
             # a step reads the valid cache and the cross K/V once; its new slots are negligible
             row = {"batch": batch, "context": past, "state_bytes": state.nbytes, "self_kv_bytes": valid,
                    "state_moved_bytes": state.nbytes - kv.nbytes + valid}
-            fns = {"eager": _eager_step(model, feeds), "ort": _runtime_step(rt, tokens, state.owning(), past),
-                   "ort_session": bare_session(rt, "decoder", feeds)}
+            fns = {"eager": _eager_step(model, feeds), "ort": advancing_step(rt, tokens, state),
+                   "ort_branch": branch_step(rt, tokens, state), "ort_session": bare_session(rt, "decoder", feeds)}
             yield Case(f"decoder step: batch {batch}, past {past}", row, fns)
-
-
-def _runtime_step(rt, tokens, state: State, past: int):
-    """The runtime's step at a fixed context, as in a decode: each call steps the newest state
-    (the cache is written in place, never copied) and then rewinds it to `past` valid slots."""
-    newest = [state]
-
-    def run():
-        _, newest[0] = rt.step(tokens, newest[0])
-        lengths = newest[0].arrays.get(PAST_LENGTHS)
-        if lengths is not None:
-            lengths[:] = past
-        else:  # a decoder that concatenates: step the same state again
-            newest[0] = state
-
-    return run
 
 
 def prefill_cases(rt, model, batches, contexts, rng, notes: list[str]):
@@ -172,7 +158,7 @@ def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, r
         for label, rt in models.items():
             feeds = _step_feeds(rt, 1, past, rng, PROMPT_LEN[False])
             tokens, state = split_feeds(feeds, past)
-            fns[label] = _runtime_step(rt, tokens, state.owning(), past)
+            fns[label] = advancing_step(rt, tokens, state)
             kv = State({k: state.arrays[k] for k in _self_kv(rt)})
             slots = next(iter(kv.arrays.values())).shape[2]
             moved[label] = state.nbytes - kv.nbytes + kv.nbytes * past // max(slots, 1)
@@ -189,6 +175,7 @@ def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, r
             row[f"{label}_bound_ms"] = bound
             row[f"{label}_over_bound"] = row[f"{label}_ms"] / bound
             row[f"ratio_{label}"] = row[f"{label}_ms"] / row[f"{ref}_ms"]
+            row[f"{label}_over_linears"] = row[f"{label}_ms"] / floor_ms  # ÷ the floor ORT's GEMV sets
     return {"bandwidth": bw, "weights_bytes": weights, "labels": list(models), "rows": rows,
             "linears_only_ms": floor_ms, "linears_only_over_weights_bound": floor_ms / (weights / (bw["gbs"] * 1e9) * 1e3)}
 
