@@ -237,7 +237,7 @@ def _tiny_step_weight_bytes(c: dict) -> int:
 
 
 # medians by function name (seconds): steps, then generation ("eager_cache" present)
-STEP_MED = {"eager": 4e-3, "eager_1t": 2e-3, "ort": 1e-3, "ort_session": 0.5e-3}
+STEP_MED = {"eager": 4e-3, "eager_1t": 2e-3, "ort": 1e-3, "ort_session": 0.5e-3, "ort_branch": 3e-3}
 GEN_MED = {"eager_cache": 0.08, "eager_cache_1t": 0.1, "eager_nocache": 0.4, "eager_nocache_1t": 0.2,
            "ort": 0.02}
 BANDWIDTH = {"bytes": 64 << 20, "torch_threads": 2, "numpy_gbs": 5.0, "torch_1t_gbs": 8.0, "torch_gbs": 10.0,
@@ -274,6 +274,7 @@ def test_run_bench_ratios_from_known_medians(transformer_tiny, monkeypatch):
         assert row["bound_ms"] == pytest.approx(bound_ms)
         assert row["ort_over_bound"] == pytest.approx(1.0 / bound_ms)
         assert row["ort_session_over_bound"] == pytest.approx(0.5 / bound_ms)
+        assert row["branch_over_step"] == pytest.approx(3.0)  # a branch's 3 ms ÷ the advancing step's 1
         # a step reads the valid self K/V and the cross K/V once (the cache is appended in place):
         # per layer 2 tensors of (batch, heads, length, head_dim) float32; plus mask and lengths
         c, b, src = ckpt.config, row["batch"], 8  # --fast: 8-token sources
