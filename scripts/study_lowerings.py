@@ -4,13 +4,13 @@ eager reference and chunked scans (batch 1, the same thread count on both sides,
     .venv/bin/python scripts/study_lowerings.py --preset tiny --preset 130m   # the whole model
     .venv/bin/python scripts/study_lowerings.py --d-inner 128 1536            # the scan alone
 
-The studies are `seqexport.bench.lowering_study.study` and `study_scan`.
+The studies are `seqexport.families.mamba.lowering_study.study` and `study_scan`.
 """
 
 import argparse
 import json
 
-from seqexport.bench.lowering_study import LOWERINGS, format_rows, study, study_scan
+from seqexport.families.mamba.lowering_study import LOWERINGS, format_rows, study, study_scan
 
 
 def main() -> None:

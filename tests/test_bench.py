@@ -18,12 +18,12 @@ import seqexport.bench.run as bench_run
 import seqexport.bench.scaling as bench_scaling
 import seqexport.families
 import seqexport.runtime
-from seqexport.bench.lowering_study import format_rows, study, study_scan
 from seqexport.bench.run import _ms, format_table, run_bench
 from seqexport.bench.scaling import measure_scaling
 from seqexport.bench.timing import median_ratio, time_eager_and_ort
 from seqexport.cli import cli
 from seqexport.errors import UsageError
+from seqexport.families.mamba.lowering_study import format_rows, study, study_scan
 from tests.conftest import UNROLLED_LEN
 
 COMMON = {"folder", "family", "dtype", "provider", "threads", "versions", "machine", "load_seconds",

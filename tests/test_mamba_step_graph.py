@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from seqexport.export.scan import custom_translation_table
 from seqexport.families.mamba import specs as S
+from seqexport.families.mamba.scan import custom_translation_table
 from seqexport.families.mamba.step_graph import lm_step
 from tests.conftest import mamba_tiny_that_depends_on_everything
 

@@ -4,7 +4,7 @@ through the runtime's tokenizer interface (the record an export writes, streamin
 import pytest
 
 from seqexport import families
-from seqexport.runtime.rwkv_tokenizer import RwkvWorldTokenizer
+from seqexport.families.rwkv.tokenizer import RwkvWorldTokenizer
 from seqexport.runtime.tokenizer import TextStream, load_tokenizer
 
 TEXTS = [

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from seqexport.export.scan import LOWERINGS, custom_translation_table, scan_for
+from seqexport.families.mamba.scan import LOWERINGS, custom_translation_table, scan_for
 
 D_IN, N = 8, 4  # d_inner, d_state
 LENGTHS = (1, 2, 7, 16, 17, 64, 300)

@@ -270,7 +270,7 @@ def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
     streams whole characters only, and PCG64 draws equal numpy's default_rng."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from seqexport.runtime.rwkv_tokenizer import RwkvWorldTokenizer
+    from seqexport.families.rwkv.tokenizer import RwkvWorldTokenizer
 
     url, driver, _ = page
     texts = ["Friday, 5 März 2021 — 日本語 🎉", "Straße über 1984-05-09", "tabs\tand\nnew lines ", "a" * 30 + "😀😀"]

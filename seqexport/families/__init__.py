@@ -12,7 +12,7 @@ from seqexport.families.transformer import FAMILY as TRANSFORMER
 
 REGISTRY: dict[str, Family] = {f.name: f for f in (TRANSFORMER, MAMBA, RWKV, MAMBA2, HYBRID)}
 
-__all__ = ["REGISTRY", "Family", "detect", "eager_model", "get", "names"]
+__all__ = ["REGISTRY", "Family", "detect", "eager_model", "get", "names", "tokenizer_family"]
 
 
 def names() -> list[str]:
@@ -35,3 +35,8 @@ def detect(config: dict) -> Family | None:
 def eager_model(ckpt, tokenizer=None, cache: bool = True, device="cpu"):
     """The eager model of a loaded checkpoint behind the runtime's step API (needs torch)."""
     return get(ckpt.family).eager.Eager(ckpt.model, tokenizer, cache=cache, device=device)
+
+
+def tokenizer_family(kind: str) -> Family | None:
+    """The family whose own tokenizer a manifest's record of type `kind` is, or None."""
+    return next((f for f in REGISTRY.values() if kind in f.tokenizer_types), None)

@@ -49,6 +49,9 @@ class Family:
     detect_weights: Callable[[set[str]], bool] = lambda keys: False
     # the tokenizer record of a checkpoint that carries none (config fields -> record or None)
     default_tokenizer: Callable[[dict], dict | None] = lambda config: None
+    # tokenizer record types of the family's own (beside byte and hf), each read by
+    # `<package>.tokenizer.from_record(record, folder)` (torch-free), e.g. RWKV World's
+    tokenizer_types: tuple[str, ...] = ()
     export_options: tuple = ()  # click options of `seqexport export <name>` beyond the common ones
     # exported/<default name><suffix>: e.g. the Mamba scan lowering
     out_suffix: Callable[[dict], str] = lambda options: ""

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from seqexport.errors import ArtifactError, InputError
 
-TYPES = ("byte", "hf", "rwkv")  # "rwkv": the RWKV World tokenizer (seqexport.runtime.rwkv_tokenizer)
+TYPES = ("byte", "hf")  # and each family's own (`Family.tokenizer_types`, e.g. RWKV World's "rwkv")
 
 
 class Tokenizer(Protocol):
@@ -158,18 +158,21 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
     unknown type, a missing file, or ids that do not fit."""
     if not record:
         return None
-    if not isinstance(record, dict) or record.get("type") not in TYPES:
-        found = record.get("type") if isinstance(record, dict) else type(record).__name__
-        raise ArtifactError(f"unknown tokenizer type {found!r}; expected one of {list(TYPES)}")
+    from seqexport import families
+
+    kind = record.get("type") if isinstance(record, dict) else None
+    owner = families.tokenizer_family(kind) if isinstance(kind, str) else None
+    if kind not in TYPES and owner is None:
+        found = kind if isinstance(record, dict) else type(record).__name__
+        known = [*TYPES, *(t for f in families.REGISTRY.values() for t in f.tokenizer_types)]
+        raise ArtifactError(f"unknown tokenizer type {found!r}; expected one of {known}")
     try:
         if record["type"] == "byte":
             return ByteTokenizer.from_dict(record)
         if folder is None:
             raise ArtifactError(f"a {record['type']!r} tokenizer record needs the folder holding its file")
-        if record["type"] == "rwkv":
-            from seqexport.runtime.rwkv_tokenizer import RwkvWorldTokenizer
-
-            return RwkvWorldTokenizer.from_record(record, folder)
+        if owner is not None:
+            return owner.part("tokenizer").from_record(record, folder)
         ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
         return HFTokenizer(Path(folder) / record["file"], file=record["file"], **ids)
     except (KeyError, TypeError, ValueError) as e:

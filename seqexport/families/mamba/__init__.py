@@ -6,7 +6,7 @@ import click
 from seqexport.families.base import Family
 from seqexport.families.recurrent import GRAPHS
 
-LOWERINGS = ("loop", "unrolled", "parallel")  # the scan lowerings of seqexport.export.scan
+LOWERINGS = ("loop", "unrolled", "parallel")  # the scan lowerings of families/mamba/scan.py
 
 
 def _detect(config: dict) -> bool:

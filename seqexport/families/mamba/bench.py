@@ -6,8 +6,8 @@ from functools import partial
 
 import numpy as np
 
-from seqexport.export.scan import scan_for
 from seqexport.families.mamba.eager import layer_state
+from seqexport.families.mamba.scan import scan_for
 from seqexport.families.recurrent import bench as recurrent
 from seqexport.runtime.session import NP_DTYPES
 

@@ -17,7 +17,7 @@ from seqexport.export.common import (
     write_artifact,
 )
 from seqexport.export.parallel import GraphJob, export_graphs
-from seqexport.export.scan import LOWERINGS, custom_translation_table, scan_for
+from seqexport.families.mamba.scan import LOWERINGS, custom_translation_table, scan_for
 from seqexport.families.mamba.specs import graph_specs
 from seqexport.families.mamba.step_graph import lm_step
 from seqexport.models.mamba import MambaLM, selective_scan_ref

@@ -8,7 +8,7 @@ of the innermost broadcast dim, here n = 16, one kernel call per span, so
 - the outer products Δu ⊗ B and Δ ⊗ 1 are MatMuls with an inner size of 1 (exact products,
   as the eager broadcast), and the sum over n of h·C is a MatMul (b, d_in, n) @ (b, n, 1);
 - (Δ = softplus goes to ONNX as relu(x) - log(sigmoid(|x|)), vectorised ops, in both graphs:
-  `seqexport.export.scan.custom_translation_table`);
+  `seqexport.families.mamba.scan.custom_translation_table`);
 - RMSNorm is x / sqrt(mean(x²) + eps) · w, the pattern ORT fuses into one
   SimplifiedLayerNormalization node (the eager x · rsqrt(..) is seven nodes);
 - every activation is 2-D (b, ·), not (b, 1, ·): no Gather of position 0 nor Unsqueeze per

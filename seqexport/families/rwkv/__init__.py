@@ -22,7 +22,7 @@ def _default_tokenizer(config: dict) -> dict | None:
     World tokenizer (shipped with seqexport)."""
     if config.get("vocab_size") != WORLD_VOCAB:
         return None
-    # "source": the file an export copies into the artifact (see seqexport.runtime.rwkv_tokenizer)
+    # "source": the file an export copies into the artifact (see seqexport.families.rwkv.tokenizer)
     return {"type": "rwkv", "file": WORLD_VOCAB_FILE.name, "source": str(WORLD_VOCAB_FILE),
             "vocab_size": WORLD_VOCAB, "bos_id": None, "eos_id": 0, "pad_id": None}
 
@@ -38,6 +38,7 @@ FAMILY = Family(
     },
     config_fields=dict(vocab_size=1, n_embd=1, n_layer=1, head_size=1),
     bundled="rwkv-dates",
+    tokenizer_types=("rwkv",),
     # `seqexport quantize` keeps float32 the LoRAs that write the WKV state: the decay w, the
     # in-context rate a and the value mix v (an int8 error there compounds over every later
     # token: bundled rwkv-dates free-running 58% -> 100% equal tokens); they are small

@@ -6,9 +6,9 @@ from functools import partial
 
 import numpy as np
 
-from seqexport.export.scan.wkv_lowering import wkv7_chunked
 from seqexport.families.recurrent import bench as recurrent
 from seqexport.families.rwkv.eager import layer_state
+from seqexport.families.rwkv.wkv_lowering import wkv7_chunked
 from seqexport.runtime.session import NP_DTYPES
 
 # as every recurrent-state LM's

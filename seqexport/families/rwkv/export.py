@@ -16,10 +16,9 @@ from seqexport.export.common import (
     write_artifact,
 )
 from seqexport.export.parallel import GraphJob, export_graphs
-from seqexport.export.scan import wkv_translation_table
-from seqexport.export.scan.wkv_lowering import wkv7_chunked
 from seqexport.families.rwkv.specs import graph_specs
 from seqexport.families.rwkv.step_graph import FastStepGraph
+from seqexport.families.rwkv.wkv_lowering import wkv7_chunked, wkv_translation_table
 from seqexport.models.rwkv import RwkvLM, wkv7_ref
 from seqexport.parity.inputs import random_inputs
 from seqexport.specs import GraphSpec

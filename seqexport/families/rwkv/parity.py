@@ -1,10 +1,10 @@
 """What `validate` feeds an RWKV-7 export's graphs and decodes (see
 `seqexport.families.recurrent.parity`)."""
 
-from seqexport.export.scan.wkv_lowering import CHUNK
 from seqexport.families.recurrent.parity import RecurrentCases
 from seqexport.families.rwkv.eager import EagerRwkv
 from seqexport.families.rwkv.export import wrapper
+from seqexport.families.rwkv.wkv_lowering import CHUNK
 
 
 class Cases(RecurrentCases):

@@ -92,3 +92,8 @@ class RwkvWorldTokenizer:
             return cls(Path(folder) / record["file"], int(record["vocab_size"]), record.get("eos_id"), record["file"])
         except OSError as e:
             raise ArtifactError(f"cannot read the RWKV vocabulary {e.filename}: {e.strerror}") from None
+
+
+def from_record(record: dict, folder) -> RwkvWorldTokenizer:
+    """The tokenizer of a manifest's "rwkv" record (the family's `tokenizer_types`)."""
+    return RwkvWorldTokenizer.from_record(record, folder)

@@ -35,8 +35,11 @@ import onnx_ir as ir
 from onnxscript import FLOAT
 from onnxscript import opset18 as op
 
-from seqexport.export.scan.onnx_functions import _check_float32, _emit, _input, _subgraph
-from seqexport.export.scan.wkv_lowering import CHUNK
+from seqexport.export.ir_nodes import check_float32 as _check_float32
+from seqexport.export.ir_nodes import emit as _emit
+from seqexport.export.ir_nodes import subgraph as _subgraph
+from seqexport.export.ir_nodes import typed_input as _input
+from seqexport.families.rwkv.wkv_lowering import CHUNK
 
 if CHUNK & (CHUNK - 1):
     raise ValueError(f"CHUNK must be a power of two (the inverse by doublings), got {CHUNK}")

@@ -29,9 +29,9 @@ from torch import nn
 
 from seqexport.bench.timing import median_ratio, paired_samples
 from seqexport.checkpoints.presets import build_preset
-from seqexport.export.scan import LOWERINGS, custom_translation_table, scan_for
-from seqexport.export.scan.lowerings import scan_chunked
 from seqexport.families.mamba.export import export_mamba
+from seqexport.families.mamba.scan import LOWERINGS, custom_translation_table, scan_for
+from seqexport.families.mamba.scan_lowerings import scan_chunked
 from seqexport.models.mamba import selective_scan_ref
 from seqexport.runtime.models import load
 

@@ -1,4 +1,4 @@
-"""ONNX translations of the scan custom ops (see scan.py), traced by torch.onnx.export.
+"""ONNX translations of the scan custom ops (see scan_lowerings.py), traced by torch.onnx.export.
 
 Each function is called by the exporter with onnx_ir values and records its
 nodes through onnxscript ops. `Scan` and `Loop` have several outputs, which an
@@ -10,59 +10,17 @@ Dimension letters: b batch, l length, lp length padded to a multiple of CHUNK,
 c = lp / CHUNK chunks, k = CHUNK steps of a chunk, d_in mixer width, n d_state.
 """
 
-import itertools
-
 import onnx_ir as ir
-import onnxscript
 from onnxscript import FLOAT
 from onnxscript import opset18 as op
 
-from seqexport.export.scan.lowerings import CHUNK
+from seqexport.export.ir_nodes import check_float32 as _check_float32
+from seqexport.export.ir_nodes import emit as _emit
+from seqexport.export.ir_nodes import subgraph as _subgraph
+from seqexport.export.ir_nodes import typed_input as _input
+from seqexport.families.mamba.scan_lowerings import CHUNK
 
 MAX_DOUBLINGS = 62  # doubling steps the parallel Loop may take: l < 2**62
-
-_names = itertools.count()
-
-
-def _emit(op_type: str, inputs: list, attributes: dict, num_outputs: int) -> list:
-    """Record a node with several outputs in the exporter's graph."""
-    recorder = onnxscript.evaluator.default()
-    if not hasattr(recorder, "nodes"):
-        raise RuntimeError(
-            f"{op_type} can only be built while torch.onnx.export traces this translation"
-        )
-    node = ir.Node(
-        "",
-        op_type,
-        inputs,
-        attributes=ir.convenience.convert_attributes(attributes),
-        num_outputs=num_outputs,
-        version=recorder.opset.version,
-    )
-    recorder.nodes.append(node)
-    return list(node.outputs)
-
-
-def _subgraph(name: str, inputs: list, outputs: list, tape: ir.tape.Tape) -> ir.Graph:
-    """A body graph; its values get model-unique names (ORT wants SSA across subgraphs)."""
-    prefix = f"seqexport_{name}{next(_names)}_"
-    for i, value in enumerate([*inputs, *(v for n in tape.nodes for v in n.outputs)]):
-        value.name = f"{prefix}{i}"
-    return ir.Graph(inputs, outputs, nodes=tape.nodes, name=f"{prefix}body")
-
-
-def _input(dtype: ir.DataType, dims: list) -> ir.Value:
-    """A typed body input (ORT refuses untyped Loop body inputs); None dims are unknown."""
-    return ir.Value(type=ir.TensorType(dtype), shape=ir.Shape(dims))
-
-
-def _check_float32(*values: ir.Value) -> None:
-    for value in values:
-        if value.dtype != ir.DataType.FLOAT:
-            raise TypeError(
-                f"the scan lowerings take float32 inputs, got {value.dtype} for {value.name}"
-            )
-
 
 def _const(tape: ir.tape.Tape, values: list[int]) -> ir.Value:
     return tape.op("Constant", [], {"value": ir.tensor(values, dtype=ir.DataType.INT64)})

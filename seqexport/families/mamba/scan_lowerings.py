@@ -21,7 +21,7 @@ and returns (y (b, l, d_in), h_last (b, d_in, n)), all float32.
 
 Usage: `model(..., scan=scan_for(name))` inside the exported forward, and
 `torch.onnx.export(..., custom_translation_table=custom_translation_table(name))`
-(from `seqexport.export.scan`, which joins this torch side with its ONNX side).
+(from `seqexport.families.mamba.scan`, which joins this torch side with its ONNX side).
 """
 
 from collections.abc import Callable
