@@ -162,10 +162,11 @@ class Adapter:
 
 
 def check_names(folder: Path, model: ModelMap, error=ArtifactError) -> None:
-    """Every name the map gives is an input or output of its graph (one message per map: the
-    first name missing, with what the graph has)."""
+    """Every name the map gives is an input or output of its graph, and every graph input has a
+    role or is state (one message per map: the first name wrong, with what the graph has)."""
     from seqexport.foreign import onnx_io
 
+    states = {s.input for g in model.graphs for s in g.state}
     for g in model.graphs:
         io = onnx_io.read(Path(folder) / g.file)
         wanted = [("input", role, n, io.inputs) for role, n in g.inputs.items()]
@@ -175,3 +176,7 @@ def check_names(folder: Path, model: ModelMap, error=ArtifactError) -> None:
         for what, role, name, have in wanted:
             if name not in have:
                 raise error(f"{g.file}: {what} {name!r} ({role}) is not in the graph; its {what}s are {list(have)}")
+        loose = [n for n in io.inputs if n not in states and n not in g.inputs.values()]
+        if loose:
+            raise error(f"{g.file}: input {loose[0]!r} has no role in the {model.adapter} map (neither "
+                        f"{list(INPUT_ROLES)} nor state); name it in an --io-map file")

@@ -4,7 +4,7 @@ One line per adapter (see `seqexport.foreign.adapter` for what one provides)."""
 from pathlib import Path
 
 from seqexport.errors import ArtifactError
-from seqexport.foreign.adapter import ModelMap
+from seqexport.foreign.adapter import ModelMap, check_names
 from seqexport.foreign.adapters.genai import Genai
 from seqexport.foreign.adapters.mobius import Mobius
 from seqexport.foreign.adapters.optimum import Optimum
@@ -30,7 +30,9 @@ def choose(folder, io_map=None) -> ModelMap:
         return read_io_map(folder, io_map)
     for adapter in ADAPTERS:
         if adapter.detect(folder):
-            return adapter.map(folder)
+            found = adapter.map(folder)
+            check_names(folder, found)  # an adapter's map is held to what the graphs have, as --io-map's
+            return found
     names = ", ".join(a.name for a in ADAPTERS)
     raise ArtifactError(f"{folder}: no adapter recognises it (tried {names}) and it has no manifest.json of "
                         "seqexport's; pass --io-map FILE naming its graphs' roles (docs/validate-other-tools.md)")

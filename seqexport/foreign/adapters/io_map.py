@@ -69,7 +69,7 @@ def read_io_map(folder: Path, path) -> ModelMap:
         for g in model.graphs:
             if not (Path(folder) / g.file).is_file():
                 raise UsageError(f"--io-map {path}: graph file {g.file!r} is not in {folder}")
-        check_names(folder, model, UsageError)
+        check_names(folder, model)
     except ArtifactError as e:  # a role, kind or layout the map names wrongly: the map's fault
         raise UsageError(f"--io-map {path}: {e}") from None
     except TypeError as e:
