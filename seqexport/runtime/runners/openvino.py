@@ -61,6 +61,24 @@ def unconverted_ops(message: str) -> list[str]:
     return ops
 
 
+def compile_onnx(path: Path, label: str, threads: int | None = None):
+    """An ONNX file compiled for OpenVINO's CPU; `label` (e.g. "graph 'step'") starts its errors.
+    Any ONNX file, ours or another tool's: the runner of a foreign graph can use it too."""
+    config = dict(CONFIG)
+    threads = threads or int(os.environ.get("SEQEXPORT_THREADS", "0"))
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    try:
+        return core().compile_model(core().read_model(str(path)), DEVICE, config)
+    except Exception as e:  # OpenVINO raises RuntimeError for unreadable files and unconverted ops
+        ops = unconverted_ops(str(e))
+        if ops:
+            raise ArtifactError(
+                f"{label}: OpenVINO {version()} cannot run {Path(path).name}: no conversion for "
+                f"{', '.join(ops)} (an ONNX Runtime-only op); validate it with --runtime onnxruntime") from None
+        raise ArtifactError(f"{label}: OpenVINO cannot load {path}: {_first_line(e)}") from None
+
+
 class OpenVINOGraph(CheckedGraph):
     """One exported graph compiled by OpenVINO. `run(feeds) -> dict of outputs`."""
 
@@ -73,20 +91,7 @@ class OpenVINOGraph(CheckedGraph):
         core()  # not installed: say so before anything else
         if shared is not None:
             shared.for_graph(self.path)  # the index checked as for ONNX Runtime (OpenVINO reads the file itself)
-        config = dict(CONFIG)
-        threads = threads or int(os.environ.get("SEQEXPORT_THREADS", "0"))
-        if threads:
-            config["INFERENCE_NUM_THREADS"] = threads
-        try:
-            model = core().read_model(str(self.path))
-            self.compiled = core().compile_model(model, DEVICE, config)
-        except Exception as e:  # OpenVINO raises RuntimeError for unreadable files and unconverted ops
-            ops = unconverted_ops(str(e))
-            if ops:
-                raise ArtifactError(
-                    f"graph {spec.name!r}: OpenVINO {version()} cannot run {self.path.name}: no conversion for "
-                    f"{', '.join(ops)} (an ONNX Runtime-only op); validate it with --runtime onnxruntime") from None
-            raise ArtifactError(f"graph {spec.name!r}: OpenVINO cannot load {self.path}: {_first_line(e)}") from None
+        self.compiled = compile_onnx(self.path, f"graph {spec.name!r}", threads)
         ports = {name: port for port in self.compiled.outputs for name in port.get_names()}
         missing = [n for n in spec.output_names if n not in ports]
         if missing:
