@@ -22,7 +22,8 @@ from onnx import numpy_helper
 from seqexport.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / ".venv-peers" / "optimum"
+PEERS = Path(os.environ.get("SEQEXPORT_PEERS", ROOT / ".venv-peers"))  # as scripts/peers.sh reads it
+PEER = PEERS / "optimum"
 
 
 def shared_root(tmp_path_factory, worker_id, name) -> Path:
@@ -36,8 +37,8 @@ def shared_root(tmp_path_factory, worker_id, name) -> Path:
 @pytest.fixture(scope="session")
 def optimum_cli():
     """optimum-cli of the peer venv, built once (a few minutes with PyPI) and kept."""
-    (ROOT / ".venv-peers").mkdir(exist_ok=True)
-    with open(ROOT / ".venv-peers" / ".optimum.lock", "w") as lock:
+    PEERS.mkdir(parents=True, exist_ok=True)
+    with open(PEERS / ".optimum.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         build = subprocess.run(["bash", str(ROOT / "scripts" / "peers.sh"), "optimum"], capture_output=True,
                                text=True)
@@ -178,6 +179,11 @@ def test_marian_with_a_perturbed_past_decoder_fails(optimum_exports, tmp_path):
     assert "final past_key_values.1.decoder.key" in failing and "final past_key_values.0.decoder.key" not in failing
     assert "first diverging position 3: call 1" in result.output
     assert "first layer whose state diverges: layer 1" in result.output
+    # free-running: a row whose greedy token differs where the reference's top-2 margin exceeds
+    # the tolerance is a real divergence, not a near-tie
+    free = report["checks"]["free_running"]["cases"]
+    assert not report["checks"]["free_running"]["passed"]
+    assert any("a real divergence" in c["note"] for c in free if not c["passed"])
     print("perturbed marian", figures(report))
 
 
@@ -230,3 +236,22 @@ def test_reference_and_checkpoint_are_not_mixed_up(optimum_exports, transformer_
     assert result.exit_code == 2 and "seqexport's own export" in result.output
     result = CliRunner().invoke(cli, ["validate", str(folder), "--reference", str(tmp_path)])
     assert result.exit_code == 2 and "expected a folder with config.json" in result.output
+
+
+def test_openvino_runs_the_same_checks(optimum_exports, tmp_path):
+    """--runtime openvino: Llama and Marian's separate decoders pass; Marian's merged decoder is
+    refused by OpenVINO's CPU plugin (an If whose outputs have a dynamic rank), one line, exit 2."""
+    pytest.importorskip("openvino", reason="the openvino extra (make setup installs it)")
+    ckpt, folder = optimum_exports["llama"]
+    result, report = validate(folder, ckpt, tmp_path, "--runtime", "openvino")
+    assert result.exit_code == 0, result.output
+    assert report["runtime"].startswith("openvino") and report["provider"] == "CPU"
+    print("llama openvino", figures(report))
+    ckpt, folder = optimum_exports["marian"]
+    result, _ = validate(folder, ckpt, tmp_path, "--runtime", "openvino")
+    assert result.exit_code == 2 and "decoder_model_merged.onnx" in result.output and "If" in result.output
+    split = tmp_path / "marian-split"
+    shutil.copytree(folder, split, ignore=shutil.ignore_patterns("decoder_model_merged.onnx"))
+    result, report = validate(split, ckpt, tmp_path, "--runtime", "openvino")
+    assert result.exit_code == 0, result.output
+    print("marian split openvino", figures(report))

@@ -50,7 +50,40 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-RUNNERS = {"onnxruntime": OrtRunner}
+class OpenVinoRunner:
+    """A foreign graph compiled by OpenVINO for its CPU (`runtime.runners.openvino.compile_onnx`,
+    float32 precision hint), fed and read as OrtRunner."""
+
+    def __init__(self, path: Path, provider: str = "auto", threads: int | None = None):
+        from seqexport.runtime.runners.openvino import DEVICE, compile_onnx
+
+        if provider not in ("auto", "cpu"):
+            raise UsageError(f"provider {provider!r} with runtime 'openvino': expected auto or cpu")
+        self.path = Path(path)
+        io = onnx_io.read(self.path)
+        self.inputs, self.outputs, self.quant_bits = io.inputs, io.outputs, io.quant_bits
+        self.compiled = compile_onnx(self.path, f"graph {self.path.name}", threads)
+        ports = {name: port for port in self.compiled.outputs for name in port.get_names()}
+        missing = [n for n in self.outputs if n not in ports]
+        if missing:
+            raise ArtifactError(f"OpenVINO's compiled {self.path.name} has no outputs {missing}")
+        self._ports = [(n, ports[n]) for n in self.outputs]
+        self._request = self.compiled.create_infer_request()
+        self.provider = DEVICE
+
+    def run(self, feeds: dict) -> dict:
+        missing = [n for n in self.inputs if n not in feeds]
+        if missing:
+            raise InputError(f"{self.path.name}: no value for inputs {missing}")
+        try:
+            result = self._request.infer({n: feeds[n] for n in self.inputs})
+        except Exception as e:  # OpenVINO's RuntimeError for shapes or values it refuses
+            raise InputError(f"{self.path.name}: OpenVINO rejected the inputs: {str(e).strip().splitlines()[-1]}") \
+                from None
+        return {n: np.asarray(result[port]) for n, port in self._ports}
+
+
+RUNNERS = {"onnxruntime": OrtRunner, "openvino": OpenVinoRunner}
 
 
 def open_graph(path: Path, runtime: str = "onnxruntime", provider: str = "auto", threads: int | None = None):

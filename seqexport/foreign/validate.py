@@ -54,9 +54,12 @@ def validate_foreign(folder, reference, io_map=None, runtime: str = "onnxruntime
     rtol = d_rtol if rtol is None else rtol
     quant = QuantRule.for_bits(model.quant_bits, min_top1, min_tokens) if model.quant_bits else None
     dtype = quant.label if quant else model.dtype
+    from seqexport.runtime.runners import runtime_version
+
     report = ForeignReport(str(folder), f"{model_map.adapter}: {type(ref.model).__name__}", dtype, model.provider,
                            "cpu", atol, rtol, steps, batch, seed, str(ref.path), adapter=model_map.adapter,
                            roles=model_map.to_dict())
+    report.runtime = f"{runtime} {runtime_version(runtime)}"
     if quant:
         report.rule = (f"{quant.label}: top-1 >= {quant.min_top1:g}, free-running picks on the artifact's own "
                        f"prefix >= {quant.min_tokens:g}; figures reported, not judged")
