@@ -238,6 +238,27 @@ FAULTS = (
           "seqexport/families/mamba2/linear_attention_onnx.py",
           "y = op.Add(y, op.Mul(op.Unsqueeze(D, [-1]), x))  # + D x", "y = y  # + D x",
           ("tests/test_mamba2_linear_attention.py::test_prefill_then_20_steps_equal_transformers",)),
+    Fault("M60", "foreign decode: a static state (cross-attention K/V) overwritten by every call's output "
+          "(Optimum's merged decoder returns placeholders from its with-past branch)", "seqexport/foreign/decode.py",
+          "                continue  # computed once (a merged decoder's with-past branch returns placeholders)",
+          "                pass",
+          ("tests/test_foreign_optimum.py::test_marian_merged_decoder_passes",)),
+    Fault("M61", "foreign conv_window layout: the artifact's window compared with the reference's first positions, "
+          "not its last", "seqexport/foreign/adapter.py",
+          "return got, ref[..., ref.shape[-1] - w:] if w <= ref.shape[-1] else ref",
+          "return got, ref[..., :w] if w <= ref.shape[-1] else ref",
+          ("tests/test_foreign_transformers_js.py::test_passes_against_transformers_mamba",)),
+    Fault("M62", "transformers_js adapter: a transposed SSM state never recognised", "seqexport/foreign/adapters/transformers_js.py",
+          'return "ssm_transposed" if n is not None and len(dims) >= 3 and dims[-2] == n and dims[-1] != n else ""',
+          'return ""',
+          ("tests/test_foreign_transformers_js.py::test_passes_against_transformers_mamba",)),
+    Fault("M63", "foreign decode: position_ids restart at 0 every call", "seqexport/foreign/decode.py",
+          '"position_ids": np.broadcast_to(np.arange(ctx.past, ctx.past + n), (b, n)),',
+          '"position_ids": np.broadcast_to(np.arange(n), (b, n)),',
+          ("tests/test_foreign_optimum.py::test_llama_passes_in_mixed_chunks",)),
+    Fault("M64", "foreign free-running: any first differing token passed as a near-tie", "seqexport/foreign/checks.py",
+          "tie = t < len(tokens) and margin <= bound", "tie = t < len(tokens)",
+          ("tests/test_foreign_optimum.py::test_marian_with_a_perturbed_past_decoder_fails",)),
 )
 
 
