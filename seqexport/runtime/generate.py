@@ -76,7 +76,8 @@ def _real(name: str, value, rule: str, ok) -> None:
         raise UsageError(f"{name} must be {rule}, got {value}")
 
 
-def _eos(model, options: SearchOptions) -> int | None:
+def eos_for(model, options: SearchOptions) -> int | None:
+    """The token that ends a row: the options' eos_id, else the tokenizer's (None: none)."""
     if options.eos_id is not None:
         return options.eos_id
     return model.tokenizer.eos_id if model.tokenizer else None
@@ -103,7 +104,7 @@ def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Gener
     return np.array([rng.choice(p.shape[-1], p=row) for row in p])
 
 
-def _as_rows(prompts) -> list[list[int]]:
+def as_rows(prompts) -> list[list[int]]:
     """A batch of prompts (2-D integer array, or sequences of integers of any lengths) as lists
     of Python ints; InputError naming the first element that is not a token id."""
     if isinstance(prompts, np.ndarray):
@@ -113,23 +114,26 @@ def _as_rows(prompts) -> list[list[int]]:
             raise InputError(f"prompts: token ids must be integers, got dtype {prompts.dtype}")
     elif isinstance(prompts, str | bytes) or not hasattr(prompts, "__iter__"):
         raise InputError(f"prompts: expected a batch of token-id sequences, got {type(prompts).__name__}")
-    rows = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str | bytes) or not hasattr(p, "__iter__"):
-            raise InputError(f"prompts[{i}]: expected a sequence of token ids, got {p!r}")
-        row = []
-        for j, x in enumerate(p):
-            if isinstance(x, bool | np.bool_) or not isinstance(x, int | np.integer):
-                raise InputError(f"prompts[{i}][{j}]: token ids must be integers, got {x!r} ({type(x).__name__})")
-            if not 0 <= x < 2**63:
-                raise InputError(f"prompts[{i}][{j}]: token id {x} is negative or beyond int64")
-            row.append(int(x))
-        if not row:
-            raise InputError(f"prompts[{i}]: empty prompt; expected at least one token")
-        rows.append(row)
+    rows = [_as_row(i, p) for i, p in enumerate(prompts)]
     if not rows:
         raise InputError("prompts: empty batch; expected at least one prompt")
     return rows
+
+
+def _as_row(i: int, prompt) -> list[int]:
+    """prompts[i] as a list of Python ints (InputError naming the element that is not a token id)."""
+    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__iter__"):
+        raise InputError(f"prompts[{i}]: expected a sequence of token ids, got {prompt!r}")
+    row = []
+    for j, x in enumerate(prompt):
+        if isinstance(x, bool | np.bool_) or not isinstance(x, int | np.integer):
+            raise InputError(f"prompts[{i}][{j}]: token ids must be integers, got {x!r} ({type(x).__name__})")
+        if not 0 <= x < 2**63:
+            raise InputError(f"prompts[{i}][{j}]: token id {x} is negative or beyond int64")
+        row.append(int(x))
+    if not row:
+        raise InputError(f"prompts[{i}]: empty prompt; expected at least one token")
+    return row
 
 
 class Generator:
@@ -141,7 +145,7 @@ class Generator:
         if self.options.num_beams > 1:
             raise UsageError("Generator does greedy or sampling; use generate(..., num_beams=N) for beam search")
         self.rng = np.random.default_rng(self.options.seed)
-        self.eos = _eos(model, self.options)
+        self.eos = eos_for(model, self.options)
         self.state: State | None = None
         self.sequences: list[list[int]] = []
         self._logits = None
@@ -150,7 +154,7 @@ class Generator:
 
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
-        rows = _as_rows(prompts)
+        rows = as_rows(prompts)
         limit = self.model.max_new_tokens_limit
         if limit is not None and self.options.max_new_tokens > limit:
             raise InputError(f"max_new_tokens {self.options.max_new_tokens} exceeds what the model can hold: "
@@ -230,8 +234,8 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
         raise UsageError(f"beam search is not available for the {model.family} family "
                          "(its state rows cannot be reordered mid-decode); use greedy or sampling")
     k = options.num_beams
-    eos = _eos(model, options)
-    rows = _as_rows(prompts)
+    eos = eos_for(model, options)
+    rows = as_rows(prompts)
     n = len(rows)
     gen = Generator(model, SearchOptions(max_new_tokens=options.max_new_tokens, eos_id=eos,
                                          start_id=options.start_id))
