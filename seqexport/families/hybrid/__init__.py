@@ -4,6 +4,7 @@ layers and replaced conv/SSM tensors in the Mamba-2 layers. The declaration the 
 (torch-free)."""
 
 from seqexport.families.base import Family
+from seqexport.families.hybrid.presets import PRESETS
 from seqexport.families.recurrent import GRAPHS
 
 MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h")  # transformers' layouts read here
@@ -17,12 +18,7 @@ FAMILY = Family(
     name="hybrid",
     package=__name__,
     graphs=GRAPHS,
-    presets={
-        # three Mamba-2 layers around one attention layer (GQA 4:2, RoPE), MLPs in every layer
-        "tiny": dict(d_model=64, vocab_size=100, layer_types=["mamba2", "mamba2", "attention", "mamba2"],
-                     d_ff=128, n_heads=4, n_kv_heads=2, head_dim=16, mamba_nheads=8, headdim=16, d_state=16,
-                     chunk_size=16),
-    },
+    presets=PRESETS,  # tiny, and Bamba-9B's published shape (presets.py says where its numbers come from)
     config_fields=dict(vocab_size=1, d_model=1, n_kv_heads=1, head_dim=1, mamba_nheads=1, headdim=1, ngroups=1,
                        d_state=1, d_conv=1),
     bundled="hybrid-dates",

@@ -1,0 +1,33 @@
+"""Presets of the hybrid family: `tiny`, and `bamba-9b`, the published shape of IBM's Bamba-9B
+(ibm-fms/Bamba-9.8b-2.2T-hf, ibm-ai-platform/Bamba-9B).
+
+Where the numbers come from (no model hub here, so no config.json was read):
+- 32 layers, width 4096, 32 query heads, d_state 128, attention at layers 9, 18 and 27: the
+  published config.json as two independent projects quote it (`num_hidden_layers` 32,
+  `hidden_size` 4096, `num_attention_heads` 32, `mamba_d_state` 128, `attn_layer_indices`
+  [9, 18, 27]);
+- the rest from transformers' `BambaConfig` defaults, whose docstring names that checkpoint
+  (transformers 5.24, models/bamba/configuration_bamba.py): 8 KV heads, MLP 14336 (SwiGLU),
+  vocabulary 128000, 128 SSM heads of 64 channels (`mamba_d_head` "auto" = 2 * 4096 / 128),
+  1 group, conv 4, chunk 256, RoPE on half of each head (`partial_rotary_factor` 0.5, θ 10000),
+  untied embeddings.
+Checked by tests/test_hybrid_presets.py: the preset's parameters equal transformers'
+`BambaForCausalLM` of that config, tensor for tensor (9.78 B, the "9.8b" of the name), and
+our reading of that config.json gives the preset.
+
+The 9.8 B preset needs ~39 GB to build in float32: not on a 24 GB machine.
+"""
+
+BAMBA_9B_ATTENTION = (9, 18, 27)
+
+PRESETS = {
+    # three Mamba-2 layers around one attention layer (GQA 4:2, RoPE), MLPs in every layer
+    "tiny": dict(d_model=64, vocab_size=100, layer_types=["mamba2", "mamba2", "attention", "mamba2"],
+                 d_ff=128, n_heads=4, n_kv_heads=2, head_dim=16, mamba_nheads=8, headdim=16, d_state=16,
+                 chunk_size=16),
+    "bamba-9b": dict(d_model=4096, vocab_size=128000,
+                     layer_types=["attention" if i in BAMBA_9B_ATTENTION else "mamba2" for i in range(32)],
+                     d_ff=14336, n_heads=32, n_kv_heads=8, head_dim=128, rope=True, rope_theta=10000.0,
+                     partial_rotary_factor=0.5, mamba_nheads=128, headdim=64, ngroups=1, d_state=128, d_conv=4,
+                     chunk_size=256, tie_embeddings=False),
+}

@@ -1,0 +1,42 @@
+"""The hybrid family's published-shape preset `bamba-9b` is Bamba-9B's shape: built on the meta
+device (no memory), its parameters equal transformers' own `BambaForCausalLM` of Bamba-9B's
+config tensor for tensor, and our reading of that config.json gives the preset."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from seqexport.checkpoints.io import build_model
+from seqexport.checkpoints.presets import preset_config
+from seqexport.families.hybrid.layouts import hybrid_config_from_json
+
+transformers = pytest.importorskip("transformers")
+
+# ibm-fms/Bamba-9.8b-2.2T-hf: the fields its config.json sets beyond transformers' BambaConfig
+# defaults (see seqexport/families/hybrid/presets.py for where each number comes from)
+BAMBA_9B = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, mamba_d_state=128,
+                attn_layer_indices=[9, 18, 27])
+
+
+def shapes(model: torch.nn.Module) -> Counter:
+    return Counter(tuple(p.shape) for p in model.parameters())
+
+
+def test_bamba_9b_preset_has_transformers_bamba_9b_parameters():
+    with torch.device("meta"):
+        ours = build_model("hybrid", preset_config("hybrid", "bamba-9b"))
+        theirs = transformers.BambaForCausalLM(transformers.BambaConfig(**BAMBA_9B))
+    n_ours = sum(p.numel() for p in ours.parameters())
+    n_theirs = sum(p.numel() for p in theirs.parameters())
+    assert n_ours == n_theirs
+    assert 9.7e9 < n_ours < 9.9e9  # the "9.8b" of the checkpoint's name
+    assert shapes(ours) == shapes(theirs)
+
+
+def test_bamba_9b_config_json_reads_as_the_preset():
+    read = hybrid_config_from_json(transformers.BambaConfig(**BAMBA_9B).to_dict())
+    preset = preset_config("hybrid", "bamba-9b")
+    differ = {k: (getattr(read, k), v) for k, v in vars(preset).items() if getattr(read, k) != v}
+    assert not differ
+    assert [i for i, t in enumerate(read.layer_types) if t == "attention"] == [9, 18, 27]
