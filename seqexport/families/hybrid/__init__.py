@@ -3,6 +3,9 @@ prefill.onnx + step.onnx over one state of two kinds — an appended KV cache in
 layers and replaced conv/SSM tensors in the Mamba-2 layers. The declaration the registry reads
 (torch-free)."""
 
+import click
+
+from seqexport.export.attention import ATTENTIONS
 from seqexport.families.base import Family
 from seqexport.families.hybrid.presets import PRESETS
 from seqexport.families.recurrent import GRAPHS
@@ -22,6 +25,11 @@ FAMILY = Family(
     config_fields=dict(vocab_size=1, d_model=1, n_kv_heads=1, head_dim=1, mamba_nheads=1, headdim=1, ngroups=1,
                        d_state=1, d_conv=1),
     bundled="hybrid-dates",
+    export_options=(
+        click.option("--attention", type=click.Choice(ATTENTIONS), default="matmul", show_default=True,
+                     help="The attention layers': MatMul + Softmax nodes, or ONNX's fused Attention "
+                          "(opset 23; a lower --opset is raised to 23)."),
+    ),
     # in_proj makes Δ, B and C of the scan beside z and x: quantising it moves the state
     int8_keep_float=("*.mixer.in_proj",),
     detect=_detect,

@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from seqexport.export import DEFAULT_OPSET, ragged
+from seqexport.export.attention import check_attention
 from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
 from seqexport.export.parallel import GraphJob, export_graphs
+from seqexport.families.hybrid.attention import fused_attention
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
 from seqexport.families.mamba2.export import CHUNK, _conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
@@ -110,8 +112,11 @@ def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
 
 
 def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dtype: str = "float32",
-                  overwrite: bool = False, tokenizer: dict | None = None):
-    """Write prefill.onnx, step.onnx and manifest.json for a loaded hybrid checkpoint."""
+                  overwrite: bool = False, tokenizer: dict | None = None, attention: str = "matmul"):
+    """Write prefill.onnx, step.onnx and manifest.json for a loaded hybrid checkpoint.
+    attention: the attention layers', "matmul" (separate nodes) or "fused" (ONNX's `Attention`,
+    opset 23 or later: a lower opset is raised to 23)."""
+    opset = check_attention(attention, opset)
     specs = specs_for(ckpt.config, dtype)
     model = model_in_dtype(ckpt.model, dtype)
     tdtype = next(model.parameters()).dtype
@@ -120,7 +125,7 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     step_args = example_inputs(specs["step"], tdtype, 1)
 
     def build(tmp):
-        with torch.no_grad():
+        with torch.no_grad(), fused_attention(model, attention == "fused"):
             export_graphs([
                 GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_grouped, chunk=chunk)),
                          prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
@@ -130,7 +135,7 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
             ])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
-                          options={"chunk_size": chunk}, tokenizer=tokenizer)
+                          options={"chunk_size": chunk, "attention": attention}, tokenizer=tokenizer)
 
 
 export = export_hybrid

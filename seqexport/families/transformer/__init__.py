@@ -1,6 +1,9 @@
 """The encoder-decoder Transformer of the study notes: encoder.onnx + decoder.onnx with an
 explicit KV cache. The declaration the registry reads (torch-free); see `families.base`."""
 
+import click
+
+from seqexport.export.attention import ATTENTIONS
 from seqexport.families.base import Family
 
 FAMILY = Family(
@@ -17,5 +20,10 @@ FAMILY = Family(
     config_fields=dict(src_vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, num_layers=1, max_len=1,
                        pad_id=0),
     bundled="transformer-dates",
+    export_options=(
+        click.option("--attention", type=click.Choice(ATTENTIONS), default="matmul", show_default=True,
+                     help="The decoder's attention: MatMul + Softmax nodes, or ONNX's fused Attention "
+                          "(opset 23; a lower --opset is raised to 23)."),
+    ),
     summary="Export an encoder-decoder Transformer: encoder.onnx + decoder.onnx (explicit KV cache).",
 )

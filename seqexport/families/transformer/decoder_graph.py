@@ -22,6 +22,7 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from seqexport.models.transformer import MultiHeadAttention, Transformer
 
@@ -76,6 +77,49 @@ class FastDecoderGraph(nn.Module):
             q = _heads(ca.W_q(x) / math.sqrt(ca.d_k), b, ca)
             scores = (q @ cross_k.transpose(-2, -1)).masked_fill(cross_hidden, fill)
             out = ca.attention.softmax(scores) @ cross_v  # (b, h, t, k)
+            x = ca.norm(ca.fc(_merge(out, d)) + x)
+
+            x = ffn.norm(ffn.fc2(torch.relu(ffn.fc1(x))) + x)  # dropout: the export is in eval mode
+            new_kv += [k_new, v_new]
+        return (dec.fc_out(x).reshape(b, t, -1), *new_kv)  # (b, t, v)
+
+
+class FusedDecoderGraph(FastDecoderGraph):
+    """FastDecoderGraph with each attention as one `scaled_dot_product_attention`, which
+    torch.onnx (dynamo, opset 23+) writes as ONNX's own `Attention` operator: the scores, their
+    mask, softmax and the product with V in one kernel. Self-attention attends over the cache
+    and the new positions concatenated (b, h, c + t, k): the graph returns only the new K/V, as
+    the MatMul form does, so both share one spec and one runtime. The mask says what is
+    attended (True), the cache's slots below the row's length and the new positions up to each."""
+
+    def forward(self, input_ids, encoder_attention_mask, past_lengths, *past):
+        dec = self.model.decoder
+        n = len(dec.layers)
+        b, t = input_ids.shape
+        c = past[2 * n].shape[2]
+        d = dec.embedding.embedding_dim
+        positions = past_lengths[:, None] + torch.arange(t, device=input_ids.device)  # (b, t)
+        x = (dec.embedding(input_ids) + dec.pe.pe[positions]).reshape(b * t, d)  # (b·t, d)
+        slots = torch.arange(c, device=x.device)[None, :] < past_lengths[:, None]  # (b, c)
+        later = torch.arange(t, device=x.device)
+        causal = later[None, :] <= later[:, None]  # (t, t)
+        self_seen = torch.cat([slots[:, None, None, :].expand(b, 1, t, c),
+                               causal[None, None].expand(b, 1, t, t)], dim=-1)  # (b, 1, t, c + t)
+        # expanded over t: ORT's Attention wants the mask's query axis to be q's own
+        cross_seen = (encoder_attention_mask != 0)[:, None, None, :].expand(b, 1, t, -1)  # (b, 1, t, s)
+        new_kv = []
+        for i, layer in enumerate(dec.layers):
+            sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+            past_k, past_v = past[2 * n + 2 * i], past[2 * n + 2 * i + 1]  # (b, h, c, k)
+            cross_k, cross_v = past[2 * i], past[2 * i + 1]  # (b, h, s, k)
+            q = _heads(sa.W_q(x), b, sa)  # (b, h, t, k)
+            k_new, v_new = _heads(sa.W_k(x), b, sa), _heads(sa.W_v(x), b, sa)
+            out = F.scaled_dot_product_attention(q, torch.cat([past_k, k_new], dim=2), torch.cat([past_v, v_new], dim=2),
+                                                 attn_mask=self_seen)  # (b, h, t, k)
+            x = sa.norm(sa.fc(_merge(out, d)) + x)  # (b·t, d)
+
+            q = _heads(ca.W_q(x), b, ca)
+            out = F.scaled_dot_product_attention(q, cross_k, cross_v, attn_mask=cross_seen)  # (b, h, t, k)
             x = ca.norm(ca.fc(_merge(out, d)) + x)
 
             x = ffn.norm(ffn.fc2(torch.relu(ffn.fc1(x))) + x)  # dropout: the export is in eval mode

@@ -13,13 +13,14 @@ import torch
 from torch import nn
 
 from seqexport.export import DEFAULT_OPSET
+from seqexport.export.attention import check_attention
 from seqexport.export.common import (
     dynamic_shapes_for,
     model_in_dtype,
     write_artifact,
 )
 from seqexport.export.parallel import GraphJob, export_graphs
-from seqexport.families.transformer.decoder_graph import FastDecoderGraph
+from seqexport.families.transformer.decoder_graph import FastDecoderGraph, FusedDecoderGraph
 from seqexport.families.transformer.specs import graph_specs
 from seqexport.models.transformer import Transformer
 from seqexport.parity.inputs import random_inputs
@@ -85,10 +86,13 @@ def wrapper(model: Transformer, graph: str, appended: bool = True) -> nn.Module:
     return {"encoder": EncoderGraph, "decoder": decoder}[graph](model)
 
 
-def exported_module(model: Transformer, graph: str) -> nn.Module:
+def exported_module(model: Transformer, graph: str, attention: str = "matmul") -> nn.Module:
     """The module each graph's ONNX is traced from: the encoder's eager wrapper, and the
-    decoder's batch-friendly formulation (decoder_graph) of what `wrapper` computes."""
-    return FastDecoderGraph(model) if graph == "decoder" else wrapper(model, graph)
+    decoder's batch-friendly formulation (decoder_graph) of what `wrapper` computes, its
+    attention as MatMuls or, `fused`, as ONNX's `Attention` operator."""
+    if graph != "decoder":
+        return wrapper(model, graph)
+    return FusedDecoderGraph(model) if attention == "fused" else FastDecoderGraph(model)
 
 
 def example_inputs(specs: dict[str, GraphSpec], dtype: torch.dtype) -> dict[str, tuple]:
@@ -104,20 +108,24 @@ def example_inputs(specs: dict[str, GraphSpec], dtype: torch.dtype) -> dict[str,
 
 
 def export_transformer(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dtype: str = "float32",
-                       overwrite: bool = False, tokenizer: dict | None = None):
-    """Write encoder.onnx, decoder.onnx and manifest.json for a loaded checkpoint."""
+                       overwrite: bool = False, tokenizer: dict | None = None, attention: str = "matmul"):
+    """Write encoder.onnx, decoder.onnx and manifest.json for a loaded checkpoint.
+    attention: the decoder's, "matmul" (MatMul + Softmax nodes) or "fused" (ONNX's `Attention`,
+    opset 23 or later: a lower opset is raised to 23)."""
+    opset = check_attention(attention, opset)
     specs = specs_for(ckpt.config, dtype)
     model = model_in_dtype(ckpt.model, dtype)
     args = example_inputs(specs, next(model.parameters()).dtype)
 
     def build(tmp):
         with torch.no_grad():
-            export_graphs([GraphJob(graph, exported_module(model, graph), args[graph], specs[graph], tmp / f"{graph}.onnx",
+            export_graphs([GraphJob(graph, exported_module(model, graph, attention), args[graph], specs[graph],
+                                    tmp / f"{graph}.onnx",
                                     opset, dynamic_shapes_for(specs[graph], varargs_from=varargs_from))
                            for graph, varargs_from in (("encoder", None), ("decoder", 3))])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
-                          options={}, tokenizer=tokenizer)
+                          options={"attention": attention}, tokenizer=tokenizer)
 
 
 export = export_transformer

@@ -1,0 +1,57 @@
+"""The hybrid's attention layers as ONNX's own `Attention` operator (opset 23), for export.
+
+`models.hybrid.Attention` computes q·Kᵀ, its mask, softmax and the product with V as separate
+ops over K/V repeated per query head (GQA). `fused_attention(model)` gives each attention layer,
+while it is exported, a forward that does the same with one `scaled_dot_product_attention`
+(`enable_gqa`: the kv heads are not repeated), which torch.onnx (dynamo, opset 23+) writes as
+one `Attention` node with q_num_heads / kv_num_heads. Inputs, outputs and the mask are the
+model's: the graphs keep their spec (the new positions' K/V out, written in place by the
+runtime). Dimension letters as in models/hybrid.py: b batch, l new positions, P cache slots,
+nh / nkv query / kv heads, hd head size.
+"""
+
+import types
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from seqexport.models.hybrid import HybridLM, apply_rope
+
+
+def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
+                   rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """`models.hybrid.Attention.forward`, its attention one scaled_dot_product_attention."""
+    b, length, _ = x.shape
+    P = past_key.shape[2]
+    q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)  # (b, nh, l, hd)
+    k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
+    v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    keys = torch.cat([past_key.to(k.dtype), k], dim=2)  # (b, nkv, P + l, hd)
+    values = torch.cat([past_value.to(v.dtype), v], dim=2)  # (b, nkv, P + l, hd)
+    # visible: the valid past slots, and the new positions up to and including the query's own
+    slots = torch.arange(P, device=x.device)
+    past_visible = (slots[None, :] < past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, P)
+    causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device))  # (l, l)
+    visible = torch.cat([past_visible.expand(b, 1, length, P), causal.expand(b, 1, length, length)],
+                        dim=-1)  # (b, 1, l, P + l)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale,
+                                         enable_gqa=True)  # (b, nh, l, hd)
+    out = out.transpose(1, 2).reshape(b, length, self.n_heads * self.head_dim)  # (b, l, nh * hd)
+    return self.o_proj(out), (k, v)
+
+
+@contextmanager
+def fused_attention(model: HybridLM, fused: bool = True):
+    """Within: every attention layer of `model` runs `_fused_forward` (nothing when not `fused`)."""
+    mixers = [layer.mixer for layer in model.layers if layer.kind == "attention"] if fused else []
+    for m in mixers:
+        m.forward = types.MethodType(_fused_forward, m)
+    try:
+        yield model
+    finally:
+        for m in mixers:
+            del m.forward  # the class's own forward again

@@ -1,0 +1,153 @@
+"""`--attention fused`: the attention of the transformer's decoder and of the hybrid's attention
+layers as ONNX's own `Attention` operator (opset 23), judged as the MatMul form is: the
+transformer's decoder against the unmodified eager model's full forward (the helpers of
+tests/test_transformer_export.py), the hybrid's graphs through the runtime against transformers'
+own models (those of tests/test_hybrid_export.py), validate PASS; and bad values refused."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+
+import seqexport.runtime as rt
+from seqexport.checkpoints.presets import build_preset
+from seqexport.cli import cli
+from seqexport.errors import UsageError
+from seqexport.families.transformer.export import export_transformer
+from seqexport.parity.validate import validate
+from tests.test_hybrid_export import assert_states_equal, kinds_of
+from tests.test_hybrid_model import VOCAB, _hf, _hf_decode
+from tests.test_transformer_export import ATOL, eager_logits, empty_past, run_decoder, run_encoder
+
+TOL = 1e-4
+
+
+def op_types(path) -> list[str]:
+    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+@pytest.fixture(scope="module")
+def fused_transformer(tmp_path_factory):
+    """(checkpoint, folder) of the tiny transformer preset exported with fused attention."""
+    torch.manual_seed(0)
+    ckpt = build_preset("transformer", "tiny", seed=0)
+    out = tmp_path_factory.mktemp("fused") / "transformer-tiny-fused"
+    export_transformer(ckpt, "tiny", out, attention="fused")
+    return ckpt, out
+
+
+@pytest.fixture(scope="module")
+def sessions(fused_transformer):
+    ckpt, out = fused_transformer
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    enc = ort.InferenceSession(str(out / "encoder.onnx"), opts, providers=["CPUExecutionProvider"])
+    dec = ort.InferenceSession(str(out / "decoder.onnx"), opts, providers=["CPUExecutionProvider"])
+    return ckpt.model, ckpt.config, enc, dec
+
+
+def test_the_decoder_attends_through_onnx_attention(fused_transformer):
+    ckpt, out = fused_transformer
+    ops = op_types(out / "decoder.onnx")
+    # every layer's self- and cross-attention one node; no softmax left of the MatMul form
+    assert ops.count("Attention") == 2 * ckpt.config.num_layers and "Softmax" not in ops
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["opset"] >= 23 and manifest["export_options"]["attention"] == "fused"
+    assert onnx.load(str(out / "decoder.onnx"), load_external_data=False).opset_import[0].version >= 23
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("past_len", [0, 1, 17])
+@pytest.mark.parametrize("tgt_len", [1, 5])
+def test_fused_decoder_with_past_matches_full_forward(sessions, batch, past_len, tgt_len):
+    model, config, enc, dec = sessions
+    torch.manual_seed(100 * batch + 10 * past_len + tgt_len)
+    src = torch.randint(1, config.src_vocab_size, (batch, 7))
+    src[1:, 5:] = 0  # padded sources: the cross-attention's mask
+    tgt = torch.randint(1, config.tgt_vocab_size, (batch, past_len + tgt_len))
+    enc_out = run_encoder(enc, src)
+    past, lengths = empty_past(config, batch), None  # slots past each row's length hold garbage
+    if past_len:
+        _, past, lengths = run_decoder(dec, config, enc_out, src, tgt[:, :past_len], past)
+    logits, _, lengths = run_decoder(dec, config, enc_out, src, tgt[:, past_len:], past, lengths)
+    np.testing.assert_allclose(logits, eager_logits(model, src, tgt)[:, past_len:], atol=ATOL, rtol=0)
+
+
+def test_fused_rows_at_different_positions_share_one_call(sessions):
+    model, config, enc, dec = sessions
+    torch.manual_seed(13)
+    src = torch.randint(1, config.src_vocab_size, (3, 6))
+    enc_out = run_encoder(enc, src)
+    positions = [0, 3, 17]
+    tgt = torch.randint(1, config.tgt_vocab_size, (3, max(positions) + 1))
+    cache = empty_past(config, 3, capacity=24, seed=5)
+    for r, n in enumerate(positions):  # row r's first n slots from its own prefix, alone
+        if n:
+            row_out = {k: v[r : r + 1] for k, v in enc_out.items()}
+            row_cache = {k: v[r : r + 1] for k, v in cache.items()}
+            _, row_cache, _ = run_decoder(dec, config, row_out, src[r : r + 1], tgt[r : r + 1, :n], row_cache)
+            for k in cache:
+                cache[k][r] = row_cache[k][0]
+    ids = torch.stack([tgt[r, n] for r, n in enumerate(positions)])[:, None]
+    logits, _, _ = run_decoder(dec, config, enc_out, src, ids, cache, positions)
+    for r, n in enumerate(positions):
+        want = eager_logits(model, src[r : r + 1], tgt[r : r + 1, : n + 1])[0, -1]
+        np.testing.assert_allclose(logits[r, 0], want, atol=ATOL, rtol=0)
+
+
+def test_fused_transformer_validates_and_generates_as_the_matmul_form(fused_transformer, transformer_tiny):
+    _, fused = fused_transformer
+    assert validate(fused, steps=6, write_summary=False)
+    a, b = rt.load(fused, provider="cpu"), rt.load(transformer_tiny[1], provider="cpu")
+    options = rt.SearchOptions(max_new_tokens=12, eos_id=-1)
+    prompts = [[5, 9, 13, 2], [7, 7]]
+    assert rt.generate(a, prompts, options) == rt.generate(b, prompts, options)
+
+
+@pytest.fixture(scope="module")
+def fused_hybrid(tmp_path_factory):
+    """transformers' Granite-4.0-H (dense, RoPE, GQA 4:2) exported with fused attention."""
+    tmp = tmp_path_factory.mktemp("granite-fused")
+    hf = _hf("granite-rope", seed=3)
+    hf.save_pretrained(tmp / "hf")
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp / "hf"), "--out",
+                                      str(tmp / "export"), "--attention", "fused"])
+    assert result.exit_code == 0, result.output
+    return hf, rt.load(tmp / "export", provider="cpu", threads=1), tmp / "export"
+
+
+@pytest.mark.parametrize("length", [1, 17])
+def test_fused_hybrid_prefill_then_steps_equal_transformers(fused_hybrid, length):
+    hf, m, out = fused_hybrid
+    attention_layers = kinds_of(hf).count("full_attention")
+    for graph in ("prefill", "step"):
+        ops = op_types(out / f"{graph}.onnx")
+        assert ops.count("Attention") == attention_layers and "Softmax" not in ops
+    g = torch.Generator().manual_seed(length)
+    prompt, steps = torch.randint(0, VOCAB, (2, length), generator=g), torch.randint(0, VOCAB, (2, 8), generator=g)
+    want, _, want_state = _hf_decode(hf, prompt, steps)
+    logits, state = m.step(prompt.numpy(), m.start(2))
+    got = [logits]
+    for token in steps.T:
+        logits, state = m.step(token.numpy(), state)
+        got.append(logits[:, None])
+    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), atol=TOL, rtol=0)
+    assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
+
+
+def test_fused_hybrid_validates(fused_hybrid):
+    assert validate(fused_hybrid[2], steps=4, write_summary=False)
+
+
+def test_bad_attention_values_are_refused(tmp_path):
+    ckpt = build_preset("transformer", "tiny", seed=0)
+    with pytest.raises(UsageError, match="attention: expected one of \\['matmul', 'fused'\\], got 'flash'"):
+        export_transformer(ckpt, "tiny", tmp_path / "x", attention="flash")
+    assert not (tmp_path / "x").exists()
+    result = CliRunner().invoke(cli, ["export", "transformer", "--preset", "tiny", "--out", str(tmp_path / "y"),
+                                      "--attention", "flash"])
+    assert result.exit_code == 2 and "'flash' is not one of 'matmul', 'fused'" in result.output
