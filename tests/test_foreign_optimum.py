@@ -179,6 +179,7 @@ def test_marian_with_a_perturbed_past_decoder_fails(optimum_exports, tmp_path):
     assert "final past_key_values.1.decoder.key" in failing and "final past_key_values.0.decoder.key" not in failing
     assert "first diverging position 3: call 1" in result.output
     assert "first layer whose state diverges: layer 1" in result.output
+    assert "first diverging layer: model.decoder.layers.0 " in result.output  # the graph's scopes, layer 0
     # free-running: a row whose greedy token differs where the reference's top-2 margin exceeds
     # the tolerance is a real divergence, not a near-tie
     free = report["checks"]["free_running"]["cases"]
@@ -193,6 +194,7 @@ def test_llama_with_a_perturbed_weight_fails(optimum_exports, tmp_path):
     result, report = validate(bad, ckpt, tmp_path)
     assert result.exit_code == 1, result.output
     assert "logits position 0" in result.output and "first diverging position 0: call 0" in result.output
+    assert "first diverging layer: model.layers.1 " in result.output  # layer 0's output still agrees
     # layer 1's MLP comes after every K/V: the state agrees, the logits do not
     assert not any("final" in f for f in report["failures"][0].split("outputs ")[1].split(",")[:-1])
     assert "FAIL" in result.output

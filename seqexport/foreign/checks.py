@@ -13,6 +13,7 @@ argmax on its own prefix), its figures reported.
 
 import numpy as np
 
+from seqexport.foreign.localize import locate
 from seqexport.parity.checks import QuantRule, chunk_lengths, int8_agreement, per_position
 from seqexport.parity.compare import compare
 from seqexport.parity.report import Case
@@ -71,11 +72,11 @@ def teacher_forced(model, ref, rng, steps: int, batch: int, atol, rtol, quant: Q
         t = int(bad.name.rsplit(" ", 1)[1])
         k = next(i for i, end in enumerate(np.cumsum(chunks)) if t < end)
         notes.append(f"first diverging position {t}: call {k} ({chunks[k]} tokens after {sum(chunks[:k])})")
+        notes.append(locate(model, ref, tokens, src, chunks, k, atol, rtol))
     failed = [] if quant else sorted(layer for layer, ok in layers.items() if not ok)
     if failed:
         names = [o.name[6:] for o in outs if not o.passed and o.name.startswith("final ")]
-        notes.append(f"first layer whose state diverges: layer {failed[0]} ({', '.join(names[:4])}); the graph "
-                     "keeps no other per-layer values we compare")
+        notes.append(f"first layer whose state diverges: layer {failed[0]} ({', '.join(names[:4])})")
     if quant:
         agree, decisive, share = int8_agreement(got, ref_logits)
         case.ok = agree >= quant.min_top1 and all(o.nonfinite == 0 for o in outs)

@@ -106,4 +106,5 @@ class ForeignModel:
                                     "name it in an --io-map file")
             feeds[name] = np.ascontiguousarray(value, dtype=np.dtype(tensor.dtype) if tensor.dtype != "bfloat16"
                                                else None)
+        self.last_feeds = feeds  # what the last call was fed (localize re-runs it)
         return runner.run(feeds)
