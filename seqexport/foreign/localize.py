@@ -52,7 +52,8 @@ def first_layer(path, feeds: dict, ref, tokens: np.ndarray, src, start: int, ato
     model = onnx.load(str(path))
     found = [(p, v) for p, v in layer_values(model) if _module(ref.model, p) is not None]
     if not found:
-        return "no layer named: the graph keeps no numbered layer scopes at its top level (e.g. inside an If)"
+        return ("no layer named: no node at the graph's top level is named after a numbered layer's module "
+                "(/…/layers.N/…); none are, or they sit inside an If")
     known = {o.name for o in model.graph.output}
     for _, value in found:
         if value not in known:
