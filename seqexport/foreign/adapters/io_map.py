@@ -5,6 +5,8 @@
               "inputs": {"input_ids": "tokens"},     # role -> graph input (adapter.INPUT_ROLES)
               "outputs": {"logits": "scores"},       # role -> graph output (adapter.OUTPUT_ROLES)
               "max_tokens": null,                    # tokens a call takes (null: any)
+              "dims": {},                            # symbolic axis -> size of a fresh past (else 0)
+              "chunk_rows": null,                    # rows a multi-token call after a past takes
               "state": [{"layer": 0, "part": "ssm", "input": "state0_in", "output": "state0_out",
                          "kind": "replaced", "layout": ""}]},
      "first": {...}, "encoder": {...}}               # optional graphs, the same shape
@@ -19,7 +21,7 @@ from pathlib import Path
 from seqexport.errors import ArtifactError, UsageError
 from seqexport.foreign.adapter import GraphMap, ModelMap, StateRole, check_names
 
-GRAPH_KEYS = {"file", "inputs", "outputs", "state", "max_tokens"}
+GRAPH_KEYS = {"file", "inputs", "outputs", "state", "max_tokens", "dims", "chunk_rows"}
 STATE_KEYS = {"layer", "part", "input", "output", "kind", "layout", "past_axis"}
 
 
@@ -44,7 +46,13 @@ def _graph(d, where: str) -> GraphMap:
     max_tokens = d.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise UsageError(f"{where}.max_tokens: expected a positive integer or null, got {max_tokens!r}")
-    return GraphMap(d["file"], d.get("inputs", {}), d.get("outputs", {}), tuple(states), max_tokens)
+    if not isinstance(d.get("dims", {}), dict) or not all(isinstance(v, int) for v in d.get("dims", {}).values()):
+        raise UsageError(f"{where}.dims: expected an object of symbolic axis -> size, got {d['dims']!r}")
+    chunk_rows = d.get("chunk_rows")
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise UsageError(f"{where}.chunk_rows: expected a positive integer or null, got {chunk_rows!r}")
+    return GraphMap(d["file"], d.get("inputs", {}), d.get("outputs", {}), tuple(states), max_tokens,
+                    d.get("dims", {}), chunk_rows)
 
 
 def read_io_map(folder: Path, path) -> ModelMap:
