@@ -279,6 +279,22 @@ FAULTS = (
           "seqexport/families/hybrid/attention.py",
           "past_visible = (slots[None, :] < past_lengths[:, None])", "past_visible = (slots[None, :] <= past_lengths[:, None])",
           ("tests/test_fused_attention.py::test_fused_hybrid_prefill_then_steps_equal_transformers",)),
+    Fault("M65", "mobius adapter: the SSM state compared untransposed ([b, heads, d_state, head_dim] as "
+          "transformers' [b, heads, head_dim, d_state])", "seqexport/foreign/adapters/mobius.py",
+          '"ssm_state": ("ssm", "replaced", "ssm_transposed")', '"ssm_state": ("ssm", "replaced", "")',
+          ("tests/test_foreign_mobius.py::test_mobius_build_passes_against_transformers",)),
+    Fault("M66", "genai adapter: each layer's past key fed from its present value", "seqexport/foreign/adapters/genai.py",
+          '(("key", "past_key_names", "present_key_names")', '(("key", "past_key_names", "present_value_names")',
+          ("tests/test_foreign_genai.py::test_float32_folder_passes_in_mixed_chunks",)),
+    Fault("M67", "foreign decode: a call run row by row joins the rows' states back in the wrong order",
+          "seqexport/foreign/decode.py",
+          "ctx.state = {k: np.concatenate([p.state[k] for p in parts]) for k in parts[0].state}",
+          "ctx.state = {k: np.concatenate([p.state[k] for p in parts[::-1]]) for k in parts[0].state}",
+          ("tests/test_foreign_genai.py::test_float32_folder_passes_in_mixed_chunks",)),
+    Fault("M68", "genai adapter: several tokens after a past sent for every row at once (GroupQueryAttention on CPU "
+          "refuses it)", "seqexport/foreign/adapters/genai.py",
+          'chunk_rows=1 if "GroupQueryAttention" in io.ops else None', "chunk_rows=None",
+          ("tests/test_foreign_genai.py::test_float32_folder_passes_in_mixed_chunks",)),
 )
 
 
