@@ -119,6 +119,13 @@ class HybridConfig(DictConfig):
     pad_vocab_size_multiple: int = 1  # embedding rows rounded up to this multiple
 
     def __post_init__(self):
+        self._check_types()
+        self._check_layers()
+        self._check_heads()
+        self._check_dt_limits()
+
+    def _check_types(self) -> None:
+        """Positive ints, bools, and finite numbers > 0 where the fields need them."""
         name = type(self).__name__
         ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
                 "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple")
@@ -137,6 +144,9 @@ class HybridConfig(DictConfig):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"{name}.{key} must be a finite number > 0, got {value!r}")
+
+    def _check_layers(self) -> None:
+        name = type(self).__name__
         if not isinstance(self.layer_types, list | tuple) or not self.layer_types:
             raise ValueError(f"{name}.layer_types must be a non-empty list of {list(LAYER_TYPES)}, "
                              f"got {self.layer_types!r}")
@@ -146,6 +156,10 @@ class HybridConfig(DictConfig):
         self.layer_types = list(self.layer_types)
         if self.mlp_act not in MLP_ACTS:
             raise ValueError(f"{name}.mlp_act={self.mlp_act!r}; expected one of {list(MLP_ACTS)}")
+
+    def _check_heads(self) -> None:
+        """GQA groups, the rotary dims, and the SSM heads' groups divide as they must."""
+        name = type(self).__name__
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"{name}.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         factor = self.partial_rotary_factor
@@ -156,6 +170,9 @@ class HybridConfig(DictConfig):
                              f"of head_dim={self.head_dim}; expected an even number >= 2")
         if self.mamba_nheads % self.ngroups:
             raise ValueError(f"{name}.ngroups={self.ngroups} must divide mamba_nheads={self.mamba_nheads}")
+
+    def _check_dt_limits(self) -> None:
+        name = type(self).__name__
         lo = self.dt_min_limit
         if isinstance(lo, bool) or not isinstance(lo, int | float) or not 0 <= lo < math.inf:
             raise ValueError(f"{name}.dt_min_limit must be a finite number >= 0, got {lo!r}")

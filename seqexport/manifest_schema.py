@@ -89,25 +89,7 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
     if set(graphs) != set(family.graphs):
         c.fail("graphs", f"exactly the {name} graphs {list(family.graphs)}", sorted(graphs))
     for g, entry in graphs.items():
-        where = f"graphs.{g}"
-        if not isinstance(entry, dict):
-            c.fail(where, "an object (file, sha256, bytes, inputs, outputs)", entry)
-        c.get(entry, "file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
-        c.get(entry, "sha256", where, "64 lowercase hex digits", lambda v: isinstance(v, str) and SHA256.fullmatch(v))
-        c.get(entry, "bytes", where, "a byte count (integer >= 0)", _int(0))
-        for kind in ("inputs", "outputs"):
-            c.get(entry, kind, where, "a list of {name, dtype, dims} with known dtypes and dim names",
-                  lambda v: isinstance(v, list) and v and all(_tensor_ok(t) for t in v))
-        for key in ("feeds", "appends"):
-            c.get(entry, key, where, "a list of [output, state input] pairs",
-                  lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2
-                                                        and all(isinstance(x, str) for x in f) for f in v),
-                  optional=True)
-        if "data_file" in entry:
-            c.get(entry, "data_file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
-            c.get(entry, "data_sha256", where, "64 lowercase hex digits",
-                  lambda v: isinstance(v, str) and SHA256.fullmatch(v))
-            c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))
+        _check_graph_entry(c, f"graphs.{g}", entry, folder)
     weights = c.get(m, "weights", "", "null or an object (file, sha256, bytes, tensors)",
                     lambda v: v is None or isinstance(v, dict), optional=True)
     if weights:  # one external-data file every graph reads its weights from
@@ -119,3 +101,25 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
               lambda v: isinstance(v, dict) and all(_stored_ok(t, size) for t in v.values()))
     for key in ("source", "export_options", "parity", "versions", "quantization"):
         c.get(m, key, "", "an object", lambda v: v is None or isinstance(v, dict), optional=True)
+
+
+def _check_graph_entry(c: "_Check", where: str, entry, folder: Path) -> None:
+    """One graph's entry: its file and hash, its I/O, its feeds/appends, its own data file."""
+    if not isinstance(entry, dict):
+        c.fail(where, "an object (file, sha256, bytes, inputs, outputs)", entry)
+    c.get(entry, "file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
+    c.get(entry, "sha256", where, "64 lowercase hex digits", lambda v: isinstance(v, str) and SHA256.fullmatch(v))
+    c.get(entry, "bytes", where, "a byte count (integer >= 0)", _int(0))
+    for kind in ("inputs", "outputs"):
+        c.get(entry, kind, where, "a list of {name, dtype, dims} with known dtypes and dim names",
+              lambda v: isinstance(v, list) and v and all(_tensor_ok(t) for t in v))
+    for key in ("feeds", "appends"):
+        c.get(entry, key, where, "a list of [output, state input] pairs",
+              lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2
+                                                    and all(isinstance(x, str) for x in f) for f in v),
+              optional=True)
+    if "data_file" in entry:
+        c.get(entry, "data_file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
+        c.get(entry, "data_sha256", where, "64 lowercase hex digits",
+              lambda v: isinstance(v, str) and SHA256.fullmatch(v))
+        c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))

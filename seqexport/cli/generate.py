@@ -59,7 +59,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
             raise UsageError(f"--text #{i + 1} is empty; expected a prompt")
     from seqexport.runtime.generate import SearchOptions, generate
     from seqexport.runtime.models import load
-    from seqexport.runtime.tokenizer import TextStream, encode_prompt
+    from seqexport.runtime.tokenizer import encode_prompt
 
     options = SearchOptions(**search)  # checked before the model loads
     model = load(folder, provider=provider)
@@ -76,19 +76,26 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
     show = (lambda seq: tok.decode(seq, stop_at_eos=False)) if tok else (lambda seq: " ".join(map(str, seq)))
     eos = options.eos_id if options.eos_id is not None else (tok.eos_id if tok else None)
     if len(prompts) == 1 and options.num_beams == 1:
-        text = TextStream(tok) if tok else None
-
-        def on_token(tokens: np.ndarray):  # stream what each new token adds
-            t = int(tokens[0])
-            if t < 0 or t == eos:
-                return
-            out.write(text.push(t) if text else f"{t} ")
-            out.flush()
-
-        result = generate(model, prompts, options, on_token=on_token)
+        result = generate(model, prompts, options, on_token=_streamer(tok, eos, out))
         out.write("\n")
         return result
     result = generate(model, prompts, options)
     for seq in result:
         out.write(show(seq) + "\n")
     return result
+
+
+def _streamer(tok, eos: int | None, out):
+    """generate()'s on_token for one row: writes what each new token adds (text, or ids)."""
+    from seqexport.runtime.tokenizer import TextStream
+
+    text = TextStream(tok) if tok else None
+
+    def on_token(tokens: np.ndarray):  # (1,)
+        t = int(tokens[0])
+        if t < 0 or t == eos:
+            return
+        out.write(text.push(t) if text else f"{t} ")
+        out.flush()
+
+    return on_token

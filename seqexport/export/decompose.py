@@ -62,6 +62,9 @@ def _to_copy_kwargs(node: torch.fx.Node) -> dict | None:
     return None
 
 
+_SYMBOLIC = (torch.sym_not, torch.sym_min, torch.sym_max, torch.sym_float, torch.sym_int)
+
+
 def _translatable_as_is(ep: "torch.export.ExportedProgram", implemented: set) -> bool:
     """Whether every call in the program (nested graphs too) is one ONNX implements, an
     assertion or symbolic arithmetic; rewrites `to(dtype)` calls when the answer is yes."""
@@ -70,40 +73,48 @@ def _translatable_as_is(ep: "torch.export.ExportedProgram", implemented: set) ->
         if not isinstance(gm, torch.fx.GraphModule):
             return False
         for node in gm.graph.nodes:
-            if node.op in ("call_module", "call_method"):
+            verdict = _node_as_is(node, implemented)
+            if verdict is False:
                 return False
-            if node.op != "call_function":
-                continue
-            target = node.target
-            if target in _SPLITS:
-                _positive_dim(node)  # as the decomposition writes it (Split's axis, same meaning)
-            if target in _ASSERTIONS or target in implemented:
-                if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
-                    return False
-                continue
-            to_copy = _to_copy_kwargs(node)
-            if to_copy is not None:
-                if any(user.op == "output" for user in node.users):
-                    return False  # the signature names this node: leave it to the decomposition
-                rewrites.append((gm, node, to_copy))
-                continue
-            if getattr(target, "__module__", None) in (operator.__name__, "_operator") or \
-                    target in (torch.sym_not, torch.sym_min, torch.sym_max, torch.sym_float, torch.sym_int):
-                continue
-            return False
+            if isinstance(verdict, dict):
+                rewrites.append((gm, node, verdict))
     for gm, node, kwargs in rewrites:
-        source = node.args[0]
-        val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-        if not node.kwargs.get("copy") and getattr(val, "dtype", None) == kwargs.get("dtype") \
-                and set(kwargs) <= {"dtype", "memory_format"} and kwargs.get("memory_format") is None:
-            node.replace_all_uses_with(source)  # `to` a tensor's own dtype returns the tensor itself
-            gm.graph.erase_node(node)
-        else:
-            node.target = torch.ops.aten._to_copy.default
-            node.args, node.kwargs = node.args[:1], kwargs
+        _rewrite_to(gm, node, kwargs)
     for gm in {gm for gm, _, _ in rewrites}:
         gm.recompile()
     return True
+
+
+def _node_as_is(node: "torch.fx.Node", implemented: set) -> bool | dict:
+    """True: the node translates as it is; a dict: a `to(dtype)` call to rewrite as `_to_copy`
+    with these kwargs; False: the program needs the decomposition."""
+    if node.op in ("call_module", "call_method"):
+        return False
+    if node.op != "call_function":
+        return True
+    target = node.target
+    if target in _SPLITS:
+        _positive_dim(node)  # as the decomposition writes it (Split's axis, same meaning)
+    if target in _ASSERTIONS or target in implemented:
+        return not (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable)
+    to_copy = _to_copy_kwargs(node)
+    if to_copy is not None:
+        # the signature names a node feeding the output: leave it to the decomposition
+        return False if any(user.op == "output" for user in node.users) else to_copy
+    return getattr(target, "__module__", None) in (operator.__name__, "_operator") or target in _SYMBOLIC
+
+
+def _rewrite_to(gm: "torch.fx.GraphModule", node: "torch.fx.Node", kwargs: dict) -> None:
+    """A `to(dtype)` call as `_to_copy`, or gone where it returns the tensor itself."""
+    source = node.args[0]
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not node.kwargs.get("copy") and getattr(val, "dtype", None) == kwargs.get("dtype") \
+            and set(kwargs) <= {"dtype", "memory_format"} and kwargs.get("memory_format") is None:
+        node.replace_all_uses_with(source)  # `to` a tensor's own dtype returns the tensor itself
+        gm.graph.erase_node(node)
+    else:
+        node.target = torch.ops.aten._to_copy.default
+        node.args, node.kwargs = node.args[:1], kwargs
 
 
 def _reshape_as_view(registry) -> None:

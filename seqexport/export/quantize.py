@@ -272,35 +272,10 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         head_bits = int4.HEAD_BITS if bits == 4 else None
     else:
         head_bits = bits if include_head else None
-    manifest = read_manifest(folder)
-    if manifest.get("quantization"):
-        q = manifest["quantization"]
-        raise UsageError(f"{folder} is already quantised ({q.get('weights', 'int8')} of "
-                         f"{q.get('source', {}).get('folder')}); quantise its float32 source instead")
-    if manifest["dtype"] != "float32":
-        raise UsageError(f"{folder} is a {manifest['dtype']} export; int{bits} is made from a float32 export")
+    manifest = _float32_source(folder, bits)
     family = families.get(manifest["family"])
     models = {name: onnx.load(str(folder / g["file"])) for name, g in manifest["graphs"].items()}
-    keep: dict[str, set[str]] = {}  # graph -> node names of the weight MatMuls that stay float32
-    kept: dict[str, list[str]] = {}  # graph -> the same, by eager module path (the manifest's record)
-    matched = dict.fromkeys(exclude, 0)
-    for name, model in models.items():
-        gemms_as_matmul(model)
-        keep[name] = set() if head_bits else head_nodes(model)
-        weights, bias_of = {i.name for i in model.graph.initializer}, _bias_of(model)
-        for node in weight_nodes(model):
-            for pattern in (*exclude, *family.int8_keep_float):
-                if _matches(node, pattern, weights, bias_of):
-                    keep[name].add(node.name)
-                    if pattern in matched:
-                        matched[pattern] += 1
-        if bits == 4:  # a weight MatMulNBits cannot take (not the B operand, not 2-D) stays float32 too
-            keep[name] |= {n.name for n in weight_nodes(model)} - {n.name for n in int4.quantizable(model, weight_nodes(model))}
-        kept[name] = sorted(_labels(n, weights, bias_of)[-1] for n in weight_nodes(model) if n.name in keep[name])
-    unmatched = [p for p, n in matched.items() if n == 0]
-    if unmatched:
-        raise UsageError(f"--exclude {unmatched[0]!r} matches no weight MatMul/Gemm (patterns are globs over "
-                         "eager module paths such as 'decoder.layers.0.*' or ONNX node names)")
+    keep, kept = _kept_float(models, [*exclude, *family.int8_keep_float], exclude, head_bits, bits)
     started = time.perf_counter()
     feeds = calibration_feeds(folder, calibration) if mode == "static" else {}
     kind = (f"int4 (MatMulNBits, block {block_size}, accuracy level {accuracy_level}, head "
@@ -308,20 +283,13 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
         quantized = {}
         for name, g in manifest["graphs"].items():
-            copy = onnx.ModelProto()
-            copy.CopyFrom(models[name])  # the quantiser edits the model it is given
             if bits == 4:
-                chosen = {n.name for n in weight_nodes(models[name])} - keep[name]
-                head = chosen & head_nodes(models[name]) if head_bits != 4 else set()
-                quantized[name] = int4.quantize_graph(copy, chosen - head, 4, block_size, accuracy_level)
-                if head:  # the head in a second pass at its own bits
-                    quantized[name] = int4.quantize_graph(quantized[name], head, head_bits, block_size, accuracy_level)
-                missed = chosen - set(int4.nbits_nodes(quantized[name]))
-                if missed:
-                    raise ExportError(f"graph {name!r}: the int4 quantiser left {sorted(missed)[:3]} float")
+                quantized[name] = _int4_graph(name, models[name], keep[name], head_bits, block_size, accuracy_level)
             else:
                 path = Path(scratch) / name / g["file"]
                 path.parent.mkdir()
+                copy = onnx.ModelProto()
+                copy.CopyFrom(models[name])  # the quantiser edits the model it is given
                 arithmetic = {n.name for n in structural_nodes(models[name])}
                 _quantize_graph(copy, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
                 quantized[name] = onnx.load(str(path))
@@ -344,14 +312,7 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         if source.get("checkpoint") and not Path(source["checkpoint"]).is_absolute():
             source["checkpoint"] = str((folder / source["checkpoint"]).resolve())  # validate's eager model
         new = {k: v for k, v in manifest.items() if k not in ("format", "format_version", "parity", "weights")}
-        if bits == 4:
-            record = {"mode": "weight-only", "weights": "int4", "bits": 4, "block_size": block_size,
-                      "accuracy_level": accuracy_level, "symmetric": int4.SYMMETRIC,
-                      "activations": "float32" + (" (int8 inside MatMulNBits)" if accuracy_level == 4 else "")}
-        else:
-            record = {"mode": mode, "weights": "int8", "bits": 8, "activations": "int8 (calibrated)"
-                      if mode == "static" else "int8 (per call)", "per_channel": per_channel,
-                      "calibration_feeds": {k: len(v) for k, v in feeds.items()} or None}
+        record = _record(bits, mode, per_channel, block_size, accuracy_level, feeds)
         new |= {"graphs": graphs, "weights": shared.record(), "source": source, "quantization": record | {
             "include_head": bool(head_bits), "head": f"int{head_bits}" if head_bits else "float32",
             "excluded_patterns": list(exclude),
@@ -361,6 +322,74 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         write_manifest(tmp, new)
     log(f"quantised {folder} -> {out} ({kind} weights{', per channel' if per_channel else ''})")
     return out
+
+
+def _float32_source(folder: Path, bits: int) -> dict:
+    """The manifest of the float32 export a quantised copy is made from (UsageError otherwise)."""
+    manifest = read_manifest(folder)
+    if manifest.get("quantization"):
+        q = manifest["quantization"]
+        raise UsageError(f"{folder} is already quantised ({q.get('weights', 'int8')} of "
+                         f"{q.get('source', {}).get('folder')}); quantise its float32 source instead")
+    if manifest["dtype"] != "float32":
+        raise UsageError(f"{folder} is a {manifest['dtype']} export; int{bits} is made from a float32 export")
+    return manifest
+
+
+def _kept_float(models: dict, patterns: list[str], exclude, head_bits: int | None,
+                bits: int) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """Per graph, the node names of the weight MatMuls that stay float32 (the head unless it is
+    quantised, those `patterns` match, and for int4 those MatMulNBits cannot take), and the same
+    by eager module path (the manifest's record). UsageError for an --exclude matching nothing."""
+    keep: dict[str, set[str]] = {}
+    kept: dict[str, list[str]] = {}
+    matched = dict.fromkeys(exclude, 0)
+    for name, model in models.items():
+        gemms_as_matmul(model)
+        keep[name] = set() if head_bits else head_nodes(model)
+        weights, bias_of = {i.name for i in model.graph.initializer}, _bias_of(model)
+        for node in weight_nodes(model):
+            for pattern in patterns:
+                if _matches(node, pattern, weights, bias_of):
+                    keep[name].add(node.name)
+                    if pattern in matched:
+                        matched[pattern] += 1
+        if bits == 4:  # a weight MatMulNBits cannot take (not the B operand, not 2-D) stays float32 too
+            keep[name] |= {n.name for n in weight_nodes(model)} - {n.name for n in int4.quantizable(model, weight_nodes(model))}
+        kept[name] = sorted(_labels(n, weights, bias_of)[-1] for n in weight_nodes(model) if n.name in keep[name])
+    unmatched = [p for p, n in matched.items() if n == 0]
+    if unmatched:
+        raise UsageError(f"--exclude {unmatched[0]!r} matches no weight MatMul/Gemm (patterns are globs over "
+                         "eager module paths such as 'decoder.layers.0.*' or ONNX node names)")
+    return keep, kept
+
+
+def _int4_graph(name: str, model: onnx.ModelProto, keep: set[str], head_bits: int | None, block_size: int,
+                accuracy_level: int) -> onnx.ModelProto:
+    """A copy of `model` with its weight MatMuls but `keep` as MatMulNBits (the head at its own bits)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # the quantiser edits the model it is given
+    chosen = {n.name for n in weight_nodes(model)} - keep
+    head = chosen & head_nodes(model) if head_bits != 4 else set()
+    quantized = int4.quantize_graph(copy, chosen - head, 4, block_size, accuracy_level)
+    if head:  # the head in a second pass at its own bits
+        quantized = int4.quantize_graph(quantized, head, head_bits, block_size, accuracy_level)
+    missed = chosen - set(int4.nbits_nodes(quantized))
+    if missed:
+        raise ExportError(f"graph {name!r}: the int4 quantiser left {sorted(missed)[:3]} float")
+    return quantized
+
+
+def _record(bits: int, mode: str, per_channel: bool, block_size: int | None, accuracy_level: int | None,
+            feeds: dict) -> dict:
+    """The manifest's "quantization" record of how the weights and activations were quantised."""
+    if bits == 4:
+        return {"mode": "weight-only", "weights": "int4", "bits": 4, "block_size": block_size,
+                "accuracy_level": accuracy_level, "symmetric": int4.SYMMETRIC,
+                "activations": "float32" + (" (int8 inside MatMulNBits)" if accuracy_level == 4 else "")}
+    return {"mode": mode, "weights": "int8", "bits": 8, "activations": "int8 (calibrated)"
+            if mode == "static" else "int8 (per call)", "per_channel": per_channel,
+            "calibration_feeds": {k: len(v) for k, v in feeds.items()} or None}
 
 
 def _weights_bytes(manifest: dict) -> int:

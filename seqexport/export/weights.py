@@ -271,48 +271,59 @@ def share_weights(models: dict[str, onnx.ModelProto], params: dict[str, dict[str
                   file: str = WEIGHTS_FILE) -> Weights:
     """Name, lay out and externalise the initializers of `models` (edited in place); `params`
     gives each graph's traced parameters (state_dict as numpy). Returns the file to write."""
-    arrays: dict[str, dict[str, np.ndarray]] = {}
-    for gname, model in models.items():
-        lookup = ValueIndex(params[gname])
-        renames, init = {}, {}
-        taken = {t.name for t in model.graph.initializer}
-        for t in model.graph.initializer:
-            a = numpy_helper.to_array(t)
-            name = t.name
-            found = lookup.find(a) if a.nbytes >= MIN_BYTES else None
-            if found is not None:
-                found = found[0] + (f".{found[1]}" if found[1] else "")
-                if found == name or found not in taken:
-                    name = found
-            renames[t.name] = name
-            taken.add(name)
-            init[name] = a
-        _rename(model, {k: v for k, v in renames.items() if k != v})
-        arrays[gname] = init
+    arrays = {gname: _named_as_parameters(model, params[gname]) for gname, model in models.items()}
     _one_layout(models, arrays)
     weights = Weights(file)
     for gname, model in models.items():
-        used = _used(model)
-        init = arrays[gname]
-        kept, renames = [], {}
-        for name, a in init.items():
-            if name not in used:
-                continue
-            if a.nbytes < MIN_BYTES:
-                kept.append(numpy_helper.from_array(a, name))
-                continue
-            if weights.holds(name, a) is False:
-                if name in params[gname] or name.endswith((".T", ".view")):
-                    raise ExportError(f"graph {gname!r}: parameter {name!r} differs from another graph's")
-                renames[name] = name = f"{gname}.{name}"  # a derived constant torch named alike
-            kept.append(_external(name, a, weights.add(name, a), file))
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-        for node in _nodes(model):
-            for i, name in enumerate(node.input):
-                if name in renames:
-                    node.input[i] = renames[name]
+        _externalise(gname, model, arrays[gname], params[gname], weights, file)
     return weights
+
+
+def _named_as_parameters(model: onnx.ModelProto, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph's initializers renamed after the traced parameter they equal (where one does and
+    the name is free), as name -> array."""
+    lookup = ValueIndex(params)
+    renames, init = {}, {}
+    taken = {t.name for t in model.graph.initializer}
+    for t in model.graph.initializer:
+        a = numpy_helper.to_array(t)
+        name = t.name
+        found = lookup.find(a) if a.nbytes >= MIN_BYTES else None
+        if found is not None:
+            found = found[0] + (f".{found[1]}" if found[1] else "")
+            if found == name or found not in taken:
+                name = found
+        renames[t.name] = name
+        taken.add(name)
+        init[name] = a
+    _rename(model, {k: v for k, v in renames.items() if k != v})
+    return init
+
+
+def _externalise(gname: str, model: onnx.ModelProto, init: dict[str, np.ndarray], params: dict,
+                 weights: Weights, file: str) -> None:
+    """The graph's used initializers: small ones inline, the rest in the shared file (once for
+    every graph reading the same name and bytes); a derived constant that differs from another
+    graph's of the same name gets the graph's name in front."""
+    used = _used(model)
+    kept, renames = [], {}
+    for name, a in init.items():
+        if name not in used:
+            continue
+        if a.nbytes < MIN_BYTES:
+            kept.append(numpy_helper.from_array(a, name))
+            continue
+        if weights.holds(name, a) is False:
+            if name in params or name.endswith((".T", ".view")):
+                raise ExportError(f"graph {gname!r}: parameter {name!r} differs from another graph's")
+            renames[name] = name = f"{gname}.{name}"  # a derived constant torch named alike
+        kept.append(_external(name, a, weights.add(name, a), file))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    for node in _nodes(model):
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
 
 
 def _external(name: str, a: np.ndarray, entry: dict, file: str) -> onnx.TensorProto:

@@ -223,6 +223,30 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+def _next_beams(first: int, best: np.ndarray, total: np.ndarray, v: int, k: int, eos: int | None, last: bool,
+                seqs: list[list[int]], finished: list | None, lp: float) -> list[tuple[int, int, float]]:
+    """One source row's k beams for the next step, as (beam row, token, score), from its 2k best
+    (beam, token) candidates `best` (flat indices into `total`, (k * v,)); beams starting at row
+    `first`. An ending (eos, or any token at the last step) goes to `finished` as (score /
+    length ** lp, tokens) when it ranks among the top k (as HF does; None: none recorded)."""
+    chosen = []
+    for rank, flat in enumerate(best):
+        beam, tok = divmod(int(flat), v)
+        score = total[flat]
+        if not np.isfinite(score):
+            continue
+        src = first + beam
+        if tok == eos or last:
+            if rank < k and finished is not None:
+                hyp = seqs[src] + ([] if tok == eos else [tok])
+                finished.append((score / (len(hyp) + (tok == eos)) ** lp, hyp))
+            continue
+        chosen.append((src, tok, score))
+        if len(chosen) == k:
+            break
+    return chosen + [(first, 0, -np.inf)] * (k - len(chosen))  # padded with dead beams
+
+
 def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[list[int]]:
     """Beam search (any family whose state rows can be reordered); each prompt keeps num_beams
     hypotheses.
@@ -254,24 +278,8 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
         new_rows, new_tokens, new_scores = [], [], []
         last = step == options.max_new_tokens - 1
         for r in range(n):
-            chosen = []
-            for rank, flat in enumerate(best[r]):
-                beam, tok = divmod(int(flat), v)
-                score = total[r, flat]
-                if not np.isfinite(score):
-                    continue
-                src = r * k + beam
-                if tok == eos or last:
-                    # like HF: an ending counts only when it ranks among the top k candidates
-                    if rank < k and not done[r]:
-                        hyp = seqs[src] + ([] if tok == eos else [tok])
-                        finished[r].append((score / (len(hyp) + (tok == eos)) ** lp, hyp))
-                    continue
-                chosen.append((src, tok, score))
-                if len(chosen) == k:
-                    break
-            while len(chosen) < k:  # pad with dead beams
-                chosen.append((r * k, 0, -np.inf))
+            ending = None if done[r] else finished[r]  # a done row records no more endings
+            chosen = _next_beams(r * k, best[r], total[r], v, k, eos, last, seqs, ending, lp)
             done[r] = done[r] or len(finished[r]) >= k  # early stopping: k finished hypotheses
             for src, tok, score in chosen:
                 new_rows.append(src)
@@ -283,10 +291,4 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
         scores = np.array(new_scores)
         state = state.select(new_rows)
         logits, state = model.step(np.array(new_tokens, np.int64), state)
-    out = []
-    for r in range(n):
-        if not finished[r]:
-            out.append(seqs[r * k])
-        else:
-            out.append(max(finished[r], key=lambda f: f[0])[1])
-    return out
+    return [max(finished[r], key=lambda f: f[0])[1] if finished[r] else seqs[r * k] for r in range(n)]

@@ -211,38 +211,43 @@ def build_app(host: ServingHost) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        params = parse_completion(await request.body())
-        if params.model is not None and params.model != host.name:
-            raise HTTPError(404, f"model: {params.model!r} is not served here; this server has {host.name!r}",
-                            "model", kind="not_found_error")
-        listener = Listener(host, params.stop, asyncio.get_running_loop())
-        req, ids = host.submit(params, listener)
-        host.metrics.prompt_tokens.inc(len(ids))
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        watch = asyncio.create_task(_watch_client(request, req))  # a caller that hangs up frees the row
-        streaming = False
-        try:
-            first = await listener.queue.get()  # the first token, or why there is none
-            if first[0] is None and (err := end_error(req)) is not None:
-                raise err
-            if params.stream:  # from here the stream's own end (or cancellation) frees the row
-                streaming = True
-                return StreamingResponse(_stream(host, req, listener, first, rid, len(ids), params),
-                                         media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Replica-Pid": str(os.getpid())})
-            pieces, item = [first[1]], first
-            while item[0] is not None:
-                item = await listener.queue.get()
-                pieces.append(item[1])
-        finally:
-            watch.cancel()
-            if not req.finished and not streaming:
-                host.engine.cancel(req)
-        if (err := end_error(req)) is not None:
-            raise err
-        return completion_body(rid, host.name, "".join(pieces), list(req.tokens), req.finish_reason, len(ids))
+        return await _complete(host, request)
 
     return app
+
+
+async def _complete(host: ServingHost, request: Request):
+    """POST /v1/completions: the request through the engine, its tokens as one body or an SSE stream."""
+    params = parse_completion(await request.body())
+    if params.model is not None and params.model != host.name:
+        raise HTTPError(404, f"model: {params.model!r} is not served here; this server has {host.name!r}",
+                        "model", kind="not_found_error")
+    listener = Listener(host, params.stop, asyncio.get_running_loop())
+    req, ids = host.submit(params, listener)
+    host.metrics.prompt_tokens.inc(len(ids))
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    watch = asyncio.create_task(_watch_client(request, req))  # a caller that hangs up frees the row
+    streaming = False
+    try:
+        first = await listener.queue.get()  # the first token, or why there is none
+        if first[0] is None and (err := end_error(req)) is not None:
+            raise err
+        if params.stream:  # from here the stream's own end (or cancellation) frees the row
+            streaming = True
+            return StreamingResponse(_stream(host, req, listener, first, rid, len(ids), params),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Replica-Pid": str(os.getpid())})
+        pieces, item = [first[1]], first
+        while item[0] is not None:
+            item = await listener.queue.get()
+            pieces.append(item[1])
+    finally:
+        watch.cancel()
+        if not req.finished and not streaming:
+            host.engine.cancel(req)
+    if (err := end_error(req)) is not None:
+        raise err
+    return completion_body(rid, host.name, "".join(pieces), list(req.tokens), req.finish_reason, len(ids))
 
 
 async def _watch_client(request: Request, req) -> None:

@@ -177,6 +177,22 @@ def batched(model, work, batch: int) -> dict:
     return _figures(time.perf_counter() - start, tokens, ttft, gaps)
 
 
+def _http_server(folder, max_rows: int, n_requests: int, provider: str, threads: int | None, engine_options: dict,
+                 work: list):
+    """A started `serve --no-ray` subprocess with the bench's engine options, warmed up."""
+    from seqexport.serve.process import ServerProcess
+
+    args = ["--no-ray", "--max-rows", str(max_rows), "--max-queue", str(max(n_requests, 1)),
+            "--provider", provider] + (["--threads", str(threads)] if threads else [])
+    for name in ("prefill_chunk", "start_batch"):
+        if name in engine_options:
+            args += ["--" + name.replace("_", "-"), str(engine_options[name])]
+    server = ServerProcess(folder, *args)
+    server.start()
+    over_http(server.url, work[:4], 1)  # warm up
+    return server
+
+
 def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_tokens: int = 32,
                     provider: str = "auto", threads: int | None = 1, http: bool = False, rounds: int = 1,
                     max_rows: int | None = None, log=None, **engine_options) -> dict:
@@ -206,18 +222,8 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
               "requests": n_requests, "max_tokens": max_tokens, "http": http, "max_rows": max_rows, "rows": {}}
     log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests of "
         f"{max(1, max_tokens // 4)}-{max_tokens} tokens" + (f", {rounds} rounds" if rounds > 1 else ""))
-    server = None
-    if http:
-        from seqexport.serve.process import ServerProcess
-
-        args = ["--no-ray", "--max-rows", str(rows_for(max(clients))), "--max-queue", str(max(n_requests, 1)),
-                "--provider", provider] + (["--threads", str(threads)] if threads else [])
-        for name in ("prefill_chunk", "start_batch"):
-            if name in engine_options:
-                args += ["--" + name.replace("_", "-"), str(engine_options[name])]
-        server = ServerProcess(folder, *args)
-        server.start()
-        over_http(server.url, work[:4], 1)  # warm up
+    server = _http_server(folder, rows_for(max(clients)), n_requests, provider, threads, engine_options,
+                          work) if http else None
     measured = []
     try:
         for r in range(rounds):

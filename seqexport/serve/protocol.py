@@ -131,14 +131,8 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def parse_completion(raw: bytes) -> CompletionParams:
-    """The request body -> CompletionParams; HTTPError 400 naming the first bad field."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HTTPError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise HTTPError(400, f"request body: expected a JSON object, got {type(body).__name__}")
+def _check_fields(body: dict) -> None:
+    """400 for a field we do not know, or one we take only at its neutral value."""
     known = {"prompt", "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
              "stream_options", "ignore_eos"} | NEUTRAL.keys() | IGNORED
     for name in body:
@@ -148,6 +142,17 @@ def parse_completion(raw: bytes) -> CompletionParams:
         if name in body and not any(_same(body[name], v) for v in values):
             raise _bad(name, f"not supported here except {' or '.join(json.dumps(v) for v in values)}; "
                              f"got {json.dumps(body[name])}")
+
+
+def parse_completion(raw: bytes) -> CompletionParams:
+    """The request body -> CompletionParams; HTTPError 400 naming the first bad field."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HTTPError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise HTTPError(400, f"request body: expected a JSON object, got {type(body).__name__}")
+    _check_fields(body)
     if "prompt" not in body:
         raise _bad("prompt", "missing; expected text or a list of token ids")
     model = body.get("model")

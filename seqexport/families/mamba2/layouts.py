@@ -150,20 +150,7 @@ def _from_state_spaces(d: dict) -> Mamba2Config:
     if unknown:
         raise ValueError(f"ssm_cfg keys {unknown} are not understood; expected some of "
                          f"{sorted(set(_STATE_SPACES_SSM_DEFAULTS) | _STATE_SPACES_SSM_IGNORED)}")
-    if d.get("d_intermediate", 0):
-        raise ValueError(f"d_intermediate={d['d_intermediate']!r} (an MLP per block) is not supported; expected 0")
-    if d.get("attn_layer_idx"):
-        raise ValueError(
-            f"attn_layer_idx={d['attn_layer_idx']!r} (attention layers: a hybrid) is not supported; expected []"
-        )
-    if d.get("rms_norm", True) is not True:
-        raise ValueError(f"rms_norm={d['rms_norm']!r} (LayerNorm) is not supported; expected true")
-    if ssm_cfg.get("rmsnorm", True) is not True:
-        raise ValueError(f"ssm_cfg.rmsnorm={ssm_cfg['rmsnorm']!r} (no gated norm) is not supported; expected true")
-    if ssm_cfg.get("D_has_hdim", False) is not False:
-        raise ValueError(
-            f"ssm_cfg.D_has_hdim={ssm_cfg['D_has_hdim']!r} (D per channel) is not supported; expected false"
-        )
+    _refuse_unsupported(d, ssm_cfg)
 
     kwargs = {key: ssm_cfg.get(key, default) for key, default in _STATE_SPACES_SSM_DEFAULTS.items()}
     if "dt_limit" in ssm_cfg:
@@ -182,6 +169,25 @@ def _from_state_spaces(d: dict) -> Mamba2Config:
             f"supported; expected null or d_inner = expand * d_model = {config.d_inner}"
         )
     return config
+
+
+def _refuse_unsupported(d: dict, ssm_cfg: dict) -> None:
+    """ValueError naming a state-spaces option this Mamba-2 does not have (MLPs, attention
+    layers, LayerNorm, no gated norm, D per channel)."""
+    if d.get("d_intermediate", 0):
+        raise ValueError(f"d_intermediate={d['d_intermediate']!r} (an MLP per block) is not supported; expected 0")
+    if d.get("attn_layer_idx"):
+        raise ValueError(
+            f"attn_layer_idx={d['attn_layer_idx']!r} (attention layers: a hybrid) is not supported; expected []"
+        )
+    if d.get("rms_norm", True) is not True:
+        raise ValueError(f"rms_norm={d['rms_norm']!r} (LayerNorm) is not supported; expected true")
+    if ssm_cfg.get("rmsnorm", True) is not True:
+        raise ValueError(f"ssm_cfg.rmsnorm={ssm_cfg['rmsnorm']!r} (no gated norm) is not supported; expected true")
+    if ssm_cfg.get("D_has_hdim", False) is not False:
+        raise ValueError(
+            f"ssm_cfg.D_has_hdim={ssm_cfg['D_has_hdim']!r} (D per channel) is not supported; expected false"
+        )
 
 
 def _from_hf(d: dict) -> Mamba2Config:
@@ -258,6 +264,12 @@ def convert_state_dict(state: dict[str, Tensor], config: Mamba2Config) -> dict[s
     for key in ("backbone.embedding.weight", "lm_head.weight"):
         if key in out:
             out[key] = _pad_vocab_rows(key, out[key], config)
+    _tie_head(out, config)
+    return out
+
+
+def _tie_head(out: dict[str, Tensor], config: Mamba2Config) -> None:
+    """lm_head.weight filled from the embedding when tied (and checked equal where both are given)."""
     emb = out["backbone.embedding.weight"]
     if config.tie_embeddings:
         head = out.get("lm_head.weight")
@@ -269,7 +281,6 @@ def convert_state_dict(state: dict[str, Tensor], config: Mamba2Config) -> dict[s
         out["lm_head.weight"] = emb
     elif "lm_head.weight" not in out:
         raise ValueError("state dict lacks 'lm_head.weight' and the config does not tie it to the embedding")
-    return out
 
 
 def _pad_vocab_rows(key: str, w: Tensor, config: Mamba2Config) -> Tensor:
