@@ -80,7 +80,7 @@ FAULTS = (
           "    if options.top_p < 1:\n", "    if options.top_p < 0:\n", ("tests/test_search.py",)),
     Fault("M15", "beam search returns the first finished hypothesis, not the best",
           "seqexport/runtime/generate.py",
-          "out.append(max(finished[r], key=lambda f: f[0])[1])", "out.append(finished[r][0][1])",
+          "max(finished[r], key=lambda f: f[0])[1] if finished[r]", "finished[r][0][1] if finished[r]",
           ("tests/test_search.py",)),
     Fault("M16", "comparison lets NaN/Inf pass", "seqexport/parity/compare.py",
           "passed = nonfinite == 0 and bool(", "passed = bool(",
