@@ -202,15 +202,26 @@ def encode_prompt(tok: "Tokenizer", default_frame: dict, text: str, record: dict
 class TextStream:
     """Text of a growing token sequence, piece by piece, never splitting a character:
     `push(token)` returns what that token completes ("" while a multi-byte character or a
-    byte-level BPE piece is still incomplete)."""
+    byte-level BPE piece is still incomplete).
+
+    Incremental, as vLLM detokenises: each push decodes only the tokens since the last piece
+    plus the few before it (`_prefix`..: the context a tokenizer needs to decode a word's start
+    right), not the whole sequence, so a long generation costs linear time, not quadratic."""
 
     def __init__(self, tok: "Tokenizer"):
         self.tok, self.ids, self.printed = tok, [], ""
+        self._prefix = 0  # ids[_prefix:_read]: already printed, decoded again as context
+        self._read = 0  # ids[_read:]: not printed yet
 
     def push(self, token: int) -> str:
         self.ids.append(int(token))
-        text = self.tok.decode(self.ids, stop_at_eos=False)  # generation decides where a row ends
-        if text.endswith("\ufffd") or not text.startswith(self.printed):
+        window = self.ids[self._prefix:]
+        # generation decides where a row ends: decode past eos
+        context = self.tok.decode(window[: self._read - self._prefix], stop_at_eos=False)
+        text = self.tok.decode(window, stop_at_eos=False)
+        if text.endswith("\ufffd") or len(text) <= len(context) or not text.startswith(context):
             return ""
-        new, self.printed = text[len(self.printed):], text
+        new = text[len(context):]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.printed += new
         return new
