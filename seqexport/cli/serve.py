@@ -127,7 +127,7 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
     from seqexport.serve.app import ServeConfig
     from seqexport.serve.run import run_plain, run_ray
 
-    read_manifest(folder)  # a missing or altered export fails here, in one line
+    manifest = read_manifest(folder)  # a missing or altered export fails here, in one line
     config = ServeConfig(folder, **engine)
     scaling = {"replicas": replicas, "autoscale": parse_autoscale(autoscale), "replica_cpus": replica_cpus}
     if config_out:
@@ -139,7 +139,7 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
     else:
         if address or replicas != 1 or autoscale:
             raise UsageError("--address, --replicas and --autoscale need Ray; drop --no-ray")
-        run_plain(config, host, port, log)
+        run_plain(config, host, port, log, manifest)
 
 
 def write_config(path: str, config, host: str, port: int, scaling: dict) -> None:

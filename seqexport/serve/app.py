@@ -63,10 +63,11 @@ class ServeConfig:
 class ServingHost:
     """One model and its engine (running on a background thread), plus the server's metrics."""
 
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, manifest: dict | None = None):
+        """`manifest`: the folder's, read and hash-checked by the caller in this process (not hashed again)."""
         self.config = config
         self.outbox = Outbox()  # the engine's events, handed to the event loop once a round
-        self.model = load(config.folder, provider=config.provider, threads=config.threads)
+        self.model = load(config.folder, provider=config.provider, threads=config.threads, manifest=manifest)
         self.engine = Engine(self.model, max_rows=config.max_rows, max_queue=config.max_queue,
                              max_state_bytes=config.max_state_bytes,
                              max_prompt_tokens=config.max_prompt_tokens, prefill_chunk=config.prefill_chunk,

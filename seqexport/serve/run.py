@@ -8,12 +8,12 @@ from pathlib import Path
 from seqexport.serve.app import ServeConfig
 
 
-def run_plain(config: ServeConfig, host: str, port: int, log) -> None:
+def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | None = None) -> None:
     import uvicorn
 
     from seqexport.serve.app import ServingHost, build_app
 
-    serving = ServingHost(config)
+    serving = ServingHost(config, manifest)  # the manifest `serve` checked: its files are hashed once
     try:
         log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
             f"on http://{host}:{port} (no Ray)")
