@@ -151,3 +151,17 @@ def test_bad_attention_values_are_refused(tmp_path):
     result = CliRunner().invoke(cli, ["export", "transformer", "--preset", "tiny", "--out", str(tmp_path / "y"),
                                       "--attention", "flash"])
     assert result.exit_code == 2 and "'flash' is not one of 'matmul', 'fused'" in result.output
+
+
+def test_the_tensorscatter_probe_writes_the_cache_in_place_and_matches_the_matmul_decoder(
+        fused_transformer, transformer_tiny):
+    """seqexport.bench.attention_scatter: the fused decoder rewritten to write its cache with
+    TensorScatter (bound in place) gives the MatMul export's logits (same weights)."""
+    from seqexport.bench.attention_scatter import probe
+
+    rows = probe(transformer_tiny[1], fused_transformer[1], [3, 20], threads=1, repeats=2)
+    assert [r["context"] for r in rows] == [3, 20]
+    assert all(r["max_abs_logits_diff"] < ATOL and r["max_abs_written_key_diff"] < ATOL and r["scatter_ms"] > 0
+               for r in rows)
+    ops = op_types(fused_transformer[1] / "decoder_scatter.onnx")
+    assert ops.count("TensorScatter") == 2 * transformer_tiny[0].config.num_layers
