@@ -75,3 +75,14 @@ def test_a_perturbed_copy_fails(tjs, tmp_path):
     assert not report["checks"]["teacher_forced"]["passed"]
     assert "first diverging position 0: call 0" in result.output
     print({o["name"]: o["max_abs"] for o in report["checks"]["teacher_forced"]["cases"][0]["outputs"]})
+
+
+def test_nan_fails(tjs, tmp_path):
+    """A weight of NaN: the logits compare as NaN (a failure whatever the tolerance) and the
+    free-running rows stop at their first NaN logits."""
+    ckpt, folder = tjs
+    bad = perturbed_copy(folder, tmp_path / "nan", delta=float("nan"))
+    result = CliRunner().invoke(cli, ["validate", str(bad), "--reference", str(ckpt), "--steps", "4",
+                                      "--atol", "1e9"])
+    assert result.exit_code == 1, result.output
+    assert "NaN/Inf" in result.output and "artifact NaN/Inf logits" in result.output
