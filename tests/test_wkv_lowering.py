@@ -15,7 +15,7 @@ import torch
 from seqexport.models.rwkv import DECAY_SCALE
 from torch import nn
 
-from seqexport.families.rwkv.wkv_lowering import CHUNK, wkv7_chunked, wkv_translation_table
+from seqexport.families.rwkv.wkv import CHUNK, wkv7_chunked, wkv_translation_table
 
 H, N = 2, 16  # heads, head size
 LENGTHS = (1, 5, CHUNK, CHUNK + 1, 3 * CHUNK - 1, 300)

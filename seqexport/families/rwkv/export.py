@@ -18,7 +18,7 @@ from seqexport.export.common import (
 from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.rwkv.specs import graph_specs
 from seqexport.families.rwkv.step_graph import FastStepGraph
-from seqexport.families.rwkv.wkv_lowering import wkv7_chunked, wkv_translation_table
+from seqexport.families.rwkv.wkv import wkv7_chunked, wkv_translation_table
 from seqexport.models.rwkv import RwkvLM, wkv7_ref
 from seqexport.parity.inputs import random_inputs
 from seqexport.specs import GraphSpec

@@ -10,7 +10,7 @@ graph takes any batch and any length.
 
 Usage: `model(..., scan=wkv7_chunked)` inside the exported forward, and
 `torch.onnx.export(..., custom_translation_table=wkv_translation_table())` (from
-`seqexport.families.rwkv.wkv_lowering.wkv_translation_table`, which joins this torch side with its ONNX side).
+`seqexport.families.rwkv.wkv`, which joins this torch side with its ONNX side).
 """
 
 import torch
@@ -32,10 +32,3 @@ def wkv7_chunked(r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tenso
 @wkv7_chunked.register_fake
 def _(r, w, k, v, a, b, s0):
     return torch.empty_like(r), torch.empty_like(s0)
-
-
-def wkv_translation_table() -> dict:
-    """What `torch.onnx.export(custom_translation_table=...)` needs for the RWKV-7 WKV Scan."""
-    from seqexport.families.rwkv import wkv_onnx  # onnxscript only now
-
-    return {torch.ops.seqexport.wkv7_chunked.default: wkv_onnx.wkv7_chunked}
