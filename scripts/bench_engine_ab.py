@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 import seqexport.runtime as rt
+from seqexport.bench.serve import batched, bench_prompts, continuous
 from seqexport.runtime import engine as new_engine
-from seqexport.serve.bench import batched, bench_prompts, continuous
 
 
 def engine_at(rev: str):

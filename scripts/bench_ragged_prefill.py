@@ -4,7 +4,7 @@ export: `begin` over the prompts, and `generate()` of a few tokens for them, med
 
     .venv/bin/python scripts/bench_ragged_prefill.py exported/rwkv-dates --prompts 50 --threads 2
 
-The prompts are the date task's (seqexport.serve.bench.bench_prompts). Also prints the largest
+The prompts are the date task's (seqexport.bench.serve.bench_prompts). Also prints the largest
 difference between the two ways' first logits (the head's batched GEMM; the states are equal).
 """
 
@@ -13,8 +13,8 @@ import argparse
 import numpy as np
 
 import seqexport.runtime as rt
+from seqexport.bench.serve import bench_prompts
 from seqexport.bench.timing import time_paired
-from seqexport.serve.bench import bench_prompts
 
 
 def main() -> None:

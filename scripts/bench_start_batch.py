@@ -4,7 +4,7 @@ requests one at a time through generate(), medians.
 
     .venv/bin/python scripts/bench_start_batch.py exported/rwkv-dates --start-batch 1 4 --repeats 8
 
-Closed-loop clients as `seqexport bench-serve` (seqexport.serve.bench.continuous); requests of
+Closed-loop clients as `seqexport bench-serve` (seqexport.bench.serve.continuous); requests of
 12-48 tokens; ONNX Runtime with one intra-op thread. Prints tokens/s (and ÷ one at a time),
 per-token and first-token p50, and the rows a batched step ran on average.
 """

@@ -91,7 +91,7 @@ def bench_serve(folder, clients, n_requests, max_tokens, http, rounds, json_path
     batch holds a row per client unless --max-rows caps it (the per-token latency it buys is
     paid in time to first token and tokens/s); --max-queue is `serve`'s alone.
     """
-    from seqexport.serve.bench import format_table, run_bench_serve
+    from seqexport.bench.serve import format_table, run_bench_serve
 
     check_output_path(json_path, "--json")
     given = click.get_current_context().get_parameter_source

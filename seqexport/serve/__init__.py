@@ -6,8 +6,7 @@
     metrics   Prometheus metrics of one server
     app       ServeConfig, ServingHost (model + engine), build_app (FastAPI)
     ray_app   the Ray Serve deployment and its config file
-    run       what `seqexport serve` does
-    bench     what `seqexport bench-serve` measures
+    run       how `seqexport serve` runs (`seqexport bench-serve` is in seqexport/bench/serve.py)
 
 Needs the `serve` extra (ray[serve], which brings FastAPI, uvicorn, prometheus-client).
 """
