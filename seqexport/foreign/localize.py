@@ -61,16 +61,7 @@ def first_layer(path, feeds: dict, ref, tokens: np.ndarray, src, start: int, ato
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [v for _, v in found]
     got = dict(zip(names, session.run(names, {i.name: feeds[i.name] for i in session.get_inputs()})))
-    captured, hooks = {}, []
-    for module_path, _ in found:
-        def keep(_module_, _inputs, out, key=module_path):
-            captured[key] = (out[0] if isinstance(out, tuple) else out).detach().float().numpy()
-        hooks.append(_module(ref.model, module_path).register_forward_hook(keep))
-    try:
-        ref.logits(tokens[:, : start + feeds_len(got, found)], src)
-    finally:
-        for h in hooks:
-            h.remove()
+    captured = reference_layers(ref, [p for p, _ in found], tokens[:, : start + feeds_len(got, found)], src)
     for module_path, value in found:
         a, b = got[value], captured.get(module_path)
         if b is None or a.ndim != 3 or b.ndim != 3:
@@ -82,6 +73,21 @@ def first_layer(path, feeds: dict, ref, tokens: np.ndarray, src, start: int, ato
         if not c.passed:
             return f"first diverging layer: {module_path} (graph value {value}): max abs {c.max_abs:.3g}"
     return f"no single layer's output diverges beyond tolerance ({len(found)} layers compared)"
+
+
+def reference_layers(ref, paths: list[str], tokens: np.ndarray, src) -> dict:
+    """{module path: its output (b, T, d)} on the reference's full forward over `tokens`."""
+    captured, hooks = {}, []
+    for module_path in paths:
+        def keep(_module_, _inputs, out, key=module_path):
+            captured[key] = (out[0] if isinstance(out, tuple) else out).detach().float().numpy()
+        hooks.append(_module(ref.model, module_path).register_forward_hook(keep))
+    try:
+        ref.logits(tokens, src)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
 
 
 def feeds_len(got: dict, found) -> int:

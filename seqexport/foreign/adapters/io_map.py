@@ -25,6 +25,15 @@ GRAPH_KEYS = {"file", "inputs", "outputs", "state", "max_tokens", "dims", "chunk
 STATE_KEYS = {"layer", "part", "input", "output", "kind", "layout", "past_axis"}
 
 
+def _state(s, where: str) -> StateRole:
+    if not isinstance(s, dict) or not {"layer", "part", "input", "output", "kind"} <= set(s) or set(s) - STATE_KEYS:
+        raise UsageError(f"{where}: expected an object with layer, part, input, output, kind "
+                         f"(and optionally layout, past_axis), got {s!r}")
+    if not isinstance(s["layer"], int):
+        raise UsageError(f"{where}.layer: expected an integer, got {s['layer']!r}")
+    return StateRole(**s)
+
+
 def _graph(d, where: str) -> GraphMap:
     if not isinstance(d, dict) or "file" not in d:
         raise UsageError(f"{where}: expected an object with at least \"file\", got {d!r}")
@@ -34,15 +43,7 @@ def _graph(d, where: str) -> GraphMap:
     for key in ("inputs", "outputs"):
         if not isinstance(d.get(key, {}), dict):
             raise UsageError(f"{where}.{key}: expected an object of role -> name, got {d[key]!r}")
-    states = []
-    for i, s in enumerate(d.get("state", [])):
-        if not isinstance(s, dict) or not {"layer", "part", "input", "output", "kind"} <= set(s) \
-                or set(s) - STATE_KEYS:
-            raise UsageError(f"{where}.state[{i}]: expected an object with layer, part, input, output, kind "
-                             f"(and optionally layout, past_axis), got {s!r}")
-        if not isinstance(s["layer"], int):
-            raise UsageError(f"{where}.state[{i}].layer: expected an integer, got {s['layer']!r}")
-        states.append(StateRole(**s))
+    states = [_state(s, f"{where}.state[{i}]") for i, s in enumerate(d.get("state", []))]
     max_tokens = d.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise UsageError(f"{where}.max_tokens: expected a positive integer or null, got {max_tokens!r}")
