@@ -3,15 +3,18 @@ transformers checkpoint, transformers' own torch forward and our sequential refe
 process, 2 threads each, rounds alternating, medians.
 
     .venv/bin/python scripts/compare_mamba2_mobius.py checkpoint HF_DIR   # random weights, transformers layout
-    seqexport export mamba2 --checkpoint HF_DIR --out OURS
+    seqexport export mamba2 --checkpoint HF_DIR --out OURS --ssd matmul
+    seqexport export mamba2 --checkpoint HF_DIR --out OURS_LA --ssd linear-attention
     # mobius in its own venv (pip install torch==2.13.0 mobius-onnx):
     HF_HUB_OFFLINE=1 mobius build --model HF_DIR MOBIUS
-    .venv/bin/python scripts/compare_mamba2_mobius.py compare HF_DIR OURS MOBIUS [ROUNDS]
+    .venv/bin/python scripts/compare_mamba2_mobius.py compare HF_DIR OURS[,OURS_LA...] MOBIUS [ROUNDS]
 """
 
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -66,10 +69,35 @@ def timed(fn, n: int) -> float:
     return (time.perf_counter() - start) / n * 1e3
 
 
-def compare(hf_dir: str, ours_dir: str, mobius_dir: str, rounds: int = 5) -> None:
+def _ours_label(folder: str) -> str:
+    """ours[<ssd form>] from the export's manifest (older exports: matmul)."""
+    options = json.loads((Path(folder) / "manifest.json").read_text()).get("export_options", {})
+    return f"ours[{options.get('ssd', 'matmul')}]"
+
+
+def _ours_decode(m, prompt, steps) -> np.ndarray:
+    """The prompt's last logits then each step's (b, 1 + n, v)."""
+    logits, state = m.step(prompt, m.start(1), last_only=True)
+    got = [logits[:, 0]]
+    for t in steps.T:
+        logits, state = m.step(t, state)
+        got.append(logits)
+    return np.stack(got, 1)
+
+
+def _mobius_decode(mob, prompt, steps) -> np.ndarray:
+    logits, state = mob.run(prompt, mob.zeros(1))
+    got = [logits[:, -1]]
+    for t in steps.T:
+        logits, state = mob.run(t[:, None], state)
+        got.append(logits[:, -1])
+    return np.stack(got, 1)
+
+
+def compare(hf_dir: str, ours_dirs: list[str], mobius_dir: str, rounds: int = 5) -> None:
     torch.set_num_threads(2)
     hf = transformers.Mamba2ForCausalLM.from_pretrained(hf_dir).eval()
-    ours = rt.load(ours_dir, provider="cpu", threads=2)
+    ours = {_ours_label(d): rt.load(d, provider="cpu", threads=2) for d in ours_dirs}
     mob = Mobius(mobius_dir, hf.config)
     rng = np.random.default_rng(0)
 
@@ -83,32 +111,22 @@ def compare(hf_dir: str, ours_dir: str, mobius_dir: str, rounds: int = 5) -> Non
             cache = out.cache
             want.append(out.logits[:, -1])
     want = torch.stack(want, 1).numpy()
-    logits, state = ours.step(prompt, ours.start(1), last_only=True)
-    got = [logits[:, 0]]
-    for t in steps.T:
-        logits, state = ours.step(t, state)
-        got.append(logits)
-    ours_err = float(np.abs(np.stack(got, 1) - want).max())
-    logits, state = mob.run(prompt, mob.zeros(1))
-    got = [logits[:, -1]]
-    for t in steps.T:
-        logits, state = mob.run(t[:, None], state)
-        got.append(logits[:, -1])
-    mob_err = float(np.abs(np.stack(got, 1) - want).max())
+    errors = {label: float(np.abs(_ours_decode(m, prompt, steps) - want).max()) for label, m in ours.items()}
+    errors["mobius"] = float(np.abs(_mobius_decode(mob, prompt, steps) - want).max())
     print(f"parity vs transformers, max |logits diff| (logits up to {np.abs(want).max():.1f}): "
-          f"ours {ours_err:.2e}, mobius {mob_err:.2e}")
+          + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
 
     ids = rng.integers(0, 50277, (1, 1024))
-    _, ours_state = ours.step(ids[:, :16], ours.start(1), last_only=True)
-    _, mob_state = mob.run(ids[:, :16], mob.zeros(1))
     token = np.array([7])
-    cases = {
-        "ours_prefill": (lambda: ours.step(ids, ours.start(1), last_only=True), 1),
-        "mobius_prefill": (lambda: mob.run(ids, mob.zeros(1)), 1),
-        "ours_step": (lambda: ours.step(token, ours_state), 10),
-        "mobius_step": (lambda: mob.run(token[:, None], mob_state), 10),
-        "transformers_prefill": (lambda: hf(torch.from_numpy(ids)), 1),
-    }
+    cases = {}
+    for label, m in ours.items():
+        _, state = m.step(ids[:, :16], m.start(1), last_only=True)
+        cases[f"{label}_prefill"] = (lambda m=m: m.step(ids, m.start(1), last_only=True), 1)
+        cases[f"{label}_step"] = (lambda m=m, state=state: m.step(token, state), 10)
+    _, mob_state = mob.run(ids[:, :16], mob.zeros(1))
+    cases["mobius_prefill"] = (lambda: mob.run(ids, mob.zeros(1)), 1)
+    cases["mobius_step"] = (lambda: mob.run(token[:, None], mob_state), 10)
+    cases["transformers_prefill"] = (lambda: hf(torch.from_numpy(ids)), 1)
     times = {name: [] for name in cases}
     with torch.no_grad():
         for r in range(rounds):
@@ -117,20 +135,21 @@ def compare(hf_dir: str, ours_dir: str, mobius_dir: str, rounds: int = 5) -> Non
             print("round", r, {k: round(v[-1], 1) for k, v in times.items()}, flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     print("medians, ms:", {k: round(v, 1) for k, v in med.items()})
-    print(f"prefill of 1024: ours / mobius {med['ours_prefill'] / med['mobius_prefill']:.3f}, "
-          f"ours / transformers {med['ours_prefill'] / med['transformers_prefill']:.3f}")
-    print(f"step: ours / mobius {med['ours_step'] / med['mobius_step']:.3f}")
+    for label in ours:
+        print(f"{label}: prefill of 1024 / mobius {med[f'{label}_prefill'] / med['mobius_prefill']:.3f}, "
+              f"/ transformers {med[f'{label}_prefill'] / med['transformers_prefill']:.3f}; "
+              f"step / mobius {med[f'{label}_step'] / med['mobius_step']:.3f}")
 
     ckpt = load_checkpoint(hf_dir)
     with torch.no_grad():
         start = time.perf_counter()
         ckpt.model(torch.from_numpy(ids), scan=ssd_sequential)
         sequential = (time.perf_counter() - start) * 1e3
-    print(f"sequential reference prefill of 1024: {sequential:.0f} ms; ours / sequential "
-          f"{med['ours_prefill'] / sequential:.3f}")
+    print(f"sequential reference prefill of 1024: {sequential:.0f} ms; "
+          + ", ".join(f"{label} / sequential {med[f'{label}_prefill'] / sequential:.3f}" for label in ours))
     weights = sum(p.numel() for n, p in ckpt.model.named_parameters() if not n.startswith("backbone.embedding."))
     weights = (weights + ckpt.model.lm_head.weight.numel()) * 4
-    state_bytes = 2 * sum(a.nbytes for a in ours_state.arrays.values())  # read and written
+    state_bytes = 2 * sum(a.nbytes for a in next(iter(ours.values())).start(1).arrays.values())  # read and written
     big = np.ones(2**26, np.float32)
     big.sum()
     start = time.perf_counter()
@@ -139,12 +158,13 @@ def compare(hf_dir: str, ours_dir: str, mobius_dir: str, rounds: int = 5) -> Non
     gbs = 5 * big.nbytes / (time.perf_counter() - start) / 1e9
     bound = (weights + state_bytes) / gbs / 1e6
     print(f"step reads {weights / 1e6:.0f} MB of weights + {state_bytes / 1e6:.1f} MB of state at {gbs:.1f} GB/s "
-          f"(numpy sum, this run): bound {bound:.2f} ms; ours {med['ours_step']:.2f} ms = "
-          f"{med['ours_step'] / bound:.2f}x")
+          f"(numpy sum, this run): bound {bound:.2f} ms; "
+          + ", ".join(f"{label} {med[f'{label}_step']:.2f} ms = {med[f'{label}_step'] / bound:.2f}x" for label in ours)
+          + f", mobius {med['mobius_step']:.2f} ms = {med['mobius_step'] / bound:.2f}x")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["checkpoint"]:
         checkpoint(sys.argv[2])
     else:
-        compare(sys.argv[2], sys.argv[3], sys.argv[4], *(int(a) for a in sys.argv[5:6]))
+        compare(sys.argv[2], sys.argv[3].split(","), sys.argv[4], *(int(a) for a in sys.argv[5:6]))
