@@ -33,6 +33,23 @@ from seqexport.runtime.session import cuda_usable
 
 DEFAULT_CONTEXTS = (16, 64, 256, 1024, 4096)
 SRC_LEN = 32
+# a 1-minute load average above this share of the cores: other work is taking CPU the timed
+# steps need (on 2 cores at load 8-9 the base transformer's step read 45 ms for a quiet 5-9)
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def check_quiet(allow_busy: bool = False, log: Callable[[str], None] | None = None) -> float:
+    """The 1-minute load average; UsageError when the machine is busy (unless `allow_busy`,
+    which only warns): the figures would measure the other work, not the model."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > BUSY_LOAD_PER_CORE * cores:
+        message = (f"the machine is busy: load average {load:.1f} on {cores} cores (quiet: <= "
+                   f"{BUSY_LOAD_PER_CORE * cores:g}); the timings would measure the other work")
+        if not allow_busy:
+            raise UsageError(message + "; wait for a quiet machine, or allow it (allow_busy / --busy)")
+        if log:
+            log("warning: " + message)
+    return load
 
 
 def _providers(providers) -> list[str]:
@@ -58,12 +75,14 @@ def _point(rt, bench, batch: int, context: int, repeats: int, rng) -> dict:
 
 def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, providers=None, threads: int = 2,
                     repeats: int = 5, batch: int = 1, log: Callable[[str], None] | None = None,
-                    bandwidth_mb: int = 512) -> dict:
+                    bandwidth_mb: int = 512, allow_busy: bool = False) -> dict:
     """Per-token decode latency and cache/state bytes at each context, for each labelled folder.
 
     The family's bench module builds the state (`decode_state`) and says which contexts
-    the model can hold (`check_contexts`)."""
+    the model can hold (`check_contexts`). Refused on a busy machine (`check_quiet`) unless
+    `allow_busy`."""
     log = log or (lambda msg: None)
+    check_quiet(allow_busy, log)
     rng = np.random.default_rng(0)
     result = {"contexts": list(contexts), "threads": threads, "batch": batch, "src_len": SRC_LEN,
               "repeats": repeats, "load_average_start": list(os.getloadavg()), "models": []}
