@@ -47,6 +47,8 @@ def test_damaged_transformer_decoder_fails_and_names_the_layer(transformer_tiny,
     assert result.exit_code == 1, result.output
     assert "result: FAIL" in result.output and "logits" in result.output
     assert "decoder.layers.1.ffn" in result.output
+    fails = [line for line in result.output.splitlines() if line.lstrip().startswith("FAIL")]
+    assert fails and all("max abs" in line and "needs atol" in line for line in fails)  # how far off, too
     report = json.loads(report_path.read_text())
     failing = [c for c in report["checks"]["graphs"]["cases"] if not c["passed"]]
     assert failing and all(c["label"].startswith("decoder") for c in failing)  # the encoder is untouched

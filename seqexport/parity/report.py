@@ -109,7 +109,7 @@ class Report:
             for c in (c for c in self.cases if c.check == check):
                 worst = max(c.outputs, key=lambda o: o.needed_atol, default=None)
                 detail = (f"max abs {worst.max_abs:.2e} (worst {worst.name}, needs atol {worst.needed_atol:.1e})"
-                          if worst else "")
+                          if worst is not None else "")
                 lines.append(f"  {'ok  ' if c.passed else 'FAIL'} {c.label:44} {detail} {c.note}".rstrip())
                 for o in c.outputs:
                     if not o.passed:
