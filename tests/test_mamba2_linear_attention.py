@@ -1,9 +1,10 @@
-"""`seqexport export mamba2 --ssd linear-attention`: the conv and the SSD as ONNX Runtime's
-com.microsoft CausalConvWithState and LinearAttention(update_rule="gated") kernels, against
-transformers' own `Mamba2ForCausalLM` (its torch path) on the random tiny configs of
+"""`seqexport export mamba2 --ssd linear-attention` (the default): the conv and the SSD as ONNX
+Runtime's com.microsoft CausalConvWithState and LinearAttention(update_rule="gated") kernels,
+against transformers' own `Mamba2ForCausalLM` (its torch path) on the random tiny configs of
 tests/test_mamba2_export.py (n_groups 1 and 2, softplus(Δ) ≈ 1–3): prompts of 1, 17 and 300
 tokens then 20 single steps, right-padded rows in one prefill, the artifact's state layout
-unchanged, validate, and a bad --ssd."""
+unchanged, validate, and a bad --ssd. `--ssd matmul` (plain ONNX ops) against transformers
+too."""
 
 import json
 
@@ -23,7 +24,7 @@ def exported(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"mamba2-la-g{request.param}")
     hf = hf_model(request.param)
     hf.save_pretrained(tmp / "hf")
-    return hf, export(tmp / "hf", tmp / "export", "--ssd", "linear-attention"), tmp / "export"
+    return hf, export(tmp / "hf", tmp / "export"), tmp / "export"  # the default --ssd
 
 
 def _ops(path) -> list[tuple[str, str]]:
@@ -45,7 +46,7 @@ def test_both_graphs_use_the_fused_kernels_and_keep_the_state_layout(exported):
         assert spec.input("past_ssm_state.1").dims == ("batch", h, c["headdim"], c["d_state"])
         assert spec.output("present_ssm_state.1").dtype == "float32"
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["export_options"]["ssd"] == "linear-attention"
+    assert manifest["export_options"]["ssd"] == "linear-attention"  # the default
 
 
 @pytest.mark.parametrize("length", [1, 17, 300])
@@ -116,3 +117,29 @@ def test_a_bad_ssd_form_is_one_line_exit_2(tmp_path):
     with pytest.raises(UsageError, match="'scan'.*matmul, linear-attention"):
         export_mamba2(load_checkpoint(tmp_path / "hf"), None, tmp_path / "o", ssd="scan")
     assert not (tmp_path / "o").exists()
+
+
+def test_the_matmul_form_has_no_fused_kernel_and_equals_transformers(tmp_path):
+    hf = hf_model(2)
+    hf.save_pretrained(tmp_path / "hf")
+    m = export(tmp_path / "hf", tmp_path / "export", "--ssd", "matmul")
+    for graph in ("prefill", "step"):
+        assert not [op for domain, op in _ops(tmp_path / "export" / f"{graph}.onnx") if domain], graph
+    g = torch.Generator().manual_seed(7)
+    prompt, steps = torch.randint(0, V, (2, 150), generator=g), torch.randint(0, V, (2, 20), generator=g)
+    want, want_states = hf_decode(hf, prompt, steps)
+    logits, state = m.step(prompt.numpy(), m.start(2), last_only=True)
+    got = [logits[:, 0]]
+    for token in steps.T:
+        logits, state = m.step(token.numpy(), state)
+        got.append(logits)
+    np.testing.assert_allclose(np.stack(got, 1), want, atol=TOL, rtol=0)
+    for i, (conv, ssm) in enumerate(want_states):
+        np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"], conv, atol=TOL, rtol=0)
+        np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"], ssm, atol=TOL, rtol=0)
+    rows = [list(map(int, np.random.default_rng(8).integers(0, V, n))) for n in (70, 3, 20)]
+    logits, state = m.begin(rows)  # right-padded in one prefill
+    for r, row in enumerate(rows):
+        want, _ = hf_decode(hf, torch.tensor([row]), torch.zeros((1, 0), dtype=torch.long))
+        np.testing.assert_allclose(logits[r], want[0, -1], atol=TOL, rtol=0)
+

@@ -1,10 +1,13 @@
-"""Mamba-2 -> prefill.onnx (the chunked SSD: matrix products within and between chunks, no
-per-token loop) + step.onnx, with explicit state.
+"""Mamba-2 -> prefill.onnx (the whole prompt at once, no per-token loop) + step.onnx, with
+explicit state.
 
 Both graphs take and return every layer's (conv_state, ssm_state); zeros start a fresh
-sequence. The prefill is the model's own `forward` with the chunked SSD (`ssd.ssd_grouped`) as its scan; right-padded
-rows (export.ragged) get Δ = 0 past their end, which keeps the SSM state exactly. The step
-graph is the model's one-token `step`: no loop in it.
+sequence. The prefill is the model's own `forward`; right-padded rows (export.ragged) get
+Δ = 0 past their end, which keeps the SSM state exactly. The step graph is the model's
+one-token `step`: no loop in it. `--ssd` picks how each layer's SSD and conv are written:
+ONNX Runtime's fused com.microsoft LinearAttention + CausalConvWithState kernels in both
+graphs (`linear_attention`, the default), or plain ONNX ops (`matmul`: the chunked SSD as
+MatMuls, `ssd.ssd_grouped`, as the model's scan).
 """
 
 import contextlib
@@ -35,11 +38,13 @@ def specs_for(config, dtype: str = "float32") -> dict[str, GraphSpec]:
 # (the within-chunk products grow with the chunk; fewer chunks save less than that costs).
 CHUNK = 64
 
-# --ssd: how the prefill's SSD and the conv are written. "matmul": plain ONNX ops (the chunked
-# SSD as MatMuls, `ssd.ssd_grouped`; the conv a Conv); "linear-attention": ONNX Runtime's fused
+# --ssd: how the SSD and the conv are written. "matmul": plain ONNX ops (the chunked SSD as
+# MatMuls, `ssd.ssd_grouped`; the conv a Conv); "linear-attention": ONNX Runtime's fused
 # com.microsoft LinearAttention and CausalConvWithState kernels, in both graphs (`linear_attention`).
+# The default: the mamba2-130m shape's prefill of 1024 tokens (2 threads, medians of 5 alternating
+# rounds on a loaded machine) took 6.9 s against 8.2 s as MatMuls, its step 225 ms against 222.
 SSD_FORMS = ("matmul", "linear-attention")
-SSD = "matmul"
+SSD = "linear-attention"
 
 
 def chunk_of(config, manifest: dict | None = None) -> int:
