@@ -5,7 +5,7 @@ layers and replaced conv/SSM tensors in the Mamba-2 layers. The declaration the 
 
 import click
 
-from seqexport.export.attention import ATTENTIONS
+from seqexport.families.attention import ATTENTIONS
 from seqexport.families.base import Family
 from seqexport.families.hybrid.presets import PRESETS
 from seqexport.families.recurrent import GRAPHS

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from seqexport.export import DEFAULT_OPSET, ragged
-from seqexport.export.attention import check_attention
 from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
 from seqexport.export.parallel import GraphJob, export_graphs
+from seqexport.families.attention import check_attention
 from seqexport.families.hybrid.attention import fused_attention
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
 from seqexport.families.mamba2.export import CHUNK, _conv_state_at_ends

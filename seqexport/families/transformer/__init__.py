@@ -3,7 +3,7 @@ explicit KV cache. The declaration the registry reads (torch-free); see `familie
 
 import click
 
-from seqexport.export.attention import ATTENTIONS
+from seqexport.families.attention import ATTENTIONS
 from seqexport.families.base import Family
 
 FAMILY = Family(

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from seqexport.export import DEFAULT_OPSET
-from seqexport.export.attention import check_attention
 from seqexport.export.common import (
     dynamic_shapes_for,
     model_in_dtype,
     write_artifact,
 )
 from seqexport.export.parallel import GraphJob, export_graphs
+from seqexport.families.attention import check_attention
 from seqexport.families.transformer.decoder_graph import FastDecoderGraph, FusedDecoderGraph
 from seqexport.families.transformer.specs import graph_specs
 from seqexport.models.transformer import Transformer
