@@ -18,6 +18,7 @@ holds them: what a branch paid for was fresh memory, not copying (see `CopyPool`
 """
 
 import sys
+import threading
 
 import numpy as np
 
@@ -82,6 +83,9 @@ class CopyPool:
     def __init__(self, keep: int = 2):
         self.keep = keep
         self._held: list[np.ndarray] = []
+        # one loaded model serves concurrent calls from several threads: two branches must not
+        # both take one free buffer
+        self._lock = threading.Lock()
 
     def _unused(self, i: int) -> bool:
         return sys.getrefcount(self._held[i]) == 2  # the pool's list and this call's argument
@@ -89,6 +93,10 @@ class CopyPool:
     def copies(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """C-contiguous copies of `arrays`, in free held buffers of the same shape and dtype
         where there are some. Free buffers this branch did not take are let go."""
+        with self._lock:
+            return self._copies(arrays)
+
+    def _copies(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         free = [i for i in range(len(self._held)) if self._unused(i)]
         room = self.keep * sum(a.nbytes for a in arrays.values()) \
             - sum(a.nbytes for i, a in enumerate(self._held) if i not in free)
