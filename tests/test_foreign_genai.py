@@ -143,3 +143,13 @@ def test_a_damaged_genai_config_is_refused(genai, tmp_path, damage, message):
     (folder / "genai_config.json").write_text(json.dumps(config))
     result = CliRunner().invoke(cli, ["validate", str(folder), "--reference", str(genai["llama"])])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_float32_folder_passes_on_openvino_at_batch_1(genai, tmp_path):
+    """The same folder compiled by OpenVINO: batch 1 passes. (OpenVINO 2026.4.1 refuses this graph
+    at batch 2 in a Reshape on the first call: docs/validate-other-tools.md.)"""
+    pytest.importorskip("openvino")
+    result, report = validate(genai["fp32"], genai["llama"], tmp_path, "--runtime", "openvino", "--batch", "1")
+    assert result.exit_code == 0, result.output
+    assert "openvino" in report["provider"].lower() or "openvino" in result.output
+    print("genai fp32 openvino batch 1", figures(report))

@@ -120,3 +120,11 @@ def test_inspect_shows_the_mobius_map(mobius):
     assert "past_key_values.0.ssm_state <- present.0.ssm_state (replaced, ssm_transposed)" in result.output
     assert "past_key_values.2.conv_state <- present.2.conv_state (replaced, conv_window)" in result.output
     assert "past_key_values.1.key <- present.1.key (appended)" in result.output
+
+
+def test_openvino_refuses_mobius_fused_ops_by_name(mobius):
+    pytest.importorskip("openvino")
+    ckpt, folder = mobius["mamba2"]
+    result = CliRunner().invoke(cli, ["validate", str(folder), "--reference", str(ckpt), "--runtime", "openvino"])
+    assert result.exit_code == 2, result.output
+    assert "com.microsoft.CausalConvWithState" in result.output and "--runtime onnxruntime" in result.output
