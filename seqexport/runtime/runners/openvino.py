@@ -75,7 +75,8 @@ def compile_onnx(path: Path, label: str, threads: int | None = None):
         if ops:
             raise ArtifactError(
                 f"{label}: OpenVINO {version()} cannot run {Path(path).name}: no conversion for "
-                f"{', '.join(ops)} (an ONNX Runtime-only op); validate it with --runtime onnxruntime") from None
+                f"{', '.join(ops)} ({'an ONNX Runtime-only op' if len(ops) == 1 else 'ONNX Runtime-only ops'}); "
+                "validate it with --runtime onnxruntime") from None
         raise ArtifactError(f"{label}: OpenVINO cannot load {path}: {_first_line(e)}") from None
 
 
