@@ -19,17 +19,26 @@ import torch
 from seqexport.parity.compare import compare
 
 SCOPE = re.compile(r"^/((?:[^/]+/)*?(?:layers|layer|h|blocks|block)\.\d+)/")
+SKIP_NORMS = ("SkipSimplifiedLayerNormalization", "SkipLayerNormalization")  # com.microsoft: out 3 = input + skip
 
 
 def layer_values(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """(module path, value name) of every numbered layer scope's last top-level node, in graph order."""
+    """(module path, value name) of every numbered layer scope's last top-level node, in graph order.
+
+    Where that value is the skip input of a fused Skip*Normalization (onnxruntime-genai's graphs:
+    the residual add moved into the next layer's norm), the layer's output is that node's
+    input + skip output (index 3), and a layer whose fused sum is not exposed (the final norm's)
+    is left out: its last value is not the residual stream the reference module returns."""
     last: dict[str, str] = {}
     for node in model.graph.node:
         m = SCOPE.match(node.name)
         if m and node.output:
             last.pop(m[1], None)  # keep graph order of each scope's end
             last[m[1]] = node.output[0]
-    return [(scope.replace("/", "."), value) for scope, value in last.items()]
+    fused = {n.input[1]: (n.output[3] if len(n.output) > 3 else "") for n in model.graph.node
+             if n.op_type in SKIP_NORMS and len(n.input) > 1}
+    return [(scope.replace("/", "."), fused.get(value, value)) for scope, value in last.items()
+            if fused.get(value, value)]
 
 
 def locate(model, ref, tokens: np.ndarray, src, chunks: list[int], call: int, atol, rtol) -> str:
