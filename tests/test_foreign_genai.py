@@ -104,6 +104,9 @@ def test_float32_copy_with_a_moved_weight_fails(genai, tmp_path):
     assert "final past_key_values.1.key" in failed and "final past_key_values.0.key" not in failed
     assert "first diverging position 0: call 0" in result.output
     assert "first layer whose state diverges: layer 1" in result.output
+    # the residual stream after layer 0 is the next norm's fused sum (SkipSimplifiedLayerNormalization)
+    assert "first diverging layer: model.layers.0 (graph value /model/layers.1/input_layernorm/output_3)" \
+        in result.output
     assert any("a real divergence" in c["note"] for c in report["checks"]["free_running"]["cases"])
     print("genai fp32 moved", figures(report))
 
@@ -119,6 +122,7 @@ def test_builder_output_with_logits_from_the_wrong_layer_fails(genai, tmp_path):
     assert result.exit_code == 1, result.output
     failed = failing(report)
     assert "logits position 0" in failed and not any(n.startswith("final") for n in failed)
+    assert "no single layer's output diverges" in result.output  # layer 0's output is right: the head is not
     print("genai head mix-up", figures(report))
 
 
