@@ -31,6 +31,10 @@ from tests.damage import damaged_copy
 pytest.importorskip("openvino", reason="the openvino extra (make setup installs it)")
 
 FAMILIES = ("transformer", "mamba", "rwkv", "mamba2", "hybrid")
+# Mamba-2's default export uses ONNX Runtime's com.microsoft LinearAttention and CausalConvWithState,
+# which OpenVINO cannot convert (refused: test_mamba2_default_export_is_refused_by_name); its plain-op
+# form is what OpenVINO runs.
+OPENVINO_FORM = {"mamba2": {"ssd": "matmul"}}
 STEPS = 10  # decode steps of each validate (the default 20 in the figures of docs/parity.md)
 
 
@@ -83,7 +87,7 @@ def tiny(request, tmp_path_factory):
         if family not in made:
             torch.manual_seed(0)
             out = tmp_path_factory.mktemp("openvino") / f"{family}-tiny"
-            export_model(build_preset(family, "tiny", seed=0), "tiny", out)
+            export_model(build_preset(family, "tiny", seed=0), "tiny", out, **OPENVINO_FORM.get(family, {}))
             made[family] = out
         return made[family]
 
@@ -121,10 +125,35 @@ def test_tiny_preset_on_openvino(tiny, family):
     expect_openvino_report(validate(folder, runtime="openvino", steps=STEPS, write_summary=False), folder)
 
 
+@pytest.fixture(scope="module")
+def bundled(bundled_exports, tmp_path_factory):
+    """family -> exported folder of its bundled model in the form OpenVINO runs (OPENVINO_FORM):
+    the shared session fixture's export where that is the default form."""
+
+    from seqexport.checkpoints import bundled as bundled_checkpoint
+    from seqexport.checkpoints.io import load_checkpoint
+    from seqexport.export import export_model
+
+    made = {}
+
+    def get(family):
+        if family not in OPENVINO_FORM:
+            return bundled_exports(family)[1]
+        if family not in made:
+            out = tmp_path_factory.mktemp("openvino-bundled") / family
+            config = json.loads((bundled_checkpoint(family) / "config.json").read_text())
+            export_model(load_checkpoint(bundled_checkpoint(family)), None, out, tokenizer=config["tokenizer"],
+                         **OPENVINO_FORM[family])
+            made[family] = out
+        return made[family]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bundled_model_on_openvino(bundled_exports, family):
-    _, folder = bundled_exports(family)
+def test_bundled_model_on_openvino(bundled, family):
+    folder = bundled(family)
     expect_openvino_report(validate(folder, runtime="openvino", steps=STEPS, write_summary=False), folder)
 
 
@@ -185,6 +214,14 @@ def test_op_openvino_cannot_convert_is_refused_by_name(tiny, tmp_path):
     assert result.exit_code == 2
     assert "com.microsoft.Inverse" in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.slow
+def test_mamba2_default_export_is_refused_by_name(bundled_exports):
+    """The bundled Mamba-2 exported as by default (ONNX Runtime's fused kernels): one clear refusal."""
+    with pytest.raises(ArtifactError, match=r"graph 'prefill': OpenVINO .* no conversion for "
+                                            r"com\.microsoft\.CausalConvWithState, com\.microsoft\.LinearAttention"):
+        load(bundled_exports("mamba2")[1], runtime="openvino")
 
 
 def test_openvino_outputs_equal_onnx_runtime_step_by_step(tiny):
