@@ -13,7 +13,7 @@ import pytest
 
 import seqexport.runtime as rt
 from seqexport.bench.branch import branch_vs_advance, main
-from seqexport.bench.cases import advancing_step, branch_step
+from seqexport.bench.cases import advancing_step, branch_step, regenerate_step
 from seqexport.bench.run import format_table, run_bench
 from seqexport.families.hybrid.specs import graph_specs as hybrid_specs
 from seqexport.state.appended import CopyPool
@@ -60,6 +60,27 @@ def test_a_buffer_a_state_or_a_view_holds_is_never_reused(layout):
         assert not np.shares_memory(other.arrays[KEY], held.arrays[KEY])
         assert not np.shares_memory(other.arrays[KEY], view)
     assert (held.arrays[KEY][0, :, 6] == 2).all() and (view[0, :, 6] == 3).all()
+
+
+def test_once_the_newer_states_are_let_go_an_earlier_one_writes_in_place(layout):
+    prompt = filled(layout, 1, [6], 3)
+    kept = prompt.arrays[KEY].copy()
+    first = _step(layout, _step(layout, prompt, 1.0), 1.5)  # a continuation of two steps
+    del first  # let go ("regenerate"): nothing newer than the prompt is held
+    again = _step(layout, prompt, 2.0)
+    assert np.shares_memory(again.arrays[KEY], prompt.arrays[KEY]) and layout.pool._held == []
+    np.testing.assert_array_equal(again.arrays[KEY][0, :, :6], kept[0, :, :6])
+    assert (again.arrays[KEY][0, :, 6] == 2).all()
+
+
+def test_a_held_state_between_keeps_the_earlier_one_copying(layout):
+    prompt = filled(layout, 1, [6], 4)
+    middle = _step(layout, prompt, 1.0)  # held
+    newest = _step(layout, middle, 1.5)
+    del newest  # the newest is gone, but `middle` still reads slot 6
+    branch = _step(layout, prompt, 2.0)
+    assert not np.shares_memory(branch.arrays[KEY], middle.arrays[KEY])
+    assert (middle.arrays[KEY][0, :, 6] == 1).all() and (branch.arrays[KEY][0, :, 6] == 2).all()
 
 
 def test_the_pool_keeps_at_most_its_branches_worth():
@@ -118,6 +139,9 @@ def test_the_advancing_step_writes_in_place_and_the_branch_copies(transformer_ti
         advance()
     assert m.layout.pool._held == []  # no step copied the cache
     for _ in range(3):
+        regenerate_step(m, np.array([5]), prompt)()
+    assert m.layout.pool._held == []  # nothing newer held: written in place
+    for _ in range(3):
         branch()
     # every branch copied, each into the buffers the one before let go
     assert len(m.layout.pool._held) == len(m.layout.axes)
@@ -132,6 +156,7 @@ def test_bench_shows_the_branch_beside_the_advancing_step(transformer_tiny, caps
     assert "ORT branch" in format_table(result)
     out = branch_vs_advance(folder, [4, 16], repeats=3)
     assert out["family"] == "transformer" and [r["context"] for r in out["rows"]] == [4, 16]
-    assert all(r["branch_over_advance"] > 0 and r["first_branch_ms"] > 0 for r in out["rows"])
+    assert all(r["branch_over_advance"] > 0 and r["regenerate_over_advance"] > 0 and r["first_branch_ms"] > 0
+               for r in out["rows"])
     main([str(folder), "--contexts", "8", "--repeats", "2"])
     assert "branch/advance" in capsys.readouterr().out

@@ -89,3 +89,13 @@ def branch_step(rt, tokens: np.ndarray, state: State) -> Callable[[], object]:
     earlier = _owned(state)
     _, later = rt.step(tokens, earlier)  # `earlier` is no longer the newest over its buffers
     return lambda: (later, rt.step(tokens, earlier))[1]
+
+
+def regenerate_step(rt, tokens: np.ndarray, state: State) -> Callable[[], object]:
+    """The runtime's step from an earlier state once the continuations made from it are let go
+    ("regenerate"): each call steps `state`'s owned copy again and drops the result, so no newer
+    state is held and an appended cache is written in place, not copied."""
+    if _lengths_input(rt) is None:
+        return lambda: rt.step(tokens, state)
+    earlier = _owned(state)
+    return lambda: rt.step(tokens, earlier) and None

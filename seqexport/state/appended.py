@@ -11,9 +11,10 @@ what continuous batching needs.
 Buffers grow by about a sixteenth when full (amortised: a few slots copied per step; a step
 reads every slot, masked, so spare slots cost reading time: an eighth spare at 4096 tokens
 was about 0.4 ms of the base decoder's 15) and are shared between a state and the next one.
-A state may write only while it is the newest over its buffers (`State.writer`); stepping an
-older state again (a branch) copies first, so an earlier state is never changed under its
-holder. The copies are made in buffers a `CopyPool` keeps for the next branch once no state
+A state may write only while it is the newest over its buffers (`State.writer`), or once no
+newer state over them is still held (the previous continuation was let go: "regenerate" writes
+in place); stepping an older state again while a newer one is held (a branch) copies first, so
+an earlier state is never changed under its holder. The copies are made in buffers a `CopyPool` keeps for the next branch once no state
 holds them: what a branch paid for was fresh memory, not copying (see `CopyPool`). numpy only.
 """
 

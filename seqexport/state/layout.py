@@ -73,10 +73,10 @@ class StateLayout:
 
     def writable(self, state: State, t: int) -> tuple[dict, list, list[int]]:
         """The arrays a step of t tokens may write its new positions into, their writer list,
-        and the rows' lengths: the state's own buffers when it is their newest state, else
-        copies (stepping an older state again — a branch — must not change what its successors
-        hold); grown when t more do not fit. A decode step is a hot path: the common case
-        touches no array."""
+        and the rows' lengths: the state's own buffers when it is their newest state or no newer
+        one is still held, else copies (stepping an older state again — a branch — must not
+        change what its successors hold); grown when t more do not fit. A decode step is a hot
+        path: the common case touches no array."""
         lengths = to_numpy(state.arrays[self.lengths])
         first_name = next(iter(self.axes))
         first = state.arrays[first_name]
@@ -91,12 +91,29 @@ class StateLayout:
         if need > capacity:  # grown: each buffer copied once into a larger one
             grown = buffers.resized({name: to_numpy(state.arrays[name]) for name in self.axes}, self.axes,
                                     buffers.capacity_for(need, self.limit))
-        elif state.writer is None or state.writer[0] is None or state.writer[0]() is not state:
+        elif not self._may_write(state, lengths):
             # an older state (a branch): copied once, into buffers an earlier branch let go
             grown = self.pool.copies({name: to_numpy(state.arrays[name]) for name in self.axes})
-        else:  # the newest state over its buffers: the step writes into them in place
+        else:  # the newest state over its buffers, or no newer one is held: written in place
             return state.arrays, state.writer, counts
-        return state.arrays | grown, [None], counts
+        return state.arrays | grown, [None, []], counts
+
+    def _may_write(self, state: State, lengths: np.ndarray) -> bool:
+        """Whether a step from `state` may write into its buffers in place: it is their newest
+        state, or no state still held over them has a slot past its rows' lengths (the newer
+        ones were let go: "regenerate" once the previous continuation is dropped)."""
+        writer = state.writer
+        if writer is None:
+            return False
+        if writer[0] is not None and writer[0]() is state:
+            return True  # the decode loop's case
+        for ref in writer[1]:
+            other = ref()
+            if other is not None and other is not state:
+                theirs = to_numpy(other.arrays[self.lengths])
+                if theirs.shape != lengths.shape or (theirs > lengths).any():
+                    return False
+        return True
 
     def append(self, arrays: dict, writer: list, new: dict[str, np.ndarray], counts: list[int],
                advance) -> State:
@@ -109,6 +126,10 @@ class StateLayout:
         lengths = lengths + advance
         state = State(arrays | {self.lengths: lengths}, int(lengths.max()), writer)
         writer[0] = weakref.ref(state)  # not the state itself: a cycle would keep its buffers until gc runs
+        held = writer[1]  # every state over these buffers, weakly: what a step from an older one may write over
+        held.append(writer[0])
+        if len(held) > 32:
+            held[:] = [r for r in held if r() is not None]
         return state
 
     # --- rows joining and leaving --------------------------------------------------------------

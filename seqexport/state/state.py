@@ -23,10 +23,10 @@ class State:
 
     arrays: dict[str, np.ndarray]
     length: int = 0
-    # Appended state (seqexport.state.appended): the one-item list shared by every state
-    # over the same buffers, a weak reference to the newest, the only one that may write into
-    # them in place (weak: a state that named itself would live, buffers and all, until the
-    # cyclic gc ran; a dropped state's buffers are free at once, for the next branch to reuse).
+    # Appended state (seqexport.state.appended): the list shared by every state over the same
+    # buffers: [a weak reference to the newest, the only one that may write into them in place;
+    # weak references to every state over them] (weak: a state that named itself would live,
+    # buffers and all, until the cyclic gc ran; a dropped state's buffers are free at once).
     writer: list | None = field(default=None, repr=False, compare=False)
     # The engine's running batch of a recurrent model (seqexport.runtime.row_buffers): the
     # buffers these arrays are the first rows of.
@@ -54,7 +54,8 @@ class State:
 
     def owning(self) -> "State":
         """This state as the sole writer of its arrays (they are its own copies)."""
-        self.writer = [weakref.ref(self)]
+        me = weakref.ref(self)
+        self.writer = [me, [me]]
         return self
 
     @staticmethod
