@@ -103,13 +103,13 @@ def test_runtime_and_family_declarations_import_no_torch():
 
 README_EXAMPLE = """
 from seqexport.checkpoints import build_preset
-from seqexport.families.transformer.export import export_transformer
+from seqexport.export import export_model
 from seqexport.parity.validate import validate
 import numpy as np
 import seqexport.runtime as rt
 
 ckpt = build_preset("transformer", "tiny")
-export_transformer(ckpt, "tiny", "exported/my-model")
+export_model(ckpt, "tiny", "exported/my-model")
 report = validate("exported/my-model", steps=4)
 assert report.passed, "\\n".join(report.failures())
 model = rt.load("exported/my-model")

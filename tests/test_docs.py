@@ -312,8 +312,8 @@ def test_out_folders_are_not_shared_between_pages():
 
 def test_readme_is_short_and_its_python_example_matches_the_install_test():
     """The README stays a first ten minutes, and its Python example does what
-    tests/test_architecture.py's README_EXAMPLE runs from a regular install (the same preset,
-    folder and runtime calls; README_EXAMPLE's older import paths named as still working)."""
+    tests/test_architecture.py's README_EXAMPLE runs from a regular install (the same imports,
+    preset, folder and runtime calls)."""
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
     tree = ast.parse((ROOT / "tests" / "test_architecture.py").read_text())
