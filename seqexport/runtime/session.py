@@ -2,7 +2,7 @@
 
 numpy + onnxruntime only. `Graph.run` refuses, before ORT sees them, inputs of the
 wrong rank, shape or dtype, and symbolic dims that disagree between inputs
-(e.g. a batch of 2 tokens with a state of batch 3): `runners.checked.CheckedGraph`, shared
+(e.g. a batch of 2 tokens with a state of batch 3): `checked_graph.CheckedGraph`, shared
 with the other runtimes' runners (`seqexport.runtime.runners`).
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from seqexport.errors import ArtifactError, InputError, UsageError
-from seqexport.runtime.runners.checked import CheckedGraph
+from seqexport.runtime.checked_graph import CheckedGraph
 from seqexport.specs import GraphSpec
 from seqexport.state.arrays import NP_DTYPES, ORT_TYPES, shape_and_dtype, to_numpy  # noqa: F401 (re-exported)
 

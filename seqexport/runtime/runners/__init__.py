@@ -1,7 +1,7 @@
 """The runtimes that run an export's graphs: name -> a runner class over one graph.
 
 A runner takes (path, spec, provider, threads, shared weights), checks feeds against the spec
-(`checked.CheckedGraph`) and has `run(feeds) -> {output name: numpy array}`, `provider` (what
+(`seqexport.runtime.checked_graph.CheckedGraph`) and has `run(feeds) -> {output name: numpy array}`, `provider` (what
 really runs, for reports) and `device`. ONNX Runtime's is `session.Graph`; OpenVINO's
 (`openvino`, an optional extra) compiles the same ONNX files. Another runtime (e.g.
 onnxruntime-node) is one more module and one more entry here.

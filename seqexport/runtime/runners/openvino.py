@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from seqexport.errors import ArtifactError, InputError, UsageError
-from seqexport.runtime.runners.checked import CheckedGraph
+from seqexport.runtime.checked_graph import CheckedGraph
 from seqexport.specs import GraphSpec
 from seqexport.state.arrays import NP_DTYPES, to_numpy
 
