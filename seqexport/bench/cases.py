@@ -57,7 +57,7 @@ def _owned(state: State) -> State:
 
 def _lengths_input(rt) -> str | None:
     """The input giving each row's valid appended slots, for a model with an appended state."""
-    layout = getattr(rt, "layout", None)
+    layout = rt.layout  # declared by every model (StepModel); None: no kinds kept
     return layout.lengths if layout is not None and layout.axes else None
 
 

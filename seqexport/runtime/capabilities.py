@@ -20,3 +20,6 @@ class StepModel:
     ragged_prefill: bool = False  # prompts of unequal length share one prefill run
     max_new_tokens_limit: int | None = None  # the most tokens one decode can make (a positional table)
     advance = None  # the engine's batched step that consumes the state it steps (RowBuffers), if any
+    # the StateLayout of a model that keeps its state by kinds (an appended KV cache among them);
+    # None: a model whose state is replaced whole at each step
+    layout = None
