@@ -50,8 +50,8 @@ from seqexport.checkpoints import build_preset
 
 real = transformer_export.exported_module
 
-def broken(model, graph):
-    module = real(model, graph)
+def broken(model, graph, *args):
+    module = real(model, graph, *args)
     if graph == "encoder":  # the first graph: traced in the forked process
         def fail(input_ids, attention_mask):
             raise RuntimeError("the encoder cannot be traced today")

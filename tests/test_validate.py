@@ -176,7 +176,8 @@ def test_validate_fails_when_the_decoder_causal_mask_is_off_by_one(tmp_path, mon
 
     real = tf_export.exported_module
     monkeypatch.setattr(tf_export, "exported_module",
-                        lambda model, graph: OffByOneCausalDecoder(model) if graph == "decoder" else real(model, graph))
+                        lambda model, graph, *args: OffByOneCausalDecoder(model) if graph == "decoder"
+                        else real(model, graph, *args))
     out = tmp_path / "off-by-one"
     tf_export.export_transformer(build_preset("transformer", "tiny", seed=1), "tiny", out)
     monkeypatch.undo()  # validate compares with the unmodified model
