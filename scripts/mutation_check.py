@@ -120,9 +120,8 @@ FAULTS = (
           "causal_hidden = later[None, :] > later[:, None]  # (t, t)",
           "causal_hidden = later[None, :] > later[:, None] + 1  # (t, t)", ("tests/test_transformer_export.py",)),
     Fault("M26", "exported decoder: positions restart at 0", "seqexport/families/transformer/decoder_graph.py",
-          "        self.model = model\n\n    def forward(self, input_ids, encoder_attention_mask, past_lengths, *past):\n",
-          "        self.model = model\n\n    def forward(self, input_ids, encoder_attention_mask, past_lengths, *past):\n"
-          "        past_lengths = 0 * past_lengths\n",
+          "positions = past_lengths[:, None] + torch.arange(t, device=input_ids.device)  # (b, t)",
+          "positions = 0 * past_lengths[:, None] + torch.arange(t, device=input_ids.device)  # (b, t)",
           ("tests/test_transformer_export.py",)),
     Fault("M27", "exported decoder: one slot past each row's length visible",
           "seqexport/families/transformer/decoder_graph.py",

@@ -57,9 +57,11 @@ class Reference:
         """The token an encoder-decoder's decoder starts from (its config's decoder_start_token_id)."""
         if not self.encoder_decoder:
             return None
-        start = getattr(self.config, "decoder_start_token_id", None)
-        if start is None:
-            start = getattr(getattr(self.model, "generation_config", None), "decoder_start_token_id", None)
+        # transformers 5 keeps generation's ids in the generation config; older configs carry them
+        start = self.config.to_dict().get("decoder_start_token_id")
+        generation = self.model.generation_config  # None for a model that cannot generate
+        if start is None and generation is not None:
+            start = generation.decoder_start_token_id
         return start if start is not None else self.config.pad_token_id
 
     def _forward(self, tokens: np.ndarray, src: np.ndarray | None, use_cache: bool):

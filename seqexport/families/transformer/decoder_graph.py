@@ -45,14 +45,21 @@ class FastDecoderGraph(nn.Module):
         super().__init__()
         self.model = model
 
+    def _embedded(self, input_ids, past_lengths):
+        """The new tokens' embeddings plus their positions' encodings, each row from its own
+        past length: (b, t) ids -> (b·t, d)."""
+        dec = self.model.decoder
+        b, t = input_ids.shape
+        positions = past_lengths[:, None] + torch.arange(t, device=input_ids.device)  # (b, t)
+        return (dec.embedding(input_ids) + dec.pe.pe[positions]).reshape(b * t, dec.embedding.embedding_dim)
+
     def forward(self, input_ids, encoder_attention_mask, past_lengths, *past):
         dec = self.model.decoder
         n = len(dec.layers)
         b, t = input_ids.shape
         c = past[2 * n].shape[2]
         d = dec.embedding.embedding_dim
-        positions = past_lengths[:, None] + torch.arange(t, device=input_ids.device)  # (b, t)
-        x = (dec.embedding(input_ids) + dec.pe.pe[positions]).reshape(b * t, d)  # (b·t, d)
+        x = self._embedded(input_ids, past_lengths)  # (b·t, d)
         # True where a score is hidden: cache slots at or past the row's length, later new
         # positions, source padding
         past_hidden = (torch.arange(c, device=x.device)[None, :] >= past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, c)
@@ -98,8 +105,7 @@ class FusedDecoderGraph(FastDecoderGraph):
         b, t = input_ids.shape
         c = past[2 * n].shape[2]
         d = dec.embedding.embedding_dim
-        positions = past_lengths[:, None] + torch.arange(t, device=input_ids.device)  # (b, t)
-        x = (dec.embedding(input_ids) + dec.pe.pe[positions]).reshape(b * t, d)  # (b·t, d)
+        x = self._embedded(input_ids, past_lengths)  # (b·t, d)
         slots = torch.arange(c, device=x.device)[None, :] < past_lengths[:, None]  # (b, c)
         later = torch.arange(t, device=x.device)
         causal = later[None, :] <= later[:, None]  # (t, t)
