@@ -3,6 +3,7 @@ token counts come from the requests, not from the timings)."""
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from seqexport.cli import cli
@@ -40,7 +41,7 @@ def test_bench_serve_over_http_counts_the_streamed_tokens(mamba_exports, tmp_pat
     _, folder = mamba_exports("loop")
     result, data = bench_serve(folder, tmp_path, "--clients", "2", "--requests", "4", "--max-tokens", "3",
                                "--threads", "1", "--http")
-    assert "over HTTP" in result.stdout
+    assert "over HTTP" in result.stdout and data["http"] == "no-ray"  # plain --http: `serve --no-ray`
     assert data["rows"]["2"]["continuous"]["tokens"] == data["one_at_a_time"]["tokens"]  # every SSE token seen
 
 
@@ -83,3 +84,31 @@ def test_bench_serve_max_rows_caps_the_batch_and_max_queue_is_refused(mamba_expo
     assert default["rows"]["3"]["continuous"]["rows_per_step"] > 1.0
     result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--clients", "3", "--max-queue", "5"])
     assert result.exit_code == 2 and "--max-queue 5" in result.output
+
+
+def test_bench_serve_http_all_puts_in_process_no_ray_and_ray_side_by_side(mamba_exports, tmp_path):
+    """--http all: each round runs the same requests in the engine, through a `serve --no-ray` and
+    through `serve`'s Ray Serve default, in turn; every SSE token is counted on both HTTP paths and
+    each HTTP / in process ratio is that round's HTTP tokens/s over its in-process tokens/s."""
+    _, folder = mamba_exports("loop")
+    result, data = bench_serve(folder, tmp_path, "--clients", "2", "--requests", "4", "--max-tokens", "3",
+                               "--http", "all", "--rounds", "2")
+    assert data["http"] == "all" and len(data["rounds"]) == 2
+    for r in data["rounds"]:
+        row = r["rows"]["2"]
+        for way in ("continuous", "http_no_ray", "http_ray", "static"):
+            assert row[way]["tokens"] == r["one_at_a_time"]["tokens"], way  # the same work, every token seen
+        for way in ("http_no_ray", "http_ray"):
+            assert row[f"{way}_vs_in_process"] == \
+                pytest.approx(row[way]["tokens_per_s"] / row["continuous"]["tokens_per_s"])
+    row = data["rows"]["2"]
+    assert len(row["http_ray_vs_in_process_rounds"]) == 2
+    assert row["http_ray_vs_in_process"] == pytest.approx(sum(row["http_ray_vs_in_process_rounds"]) / 2)
+    assert "HTTP, Ray Serve" in result.stdout and "HTTP / in process" in result.stdout
+    assert "http-ray" in result.stdout and "http-noray" in result.stdout
+
+
+def test_bench_serve_refuses_an_unknown_http_way(mamba_exports):
+    _, folder = mamba_exports("loop")
+    result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--http", "rays"])
+    assert result.exit_code == 2 and "--http" in result.output

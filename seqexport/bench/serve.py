@@ -177,20 +177,44 @@ def batched(model, work, batch: int) -> dict:
     return _figures(time.perf_counter() - start, tokens, ttft, gaps)
 
 
-def _http_server(folder, max_rows: int, n_requests: int, provider: str, threads: int | None, engine_options: dict,
-                 work: list):
-    """A started `serve --no-ray` subprocess with the bench's engine options, warmed up."""
+HTTP_MODES = ("no-ray", "ray")  # `serve --no-ray`, and `serve`'s default: its embedded Ray Serve
+HTTP_ALL = "all"  # in the engine, over HTTP without Ray and through Ray Serve, side by side
+
+
+def _http_server(folder, mode: str, max_rows: int, n_requests: int, provider: str, threads: int | None,
+                 engine_options: dict, work: list):
+    """A started `serve` subprocess (`mode`: "no-ray", `--no-ray`; "ray", the embedded Ray Serve
+    default, one replica) with the bench's engine options, warmed up."""
     from seqexport.serve.process import ServerProcess
 
-    args = ["--no-ray", "--max-rows", str(max_rows), "--max-queue", str(max(n_requests, 1)),
-            "--provider", provider] + (["--threads", str(threads)] if threads else [])
+    args = (["--no-ray"] if mode == "no-ray" else []) + [
+        "--max-rows", str(max_rows), "--max-queue", str(max(n_requests, 1)),
+        "--provider", provider] + (["--threads", str(threads)] if threads else [])
     for name in ("prefill_chunk", "start_batch"):
         if name in engine_options:
             args += ["--" + name.replace("_", "-"), str(engine_options[name])]
-    server = ServerProcess(folder, *args)
+    server = ServerProcess(folder, *args, ready_timeout=180)
     server.start()
-    over_http(server.url, work[:4], 1)  # warm up
+    try:
+        over_http(server.url, work[:4], 1)  # warm up
+    except BaseException:
+        server.stop()
+        raise
     return server
+
+
+def _http_modes(http) -> tuple[str, ...]:
+    """`http` as the HTTP paths measured: False/None none, True or "no-ray" as before, "ray",
+    or "all" (both, beside the engine in process)."""
+    if not http:
+        return ()
+    if http is True:
+        return ("no-ray",)
+    if http == HTTP_ALL:
+        return HTTP_MODES
+    if http not in HTTP_MODES:
+        raise ValueError(f"http: {http!r} is not one of {HTTP_MODES + (HTTP_ALL,)}")
+    return (http,)
 
 
 def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_tokens: int = 32,
@@ -214,6 +238,7 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
     work = [(p, int(n)) for p, n in zip(prompts, counts)]
     generate(model, prompts[:2], _options(max_tokens))  # warm up ORT's kernels
     engine_options.pop("max_queue", None)  # closed-loop clients: never more than `clients` wait
+    modes = _http_modes(http)
 
     def rows_for(c: int) -> int:
         return c if max_rows is None else min(c, max_rows)
@@ -222,29 +247,23 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
               "requests": n_requests, "max_tokens": max_tokens, "http": http, "max_rows": max_rows, "rows": {}}
     log(f"{model.family} from {folder} on {model.provider}: {n_requests} requests of "
         f"{max(1, max_tokens // 4)}-{max_tokens} tokens" + (f", {rounds} rounds" if rounds > 1 else ""))
-    server = _http_server(folder, rows_for(max(clients)), n_requests, provider, threads, engine_options,
-                          work) if http else None
+    servers: dict = {}
     measured = []
     try:
+        for mode in modes:
+            servers[mode] = _http_server(folder, mode, rows_for(max(clients)), n_requests, provider, threads,
+                                         engine_options, work)
         for r in range(rounds):
             one = batched(model, work, 1)
             rows = {}
             for c in clients:
-                if server is not None:
-                    cont = over_http(server.url, work, c)
-                else:
-                    engine = Engine(model, max_rows=rows_for(c), max_queue=max(n_requests, 1), **engine_options).start()
-                    try:
-                        cont = continuous(engine, work, c)
-                    finally:
-                        engine.close()
-                static = batched(model, work, rows_for(c))
-                rows[c] = {"continuous": cont, "static": static}
-                log(f"{f'round {r + 1}: ' if rounds > 1 else ''}{c} clients: continuous {cont['tokens_per_s']:.0f} "
-                    f"tok/s, static {static['tokens_per_s']:.0f} tok/s, one at a time {one['tokens_per_s']:.0f} tok/s")
+                rows[c] = _continuous_ways(model, work, c, rows_for(c), n_requests, servers,
+                                           side_by_side=http == HTTP_ALL, **engine_options)
+                rows[c]["static"] = batched(model, work, rows_for(c))
+                log(f"{f'round {r + 1}: ' if rounds > 1 else ''}{c} clients: " + _progress(rows[c], one))
             measured.append(_with_ratios(one, rows))
     finally:
-        if server is not None:
+        for server in servers.values():
             server.stop()
     if rounds == 1:
         result |= measured[0]
@@ -257,14 +276,51 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
     return result
 
 
+def _continuous_ways(model, work, clients: int, rows: int, n_requests: int, servers: dict, side_by_side: bool,
+                     **engine_options) -> dict:
+    """Continuous batching at `clients` clients, each way asked for, one after another: "continuous" the
+    engine in this process (or, alone over HTTP, the server); side by side, also "http_no_ray" and
+    "http_ray", the same work from clients of a `serve --no-ray` and of a Ray Serve `serve`."""
+    out = {}
+    if side_by_side or not servers:
+        engine = Engine(model, max_rows=rows, max_queue=max(n_requests, 1), **engine_options).start()
+        try:
+            out["continuous"] = continuous(engine, work, clients)
+        finally:
+            engine.close()
+    for mode, server in servers.items():
+        out[_http_key(mode) if side_by_side else "continuous"] = over_http(server.url, work, clients)
+    return out
+
+
+def _http_key(mode: str) -> str:
+    return "http_" + mode.replace("-", "_")  # http_no_ray, http_ray
+
+
+HTTP_KEYS = tuple(_http_key(m) for m in HTTP_MODES)
+HTTP_NAMES = {"continuous": "in process", "http_no_ray": "HTTP, no Ray", "http_ray": "HTTP, Ray Serve"}
+
+
+def _progress(row: dict, one: dict) -> str:
+    ways = [k for k in ("continuous", *HTTP_KEYS) if k in row]
+    names = HTTP_NAMES if len(ways) > 1 else {"continuous": "continuous"}
+    return ", ".join(f"{names[k]} {row[k]['tokens_per_s']:.0f} tok/s" for k in ways) + \
+        f", static {row['static']['tokens_per_s']:.0f} tok/s, one at a time {one['tokens_per_s']:.0f} tok/s"
+
+
+RATIOS = ("speedup_vs_one_at_a_time", "static_vs_one_at_a_time", "token_p50_vs_one_client",
+          *(f"{k}_{what}" for k in HTTP_KEYS for what in ("vs_one_at_a_time", "vs_in_process")))
+
+
 def _medians(measured: list[dict], clients) -> dict:
     """Every round's figures as medians (each ratio the median of the rounds' own)."""
     result: dict = {"rows": {}}
     result["one_at_a_time"] = _median_figures([m["one_at_a_time"] for m in measured])
     for c in clients:
         runs = [m["rows"][c] for m in measured]
-        row = {mode: _median_figures([x[mode] for x in runs]) for mode in ("continuous", "static")}
-        for key in ("speedup_vs_one_at_a_time", "static_vs_one_at_a_time", "token_p50_vs_one_client"):
+        row = {mode: _median_figures([x[mode] for x in runs])
+               for mode in ("continuous", "static", *HTTP_KEYS) if mode in runs[0]}
+        for key in RATIOS:
             values = [x[key] for x in runs if key in x]
             if values:
                 row[key] = float(np.median(values))
@@ -276,13 +332,18 @@ def _medians(measured: list[dict], clients) -> dict:
 
 def _with_ratios(one: dict, rows: dict) -> dict:
     """One round's figures with its ratios: each client count's tokens/s over one at a time's, and
-    its per-token p50 over the single client's (when 1 client was measured)."""
+    its per-token p50 over the single client's (when 1 client was measured); side by side, each
+    HTTP way's tokens/s over one at a time's and over the engine's in process."""
     single = rows.get(1, {}).get("continuous", {}).get("token_p50_ms")
     for row in rows.values():
         row["speedup_vs_one_at_a_time"] = row["continuous"]["tokens_per_s"] / one["tokens_per_s"]
         row["static_vs_one_at_a_time"] = row["static"]["tokens_per_s"] / one["tokens_per_s"]
         if single:
             row["token_p50_vs_one_client"] = row["continuous"]["token_p50_ms"] / single
+        for key in HTTP_KEYS:
+            if key in row:
+                row[f"{key}_vs_one_at_a_time"] = row[key]["tokens_per_s"] / one["tokens_per_s"]
+                row[f"{key}_vs_in_process"] = row[f"{key}_vs_one_at_a_time"] / row["speedup_vs_one_at_a_time"]
     return {"one_at_a_time": one, "rows": rows}
 
 
@@ -291,23 +352,68 @@ def _median_figures(figures: list[dict]) -> dict:
     return {key: float(np.median([f[key] for f in figures])) for key in figures[0]}
 
 
+def _via(http) -> str:
+    if http == HTTP_ALL:
+        return "continuous in the engine, over HTTP (SSE) from `serve --no-ray` and through Ray Serve (`serve`)"
+    if http == "ray":
+        return "continuous over HTTP (SSE) through Ray Serve (`serve`)"
+    return "continuous over HTTP (SSE)" if http else "continuous in the engine"
+
+
+MODE_LABELS = {"continuous": "continuous", "static": "static", "http_no_ray": "http-noray", "http_ray": "http-ray"}
+
+
+def _row_line(c: int, row: dict, mode: str) -> str:
+    f = row[mode]
+    if mode == "continuous":
+        extra = (f"{row['speedup_vs_one_at_a_time']:>14.1f}x | "
+                 f"{row.get('token_p50_vs_one_client', float('nan')):.2f}x")
+    elif mode == "static":
+        extra = f"{row['static_vs_one_at_a_time']:>14.1f}x |"
+    else:
+        extra = f"{row[mode + '_vs_one_at_a_time']:>14.1f}x |"
+    return (f"{c:>7} | {MODE_LABELS[mode]:<10} | {f['tokens_per_s']:>7.0f} | {f['ttft_p50_ms']:>7.1f}ms | "
+            f"{f['ttft_p99_ms']:>7.1f}ms | {f['token_p50_ms']:>5.2f}ms | {f['token_p99_ms']:>5.2f}ms | {extra}")
+
+
+def _http_lines(result: dict) -> list[str]:
+    """Side by side: each client count's tokens/s over one at a time's, each way, and HTTP over in process."""
+    lines = []
+    for c, row in result["rows"].items():
+        ways = [k for k in HTTP_KEYS if k in row]
+        if ways:
+            lines.append(f"{c:>7} clients / one at a time: in process {row['speedup_vs_one_at_a_time']:.2f}x | " +
+                         " | ".join(f"{HTTP_NAMES[k]} {row[k + '_vs_one_at_a_time']:.2f}x "
+                                    f"(HTTP / in process {row[k + '_vs_in_process']:.2f}x)" for k in ways))
+    return lines
+
+
+def _rounds_lines(result: dict) -> list[str]:
+    lines = [f"medians of {len(result['rounds'])} rounds; each round's own ratios:"]
+    for c, row in result["rows"].items():
+        speedups = " ".join(f"{x:.2f}x" for x in row["speedup_vs_one_at_a_time_rounds"])
+        p50 = " ".join(f"{x:.2f}x" for x in row.get("token_p50_vs_one_client_rounds", []))
+        lines.append(f"{c:>7} clients: vs 1-at-a-time {speedups}" + (f" | tok p50 vs 1 client {p50}" if p50 else ""))
+        for key in HTTP_KEYS:
+            if key + "_vs_in_process_rounds" in row:
+                lines.append(f"{'':>7}   {HTTP_NAMES[key]}: vs 1-at-a-time " +
+                             " ".join(f"{x:.2f}x" for x in row[key + "_vs_one_at_a_time_rounds"]) +
+                             " | HTTP / in process " + " ".join(f"{x:.2f}x" for x in row[key + "_vs_in_process_rounds"]))
+    return lines
+
+
 def format_table(result: dict) -> str:
     one = result["one_at_a_time"]
-    via = "continuous over HTTP (SSE)" if result.get("http") else "continuous in the engine"
     lines = [f"{result['family']} {result['folder']} ({result['provider']}, threads {result['threads']}): "
              f"{result['requests']} requests of {max(1, result['max_tokens'] // 4)}-{result['max_tokens']} "
-             f"tokens; {via}" + (f"; the batch at most {result['max_rows']} rows" if result.get("max_rows") else ""),
+             f"tokens; {_via(result.get('http'))}" +
+             (f"; the batch at most {result['max_rows']} rows" if result.get("max_rows") else ""),
              f"one at a time (generate): {one['tokens_per_s']:.0f} tok/s, first token p50 {one['ttft_p50_ms']:.1f} ms, "
              f"per token p50 {one['token_p50_ms']:.2f} ms",
              f"{'clients':>7} | {'mode':<10} | {'tok/s':>7} | {'ttft p50':>8} | {'ttft p99':>8} | {'tok p50':>7} | "
              f"{'tok p99':>7} | vs 1-at-a-time | tok p50 vs 1 client"]
     for c, row in result["rows"].items():
-        for mode in ("continuous", "static"):
-            f = row[mode]
-            extra = (f"{row['speedup_vs_one_at_a_time']:>14.1f}x | {row.get('token_p50_vs_one_client', float('nan')):.2f}x"
-                     if mode == "continuous" else f"{row['static_vs_one_at_a_time']:>14.1f}x |")
-            lines.append(f"{c:>7} | {mode:<10} | {f['tokens_per_s']:>7.0f} | {f['ttft_p50_ms']:>7.1f}ms | "
-                         f"{f['ttft_p99_ms']:>7.1f}ms | {f['token_p50_ms']:>5.2f}ms | {f['token_p99_ms']:>5.2f}ms | {extra}")
+        lines += [_row_line(c, row, mode) for mode in ("continuous", *HTTP_KEYS, "static") if mode in row]
     floors = [(c, row["step_floor"]) for c, row in result["rows"].items() if "step_floor" in row]
     if floors:
         lines.append("the batched step alone, as the engine runs it (what per-token latency cannot go below):")
@@ -315,10 +421,7 @@ def format_table(result: dict) -> str:
             rows = result["rows"][c]["continuous"].get("rows_per_step")
             lines.append(f"{c:>7} clients: {f['rows']} rows{f' (the batch held {rows:.1f} a step)' if rows else ''} "
                          f"{f['step_ms']:.3f} ms vs 1 row {f['step_ms_1_row']:.3f} ms: {f['step_vs_1_row']:.2f}x")
+    lines += _http_lines(result)
     if "rounds" in result:
-        lines.append(f"medians of {len(result['rounds'])} rounds; each round's own ratios:")
-        for c, row in result["rows"].items():
-            speedups = " ".join(f"{x:.2f}x" for x in row["speedup_vs_one_at_a_time_rounds"])
-            p50 = " ".join(f"{x:.2f}x" for x in row.get("token_p50_vs_one_client_rounds", []))
-            lines.append(f"{c:>7} clients: vs 1-at-a-time {speedups}" + (f" | tok p50 vs 1 client {p50}" if p50 else ""))
+        lines += _rounds_lines(result)
     return "\n".join(lines)

@@ -79,7 +79,10 @@ def serve(folder, **kw):
               help="Requests per figure.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Most tokens a request asks for (each asks for a quarter of it to all of it; eos ignored).")
-@click.option("--http", is_flag=True, help="Continuous batching through a `serve --no-ray` subprocess (SSE clients).")
+@click.option("--http", type=click.Choice(["no-ray", "ray", "all"]), is_flag=False, flag_value="no-ray",
+              help="Continuous batching over HTTP (SSE clients) instead of in the engine: no-ray (plain `--http`) "
+                   "through a `serve --no-ray` subprocess, ray through `serve`'s default Ray Serve deployment; "
+                   "all: in the engine, no-ray and ray side by side, with HTTP / in process.")
 @click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Measure everything this many times in turn; report medians and each round's ratios.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every figure as JSON here.")
