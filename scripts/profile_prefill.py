@@ -64,7 +64,7 @@ def profile(folder: Path, graph: str, length: int, keep: int | None, threads: in
     runs_seen = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     first_timed = runs_seen[1]["ts"] if len(runs_seen) > 1 else 0
     body = _body_node_names(onnx.load_model(str(g.path), load_external_data=False).graph)
-    by_op, by_node, in_body = Counter(), Counter(), Counter()
+    by_op, by_node, in_body, calls = Counter(), Counter(), Counter(), Counter()
     for e in events:
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time") or e["ts"] < first_timed:
             continue
@@ -74,9 +74,10 @@ def profile(folder: Path, graph: str, length: int, keep: int | None, threads: in
         else:  # a top-level node (those ORT fused have new names: none is in a body)
             by_op[op] += e["dur"]
             by_node[node] += e["dur"]
+            calls[op] += 1
     return {"graph": g.spec.name, "length": length, "logits_to_keep": keep if keeps else "(no input)",
             "wall_ms_median": float(np.median(walls)) * 1e3, "kernel_us": by_op, "node_us": by_node,
-            "body_us": in_body, "runs": runs}
+            "body_us": in_body, "runs": runs, "op_calls": calls}
 
 
 def _body_node_names(graph) -> set[str]:
@@ -97,7 +98,9 @@ def show(r: dict, top: int) -> None:
                           ("inside Loop/Scan bodies, by operator type", r["body_us"])):
         print(f"  {title}:")
         for name, us in counts.most_common(top):
-            print(f"    {us / total:6.1%}  {us / r['runs'] / 1e3:8.2f} ms  {name}")
+            n = r["op_calls"][name] / r["runs"] if counts is r["kernel_us"] else 0
+            print(f"    {us / total:6.1%}  {us / r['runs'] / 1e3:8.2f} ms  {name}" + (f"  ({n:.0f} nodes)" if n else ""))
+    print(f"  top-level nodes run: {sum(r['op_calls'].values()) / r['runs']:.0f}")
 
 
 def main() -> None:
