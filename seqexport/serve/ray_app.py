@@ -21,12 +21,48 @@ DEPLOYMENT = "SeqexportServer"
 class SeqexportServer:
     """One replica: the model, an engine on a background thread, the FastAPI app over them."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, registry: str | None = None):
+        """`registry`: a folder of `seqexport.serve.proxy.Registry` (the embedded default's): the
+        replica also answers HTTP itself on 127.0.0.1, and announces its port there for the front."""
         _internal_grpc_on_loopback()
         self.host = ServingHost(ServeConfig(**config))
+        self.http = _answer_http(build_app(self.host), registry) if registry else None
 
     def __serve_build_asgi_app__(self):
         return build_app(self.host)
+
+
+def _answer_http(app, registry: str):
+    """Serve `app` with uvicorn on 127.0.0.1 (a port of the kernel's choosing) on a thread of its
+    own, then announce the port in `registry`; the started uvicorn.Server."""
+    import asyncio
+    import socket
+    import threading
+
+    import uvicorn
+
+    from seqexport.serve.proxy import Registry
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    # only the front connects, and keeps its connections: no keep-alive timeout to race it
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", http="httptools",
+                                           timeout_keep_alive=3600, access_log=False))
+
+    def run():
+        try:
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+        except ImportError:
+            loop = asyncio.new_event_loop()
+        loop.run_until_complete(server.serve(sockets=[sock]))
+
+    threading.Thread(target=run, name="seqexport-http", daemon=True).start()
+    Registry(registry).announce(sock.getsockname()[1])
+    return server
 
 
 def _internal_grpc_on_loopback() -> None:
@@ -70,8 +106,10 @@ def deployment_options(config: ServeConfig, replicas: int = 1, autoscale: tuple[
     return options
 
 
-def application(config: ServeConfig, **kwargs):
-    return serve.deployment(SeqexportServer, **deployment_options(config, **kwargs)).bind(config.to_dict())
+def application(config: ServeConfig, registry: str | None = None, **kwargs):
+    """`registry`: each replica also answers HTTP itself and announces its port there (the front)."""
+    options = deployment_options(config, **kwargs)
+    return serve.deployment(SeqexportServer, **options).bind(config.to_dict(), registry)
 
 
 def build(args: dict):

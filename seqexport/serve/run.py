@@ -2,9 +2,12 @@
 Ray Serve (a local Ray started on demand, or `--address` of a cluster) or as one plain uvicorn
 process (`--no-ray`), until SIGINT/SIGTERM."""
 
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
+from seqexport.errors import UsageError
 from seqexport.serve.app import ServeConfig
 
 
@@ -34,6 +37,10 @@ EMBEDDED_ENV = {
 
 
 def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scaling: dict, log) -> None:
+    """Under Ray Serve until SIGINT/SIGTERM. The embedded default (no `address`), unless it
+    autoscales: no Ray proxy; each replica answers HTTP itself on 127.0.0.1 and `Front` relays
+    requests to them from this process (`seqexport.serve.proxy`). Joining a cluster, or
+    autoscaling (Ray Serve counts the requests it routes): Ray Serve's own HTTP proxy."""
     import logging
     import os
 
@@ -45,16 +52,24 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
 
     from seqexport.serve.ray_app import APP_NAME, application
 
+    front = None
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
     else:  # the embedded default: a new local Ray instance for this process only
+        if scaling.get("autoscale") is None:
+            front = _front(host, port)  # listening before Ray starts: a port in use fails at once
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
         if ray.util.get_node_ip_address() != "127.0.0.1":
             log(f"warning: Ray listens on {ray.util.get_node_ip_address()}, not only on 127.0.0.1 "
                 "(it was imported before `serve`, or RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is set)")
     try:
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(application(config, **scaling), name=APP_NAME, route_prefix="/")
+        if front is not None:
+            serve.start(proxy_location="Disabled")
+            app = application(config, registry=str(front.registry.folder), **scaling)
+        else:
+            serve.start(http_options={"host": host, "port": port})
+            app = application(config, **scaling)
+        serve.run(app, name=APP_NAME, route_prefix="/")
         where = f"Ray cluster {address}" if address else "a local Ray"
         log(f"serving {Path(config.folder).name} on http://{host}:{port} ({where})")
         while True:
@@ -65,3 +80,17 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
         else:
             serve.shutdown()
         ray.shutdown()
+        if front is not None:
+            front.close()
+            shutil.rmtree(front.registry.folder, ignore_errors=True)
+
+
+def _front(host: str, port: int):
+    from seqexport.serve.proxy import Front
+
+    folder = tempfile.mkdtemp(prefix="seqexport-replicas-")
+    try:
+        return Front(folder, host, port).start()
+    except OSError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise UsageError(f"--host {host} --port {port}: {e.strerror or e}") from None
