@@ -109,6 +109,41 @@ def test_embedded_ray_listens_on_loopback_only(two_replicas):
     assert all(loopback(address) for _, address, _, _ in sockets), shown
 
 
+def test_embedded_default_keeps_ray_off_the_request_path(two_replicas):
+    """No Ray Serve proxy in the embedded default: the `serve` process itself listens on the port
+    (`seqexport.serve.proxy.Front`) and relays to the replicas, which answer HTTP on 127.0.0.1."""
+    server, first, _ = two_replicas
+    names = {}
+    for pid in server.session_pids():
+        try:
+            names[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            pass
+    assert not [n for n in names.values() if n.startswith("ray::ProxyActo")], names
+    owners = {pid for _, address, port, pid in listening_sockets(set(names)) if port == server.port}
+    assert owners == {server.proc.pid}
+    seen = {requests.get(server.url + "/health", timeout=10).json()["pid"] for _ in range(6)}
+    assert seen == first  # idle replicas taken in turn
+
+
+@pytest.mark.slow  # a second embedded Ray: about 20 s
+def test_autoscale_keeps_ray_serves_proxy(dates, tmp_path):
+    """--autoscale: Ray Serve scales on the requests its proxy routes, so the embedded default keeps
+    its proxy (and the ReplicaLoss middleware in it) there."""
+    folder, model = dates
+    text = make_split("test", 1, seed=5)[0][0]
+    ids = encode_prompt(model.tokenizer, model.prompt_frame, text, model.manifest["tokenizer"])
+    expect = model.tokenizer.decode(rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12))[0])
+    with ServerProcess(folder, "--autoscale", "1:2", "--replica-cpus", "0.5", "--threads", "1",
+                       ready_timeout=180, log=tmp_path / "server.log") as server:
+        names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in server.session_pids()
+                 if Path(f"/proc/{pid}/comm").exists()}
+        assert "ray::ProxyActor" in names
+        answer = requests.post(server.url + "/v1/completions", timeout=60,
+                               json={"prompt": text, "max_tokens": 12, "temperature": 0}).json()
+        assert answer["choices"][0]["text"] == expect
+
+
 def ask(url: str, text: str, stream: bool, midway: Counter | None = None, lock=None) -> tuple[str, object]:
     """One completion as a client sees it: ("completed", its text); ("503", body) (a refusal to
     retry, with Retry-After); ("error event", message) for a stream ended by an error event and
@@ -157,8 +192,8 @@ def ask(url: str, text: str, stream: bool, midway: Counter | None = None, lock=N
 def test_a_replica_killed_under_load_sends_no_client_a_500(two_replicas, dates):
     """16 clients, 160 requests (half streamed), one of two replicas SIGKILLed a second into the
     load while one of its streams is half-way: no HTTP 500 and no connection cut reaches a
-    client. Requests that had sent nothing are sent again to the surviving replica (Ray Serve's
-    proxy, through `seqexport.serve.proxy`), so they complete; a stream cut mid-way ends with
+    client. Requests that had sent nothing are sent again to the surviving replica (the embedded
+    default's front, `seqexport.serve.proxy.Front`), so they complete; a stream cut mid-way ends with
     an error event and [DONE]; at worst a 503 with Retry-After. Every retry then completes."""
     server, first, log = two_replicas
     folder, model = dates

@@ -215,7 +215,7 @@ class _Replica:
         self.idle.clear()
 
 
-class _Request:
+class _Asked:
     __slots__ = ("method", "url", "version", "headers", "body", "keep_alive")
 
     def __init__(self):
@@ -242,7 +242,7 @@ class _Client:
         self.ready, self.current, self.gone = [], None, False
 
     def on_message_begin(self):
-        self.current = _Request()
+        self.current = _Asked()
 
     def on_url(self, url):
         self.current.url += url
@@ -263,7 +263,7 @@ class _Client:
     def on_message_complete(self):
         self.ready.append(self.current)
 
-    async def next(self) -> _Request | None:
+    async def next(self) -> _Asked | None:
         while not self.ready:
             data = await self.reader.read(65536)
             if not data:
@@ -282,7 +282,7 @@ class _Client:
             self.parser.feed_data(data)
 
 
-class _Reply:
+class _Relay:
     """A replica's answer, parsed (httptools) and relayed as it arrives: its head held back until
     the body's first bytes (an attempt that relayed nothing can be made again), a chunked body
     re-framed a chunk per piece (so a cut can be ended at a chunk's boundary), an SSE body relayed
@@ -463,13 +463,13 @@ class Front:
         finally:
             writer.close()
 
-    async def _answer(self, client: _Client, request: _Request) -> bool:
+    async def _answer(self, client: _Client, request: _Asked) -> bool:
         """One request to a replica, again to another if one went away before answering; whether
         the client's connection can take another request."""
         for attempt in range(self.retries + 1):
             replica = self._pick() or (self._refresh() or self._pick())
             if replica is not None:
-                reply = _Reply(client.writer, request.method == b"HEAD", request.version == "1.1")
+                reply = _Relay(client.writer, request.method == b"HEAD", request.version == "1.1")
                 if await self._attempt(client, replica, request, reply):
                     await client.writer.drain()
                     return not reply.close and not client.gone
@@ -491,7 +491,7 @@ class Front:
         await client.writer.drain()
         return True
 
-    def _again_at_once(self, replica: _Replica, reply: _Reply) -> bool:
+    def _again_at_once(self, replica: _Replica, reply: _Relay) -> bool:
         """After an attempt that relayed nothing: whether to try again without waiting (a keep-alive
         connection the replica had closed; a dead replica, dropped, while another is live)."""
         if _alive(replica.pid):
@@ -500,7 +500,7 @@ class Front:
         replica.close()
         return bool(self.replicas)
 
-    async def _attempt(self, client: _Client, replica: _Replica, request: _Request, reply: _Reply) -> bool:
+    async def _attempt(self, client: _Client, replica: _Replica, request: _Asked, reply: _Relay) -> bool:
         """Whether the replica answered whole; the connection goes back to its pool if so."""
         try:
             reader, writer, reply.reused = await replica.connection()
