@@ -93,14 +93,14 @@ def _body_node_names(graph) -> set[str]:
 def show(r: dict, top: int) -> None:
     total = sum(r["kernel_us"].values()) or 1
     print(f"\n{r['graph']} L={r['length']} logits_to_keep={r['logits_to_keep']}: wall {r['wall_ms_median']:.1f} ms "
-          f"(median of {r['runs']}), kernels {total / r['runs'] / 1e3:.1f} ms per run")
+          f"(median of {r['runs']}), kernels {total / r['runs'] / 1e3:.1f} ms per run, "
+          f"{sum(r['op_calls'].values()) / r['runs']:.0f} top-level nodes run")
     for title, counts in (("by operator type (top-level nodes)", r["kernel_us"]), ("by node", r["node_us"]),
                           ("inside Loop/Scan bodies, by operator type", r["body_us"])):
         print(f"  {title}:")
         for name, us in counts.most_common(top):
             n = r["op_calls"][name] / r["runs"] if counts is r["kernel_us"] else 0
             print(f"    {us / total:6.1%}  {us / r['runs'] / 1e3:8.2f} ms  {name}" + (f"  ({n:.0f} nodes)" if n else ""))
-    print(f"  top-level nodes run: {sum(r['op_calls'].values()) / r['runs']:.0f}")
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
 """The transformer's decoder step with its attention as MatMuls beside ONNX's fused `Attention`
 (`seqexport export transformer --attention matmul|fused` of one checkpoint), each ÷ the floor
-of the step's linears alone (`bench.gemv_floor`), in alternating fresh-process rounds.
+of the step's linears alone (`bench.gemv_floor`) and ÷ that floor plus reading the state the
+step must read (the valid self-attention cache and the cross K/V, once, at the memory read
+bandwidth measured in the same process), in alternating fresh-process rounds.
 
     python -m seqexport.bench.attention --matmul exported/base --fused exported/base-fused \\
         --contexts 16 4096 --rounds 3
@@ -27,8 +29,9 @@ def one_round(folders: dict[str, str], contexts, threads: int, repeats: int) -> 
     r = compare_cache_layouts(folders, contexts, threads, repeats, 0.2)
     rows = [{"context": row["context"], **{f"{k}_ms": row[f"{k}_ms"] for k in folders},
              **{f"{k}_over_linears": row[f"{k}_over_linears"] for k in folders},
+             **{f"{k}_over_floor": row[f"{k}_over_floor"] for k in folders}, "floor_ms": row["matmul_floor_ms"],
              "fused_over_matmul": row["fused_ms"] / row["matmul_ms"]} for row in r["rows"]]
-    return {"linears_only_ms": r["linears_only_ms"], "rows": rows, "order": list(folders)}
+    return {"linears_only_ms": r["linears_only_ms"], "gbs": r["bandwidth"]["gbs"], "rows": rows, "order": list(folders)}
 
 
 def compare(matmul: Path, fused: Path, contexts, rounds: int = 3, threads: int = 2, repeats: int = 5) -> dict:
@@ -45,7 +48,7 @@ def compare(matmul: Path, fused: Path, contexts, rounds: int = 3, threads: int =
     for j, context in enumerate(contexts):
         keys = [k for k in results[0]["rows"][j] if k != "context"]
         medians.append({"context": context, **{k: statistics.median(r["rows"][j][k] for r in results) for k in keys}})
-    return {"rounds": results, "medians": medians,
+    return {"rounds": results, "medians": medians, "gbs": statistics.median(r["gbs"] for r in results),
             "linears_only_ms": statistics.median(r["linears_only_ms"] for r in results)}
 
 
@@ -70,14 +73,16 @@ def main(argv=None) -> None:
     r = compare(args.matmul, args.fused, args.contexts, args.rounds, args.threads, args.repeats)
     r["load_average"] = [load, os.getloadavg()]
     print(f"load average {load[0]:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.threads} threads; "
-          f"{args.rounds} fresh-process rounds; linears alone {r['linears_only_ms']:.2f} ms (median)")
-    print(f"{'context':>7} {'round':>5} {'matmul ms':>9} {'fused ms':>8} {'matmul/linears':>14} "
-          f"{'fused/linears':>13} {'fused/matmul':>12}")
+          f"{args.rounds} fresh-process rounds; linears alone {r['linears_only_ms']:.2f} ms, "
+          f"read bandwidth {r['gbs']:.1f} GB/s (medians)")
+    print("floor = linears alone + the state the step reads (valid cache, cross K/V) once at that bandwidth")
+    print(f"{'context':>7} {'round':>6} {'matmul ms':>9} {'fused ms':>8} {'matmul/linears':>14} "
+          f"{'fused/linears':>13} {'floor ms':>8} {'matmul/floor':>12} {'fused/floor':>11} {'fused/matmul':>12}")
     for label, rows in [*((str(i), x["rows"]) for i, x in enumerate(r["rounds"])), ("median", r["medians"])]:
         for row in rows:
-            print(f"{row['context']:>7} {label:>5} {row['matmul_ms']:>9.2f} {row['fused_ms']:>8.2f} "
-                  f"{row['matmul_over_linears']:>14.2f} {row['fused_over_linears']:>13.2f} "
-                  f"{row['fused_over_matmul']:>12.2f}")
+            print(f"{row['context']:>7} {label:>6} {row['matmul_ms']:>9.2f} {row['fused_ms']:>8.2f} "
+                  f"{row['matmul_over_linears']:>14.2f} {row['fused_over_linears']:>13.2f} {row['floor_ms']:>8.2f} "
+                  f"{row['matmul_over_floor']:>12.2f} {row['fused_over_floor']:>11.2f} {row['fused_over_matmul']:>12.2f}")
     if args.json:
         args.json.write_text(json.dumps(r, indent=1))
 

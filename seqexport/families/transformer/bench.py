@@ -138,7 +138,8 @@ def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, r
                           sample_s: float = 0.3, seed: int = 0) -> dict:
     """The runtime's decoder step of several exports of one model side by side (e.g. a decoder
     that appends to its cache in place vs one that concatenates), timed in turn at each
-    context, with the bound of reading the weights and the valid cache once.
+    context, with the bound of reading the weights and the valid cache once, and the floor of
+    the step's linears alone (timed) plus its state's bytes read once at the measured bandwidth.
 
     Returns {"bandwidth": ..., "rows": [{context, <label>_ms, <label>_over_bound, ...}]}; the
     first label is the reference of the `ratio_*` columns.
@@ -176,6 +177,9 @@ def compare_cache_layouts(folders: dict[str, str], contexts, threads: int = 2, r
             row[f"{label}_over_bound"] = row[f"{label}_ms"] / bound
             row[f"ratio_{label}"] = row[f"{label}_ms"] / row[f"{ref}_ms"]
             row[f"{label}_over_linears"] = row[f"{label}_ms"] / floor_ms  # ÷ the floor ORT's GEMV sets
+            # ... plus reading what the step must read of its state (valid cache, cross K/V) once
+            row[f"{label}_floor_ms"] = floor_ms + row["moved_bytes"][label] / (bw["gbs"] * 1e9) * 1e3
+            row[f"{label}_over_floor"] = row[f"{label}_ms"] / row[f"{label}_floor_ms"]
     return {"bandwidth": bw, "weights_bytes": weights, "labels": list(models), "rows": rows,
             "linears_only_ms": floor_ms, "linears_only_over_weights_bound": floor_ms / (weights / (bw["gbs"] * 1e9) * 1e3)}
 

@@ -12,6 +12,11 @@ What differs from tracing `decode_step_cached`, and why:
   then runs its general GEMM, which packs the whole cache, instead of its one-row kernel: at
   context 4096 each layer's q·Kᵀ took 2.1 ms instead of about 0.8 (one thread). Scaling
   before the product keeps the eager order's magnitudes (float16 scores stay in range).
+  Cross-attention scales its scores after q·Kᵀ instead, as the eager model does: ORT folds
+  that Div into the product (a FusedMatMul with alpha), one node fewer a layer, and over a
+  source's few keys the general GEMM's packing costs nothing measurable;
+- self-attention's two score blocks (cache, new positions) are concatenated first and masked
+  once, by a (b, 1, t, c + t) mask made once for all layers: one Where a layer instead of two.
 Parameters are used as they are (initializers keep their eager names: int8 matches them).
 
 Dimension letters as in models/transformer.py: b batch, t new positions, c cache slots,
@@ -65,6 +70,7 @@ class FastDecoderGraph(nn.Module):
         past_hidden = (torch.arange(c, device=x.device)[None, :] >= past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, c)
         later = torch.arange(t, device=x.device)
         causal_hidden = later[None, :] > later[:, None]  # (t, t)
+        self_hidden = torch.cat([past_hidden.expand(b, 1, t, c), causal_hidden.expand(b, 1, t, t)], dim=-1)  # (b, 1, t, c + t)
         cross_hidden = (encoder_attention_mask == 0)[:, None, None, :]  # (b, 1, 1, s)
         fill = torch.finfo(x.dtype).min
         new_kv = []
@@ -75,14 +81,13 @@ class FastDecoderGraph(nn.Module):
             scale = math.sqrt(sa.d_k)
             q = _heads(sa.W_q(x) / scale, b, sa)  # (b, h, t, k)
             k_new, v_new = _heads(sa.W_k(x), b, sa), _heads(sa.W_v(x), b, sa)
-            scores = torch.cat([(q @ past_k.transpose(-2, -1)).masked_fill(past_hidden, fill),
-                                (q @ k_new.transpose(-2, -1)).masked_fill(causal_hidden, fill)], dim=-1)
-            attn = sa.attention.softmax(scores)  # (b, h, t, c + t)
+            scores = torch.cat([q @ past_k.transpose(-2, -1), q @ k_new.transpose(-2, -1)], dim=-1)
+            attn = sa.attention.softmax(scores.masked_fill(self_hidden, fill))  # (b, h, t, c + t)
             out = attn[..., :c] @ past_v + attn[..., c:] @ v_new  # (b, h, t, k)
             x = sa.norm(sa.fc(_merge(out, d)) + x)  # (b·t, d)
 
-            q = _heads(ca.W_q(x) / math.sqrt(ca.d_k), b, ca)
-            scores = (q @ cross_k.transpose(-2, -1)).masked_fill(cross_hidden, fill)
+            q = _heads(ca.W_q(x), b, ca)
+            scores = ((q @ cross_k.transpose(-2, -1)) / math.sqrt(ca.d_k)).masked_fill(cross_hidden, fill)
             out = ca.attention.softmax(scores) @ cross_v  # (b, h, t, k)
             x = ca.norm(ca.fc(_merge(out, d)) + x)
 
