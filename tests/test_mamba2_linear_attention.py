@@ -1,4 +1,4 @@
-"""`seqexport export mamba2 --ssd linear-attention` (the default): the conv and the SSD as ONNX
+"""`seqexport export mamba2 --ssd linear-attention`: the conv and the SSD as ONNX
 Runtime's com.microsoft CausalConvWithState and LinearAttention(update_rule="gated") kernels,
 against transformers' own `Mamba2ForCausalLM` (its torch path) on the random tiny configs of
 tests/test_mamba2_export.py (n_groups 1 and 2, softplus(Δ) ≈ 1–3): prompts of 1, 17 and 300
@@ -24,7 +24,7 @@ def exported(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"mamba2-la-g{request.param}")
     hf = hf_model(request.param)
     hf.save_pretrained(tmp / "hf")
-    return hf, export(tmp / "hf", tmp / "export"), tmp / "export"  # the default --ssd
+    return hf, export(tmp / "hf", tmp / "export", "--ssd", "linear-attention"), tmp / "export"
 
 
 def _ops(path) -> list[tuple[str, str]]:
@@ -46,7 +46,7 @@ def test_both_graphs_use_the_fused_kernels_and_keep_the_state_layout(exported):
         assert spec.input("past_ssm_state.1").dims == ("batch", h, c["headdim"], c["d_state"])
         assert spec.output("present_ssm_state.1").dtype == "float32"
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["export_options"]["ssd"] == "linear-attention"  # the default
+    assert manifest["export_options"]["ssd"] == "linear-attention"
 
 
 @pytest.mark.parametrize("length", [1, 17, 300])

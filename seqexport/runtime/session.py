@@ -46,6 +46,14 @@ def providers_for(provider: str) -> list[str]:
 # mamba-dates step at batch 16, one thread: 3.15 -> 2.65 ms). Larger models read the mapped
 # pages, which keeps them in memory once (Mamba 130m: 517 MB of weights).
 PACK_SHARED_BYTES = 64 << 20
+# A one-token graph (a step: its tokens input is (batch, 1)) packs the weights it shares up to
+# this many bytes: each MatMul there is a matrix-vector product, which unpacked weights make
+# ORT re-pack on every call, and the step is what generation repeats. The packed copy is its
+# own (anonymous memory, as much again as the weights); the other graphs (a prefill, whose
+# GEMMs over many tokens pack cheaply per call) read the mapped pages. Mamba-2 of the 130m
+# shape, 2 threads, 2026-12-02: step 51.6 -> 43.2 ms with it (516 MB packed); a model past
+# 2 GiB keeps one copy.
+PACK_STEP_BYTES = 2 << 30
 
 
 class SharedWeights:
@@ -84,7 +92,7 @@ class SharedWeights:
             except Exception:  # noqa: BLE001 - an unreadable graph: its Graph says so, in its words
                 pass
 
-    def prepack(self, path: Path) -> bool:
+    def prepack(self, path: Path, one_token: bool = False) -> bool:
         """Whether this graph's session may prepack its weights. Prepacking copies each MatMul
         weight into the kernel's layout: faster (base transformer decoder step 9.0 -> 6.2 ms
         here) and, for a weight no other graph reads, the only copy the session works from
@@ -93,13 +101,15 @@ class SharedWeights:
         (Mamba 130m: 0.26 GB RSS after load instead of 1.6 GB). int8 weights are packed always:
         ORT's int8 MatMul reads unpacked ones at a fraction of its speed, and a packed int8 copy
         is a quarter of a float32 one. So are the int4 weights of a MatMulNBits graph: unpacked,
-        its kernel dequantises every call (Mamba 130m int4 step 1050 ms, packed 104 ms)."""
+        its kernel dequantises every call (Mamba 130m int4 step 1050 ms, packed 104 ms). A
+        one-token graph (`one_token`: a step) packs up to PACK_STEP_BYTES: see there."""
         mine = self.for_graph(path)
         if self._nbits[str(path)] or any(v.data_type() == "tensor(int8)" for v in mine.values()):
             return True
         packed = self._packed[str(path)] & mine.keys()
-        if sum(self.record["tensors"][n]["length"] for n in packed) <= PACK_SHARED_BYTES:
-            return True  # a small model: a packed copy per graph costs little memory
+        size = sum(self.record["tensors"][n]["length"] for n in packed)
+        if size <= PACK_SHARED_BYTES or (one_token and size <= PACK_STEP_BYTES):
+            return True  # a small model (a packed copy per graph costs little memory), or a step
         others = {n for p, names in self._graphs.items() if p != str(path) for n in names}
         return not (packed & others)  # e.g. a positional table both read: no matter
 
@@ -151,6 +161,11 @@ def session_options(threads: int | None = None, shared: dict | None = None,
     return opts
 
 
+def one_token(spec: GraphSpec) -> bool:
+    """Whether a graph takes one token per row (its tokens input is (batch, 1)): a step."""
+    return any(t.role == "tokens" and t.dims[-1:] == (1,) for t in spec.inputs)
+
+
 class Graph(CheckedGraph):
     """One exported graph: its spec and an InferenceSession. `run(feeds) -> dict of outputs`.
 
@@ -162,7 +177,7 @@ class Graph(CheckedGraph):
         providers = providers_for(provider)
         try:
             weights = shared.for_graph(self.path) if shared is not None else None
-            prepack = shared.prepack(self.path) if shared is not None else True
+            prepack = shared.prepack(self.path, one_token(spec)) if shared is not None else True
             self.session = ort.InferenceSession(str(path), session_options(threads, weights, prepack),
                                                 providers=providers)
         except Exception as e:  # ORT raises its own types for unreadable or invalid models

@@ -33,10 +33,10 @@ FAMILY = Family(
     export_options=(
         click.option("--chunk-size", type=click.IntRange(min=1), default=None,
                      help="SSD chunk length of the prefill graph [64: measured fastest on CPU]."),
-        click.option("--ssd", type=click.Choice(["matmul", "linear-attention"]), default=None,
-                     help="How the SSD and the conv are written: plain ONNX ops (the chunked SSD as MatMuls) or "
-                          "ONNX Runtime's com.microsoft LinearAttention + CausalConvWithState kernels [linear-attention: "
-                          "measured faster on CPU]."),
+        click.option("--ssd", type=click.Choice(["matmul", "linear-attention", "mixed"]), default=None,
+                     help="How the SSD and the conv are written: plain ONNX ops (the chunked SSD as MatMuls), "
+                          "ONNX Runtime's com.microsoft LinearAttention + CausalConvWithState kernels in both graphs, "
+                          "or mixed: those kernels in the prefill, a lean plain-op step [linear-attention]."),
     ),
     summary="Export a Mamba-2 LM: prefill.onnx (chunked SSD) + step.onnx with explicit conv/SSM state.",
 )

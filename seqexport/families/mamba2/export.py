@@ -21,7 +21,8 @@ from seqexport.errors import UsageError
 from seqexport.export import DEFAULT_OPSET, ragged
 from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
 from seqexport.export.parallel import GraphJob, export_graphs
-from seqexport.families.mamba2 import linear_attention
+from seqexport.families.mamba2 import lean_step, linear_attention
+from seqexport.families.mamba2.lean_step import LeanStepGraph
 from seqexport.families.mamba2.specs import graph_specs
 from seqexport.families.mamba2.ssd import ssd_grouped
 from seqexport.models.mamba2 import Mamba2LM, ssd_sequential
@@ -43,8 +44,8 @@ CHUNK = 64
 # com.microsoft LinearAttention and CausalConvWithState kernels, in both graphs (`linear_attention`).
 # The default: the mamba2-130m shape's prefill of 1024 tokens (2 threads, medians of 5 alternating
 # rounds on a loaded machine) took 6.9 s against 8.2 s as MatMuls, its step 225 ms against 222.
-SSD_FORMS = ("matmul", "linear-attention")
-SSD = "linear-attention"
+SSD_FORMS = ("matmul", "linear-attention", "mixed")
+SSD = "mixed"
 
 
 def chunk_of(config, manifest: dict | None = None) -> int:
@@ -134,10 +135,13 @@ def traced_graphs(model: Mamba2LM, ssd: str, chunk: int) -> tuple[nn.Module, nn.
     if ssd not in SSD_FORMS:
         raise UsageError(f"--ssd {ssd!r}: expected one of {', '.join(SSD_FORMS)}")
     if ssd == "matmul":
-        return PrefillGraph(model, partial(ssd_grouped, chunk=chunk)), StepGraph(model), None
+        return PrefillGraph(model, partial(ssd_grouped, chunk=chunk)), LeanStepGraph(model), lean_step.translation_table()
     fused = partial(linear_attention.ssd_gated, chunk=chunk)
-    return (PrefillGraph(model, fused, fused_chunk=chunk), StepGraph(model, fused_chunk=chunk),
-            linear_attention.translation_table())
+    if ssd == "linear-attention":
+        return PrefillGraph(model, fused, fused_chunk=chunk), StepGraph(model, fused_chunk=chunk), \
+            linear_attention.translation_table()
+    return (PrefillGraph(model, fused, fused_chunk=chunk), LeanStepGraph(model, fused=True),
+            {**linear_attention.translation_table(), **lean_step.translation_table()})
 
 
 def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:

@@ -48,6 +48,23 @@ def _(x, weight, bias, past):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("seqexport::mamba2_state_update", mutates_args=())
+def state_update(state: Tensor, dx: Tensor, B: Tensor, log_decay: Tensor) -> Tensor:
+    """One token's SSM update in the state's layout: state (b, h, p, n), dx = Δx (b, h, p, 1),
+    B (b, g, 1, n), log_decay = ΔA (b, 1, h) -> exp(ΔA) state + Δx ⊗ B (head i with group
+    i // (h/g)'s B): exported as one `com.microsoft.LinearAttention` node
+    (`linear_attention_onnx.state_update`)."""
+    b, h, p, n = state.shape
+    g = B.shape[1]
+    B = B.expand(b, g, h // g, n).reshape(b, h, 1, n)
+    return torch.exp(log_decay).reshape(b, h, 1, 1) * state + dx * B
+
+
+@state_update.register_fake
+def _(state, dx, B, log_decay):
+    return torch.empty_like(state)
+
+
 def _conv(mixer, xbc: Tensor, conv_state: Tensor) -> Tensor:
     """xbc (b, c, l) after the state's last k - 1 inputs -> SiLU(conv) (b, c, l), in float32
     (the kernel's type) and back."""
@@ -114,4 +131,5 @@ def translation_table() -> dict:
     from seqexport.families.mamba2 import linear_attention_onnx  # onnxscript only when exporting
 
     return {torch.ops.seqexport.mamba2_ssd_gated.default: linear_attention_onnx.ssd_gated,
-            torch.ops.seqexport.mamba2_conv_silu.default: linear_attention_onnx.conv_silu}
+            torch.ops.seqexport.mamba2_conv_silu.default: linear_attention_onnx.conv_silu,
+            torch.ops.seqexport.mamba2_state_update.default: linear_attention_onnx.state_update}

@@ -69,3 +69,19 @@ def conv_silu(x: FLOAT, weight: FLOAT, bias: FLOAT, past: FLOAT) -> FLOAT:
     -> SiLU(conv) (b, c, l)."""
     out, _ = _emit_microsoft("CausalConvWithState", [x, weight, bias, past], dict(activation="silu"), 2)
     return out
+
+
+def state_update(state: FLOAT, dx: FLOAT, B: FLOAT, log_decay: FLOAT) -> FLOAT:
+    """seqexport::mamba2_state_update: state (b, h, p, n), dx (b, h, p, 1), B (b, g, 1, n),
+    log_decay (b, 1, h) -> exp(log_decay) state + dx ⊗ B (b, h, p, n), one token's SSM update
+    in the state's own layout. LinearAttention's gated rule with dk = p and dv = n is exactly
+    that update (key = Δx, value = B, decay = ΔA, the state passed as it is): no Transposes.
+    Its output (q·S, over p) is not the SSD's (S·C, over n) and is dropped; the query is the key."""
+    h, p = _static(dx, (1, 2), "heads and head dim")
+    g, n = _static(B, (1, 3), "groups and state size")
+    key = op.Reshape(dx, op.Constant(value_ints=[0, 1, h * p]))  # (b, 1, h·p)
+    value = op.Expand(B, op.Constant(value_ints=[1, 1, h // g, 1]))  # (b, g, h/g, n)
+    value = op.Reshape(value, op.Constant(value_ints=[0, 1, h * n]))  # (b, 1, h·n): head i has group i // (h/g)'s B
+    _, new_state = _emit_microsoft("LinearAttention", [key, key, value, state, log_decay],
+                                   dict(q_num_heads=h, kv_num_heads=h, update_rule="gated", scale=1.0), 2)
+    return new_state
