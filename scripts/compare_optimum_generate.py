@@ -132,8 +132,10 @@ def main() -> None:
     med = {side: statistics.median(t) for side, t in times.items()}
     print(f"\nmedians of {a.rounds} alternating fresh-process rounds (greedy, batch 1, {a.new_tokens} new tokens, "
           f"source {a.source_len} tokens, {a.threads} threads; load average {load:.2f} -> {os.getloadavg()[0]:.2f}):")
+    ratios = [o / p for o, p in zip(times["ours"], times["optimum"], strict=True)]
     print(f"  ours {med['ours']:.2f} ms/token, optimum {med['optimum']:.2f} ms/token, "
-          f"ours/optimum {med['ours'] / med['optimum']:.3f}")
+          f"ours/optimum {med['ours'] / med['optimum']:.3f} (the medians' ratio); the rounds' ratios: median "
+          f"{statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -143,6 +143,10 @@ def test_cache_layouts_compare_side_by_side(transformer_tiny):
         assert row["moved_bytes"]["appended"] == per_slot * row["context"] + cross + 8  # + past_lengths
         gbs = r["bandwidth"]["gbs"]
         assert row["appended_bound_ms"] == pytest.approx((r["weights_bytes"] + row["moved_bytes"]["appended"]) / gbs / 1e6)
+        # the floor of bench.attention: the linears alone plus the state read once at that bandwidth
+        floor = r["linears_only_ms"] + row["moved_bytes"]["appended"] / gbs / 1e6
+        assert row["appended_floor_ms"] == pytest.approx(floor)
+        assert row["appended_over_floor"] == pytest.approx(row["appended_ms"] / floor)
     # the linears-only floor: every linear the step runs, whose weights are the bound's weights
     model = transformer_tiny[0].model
     norms = sum(p.numel() for n, p in model.decoder.named_parameters() if ".norm." in n)
