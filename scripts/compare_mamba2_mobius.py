@@ -3,11 +3,17 @@ transformers checkpoint, transformers' own torch forward and our sequential refe
 process, 2 threads each, rounds alternating, medians.
 
     .venv/bin/python scripts/compare_mamba2_mobius.py checkpoint HF_DIR   # random weights, transformers layout
-    seqexport export mamba2 --checkpoint HF_DIR --out OURS --ssd matmul
+    seqexport export mamba2 --checkpoint HF_DIR --out OURS            # --ssd mixed, the default
+    seqexport export mamba2 --checkpoint HF_DIR --out OURS_MM --ssd matmul
     seqexport export mamba2 --checkpoint HF_DIR --out OURS_LA --ssd linear-attention
     # mobius in its own venv (pip install torch==2.13.0 mobius-onnx):
     HF_HUB_OFFLINE=1 mobius build --model HF_DIR MOBIUS
     .venv/bin/python scripts/compare_mamba2_mobius.py compare HF_DIR OURS[,OURS_LA...] MOBIUS [ROUNDS]
+    # resident memory after load, a prefill of 1024 and 16 steps, one fresh process each:
+    .venv/bin/python scripts/compare_mamba2_mobius.py rss HF_DIR OURS [unpacked]   # unpacked: the step
+    .venv/bin/python scripts/compare_mamba2_mobius.py rss HF_DIR mobius:MOBIUS     #   reads the pages too
+
+`seqexport export mamba2` writes --ssd mixed unless told otherwise.
 """
 
 import json
@@ -163,8 +169,46 @@ def compare(hf_dir: str, ours_dirs: list[str], mobius_dir: str, rounds: int = 5)
           + f", mobius {med['mobius_step']:.2f} ms = {med['mobius_step'] / bound:.2f}x")
 
 
+def _rss_mb() -> float:
+    """This process' resident memory now (VmRSS), MB."""
+    line = next(v for v in Path("/proc/self/status").read_text().splitlines() if v.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1e3
+
+
+def rss(hf_dir: str, folder: str, mode: str = "") -> None:
+    """Resident memory of one model in this fresh process: after load, after a prefill of 1024
+    tokens, after 16 steps. `unpacked`: as before 2026-12-02, the step reads the mapped weights
+    (session.PACK_STEP_BYTES = 0) instead of packing its own copy."""
+    import seqexport.runtime.session as session
+
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    ids, token = np.random.default_rng(0).integers(0, 50277, (1, 1024)), np.array([7])
+    base = _rss_mb()
+    if folder.startswith("mobius:"):
+        m = Mobius(folder[len("mobius:"):], config)
+        loaded = _rss_mb()
+        _, state = m.run(ids, m.zeros(1))
+        prefilled = _rss_mb()
+        for _ in range(16):
+            _, state = m.run(token[:, None], state)
+    else:
+        if mode == "unpacked":
+            session.PACK_STEP_BYTES = 0
+        m = rt.load(folder, provider="cpu", threads=2)
+        loaded = _rss_mb()
+        _, state = m.step(ids, m.start(1), last_only=True)
+        prefilled = _rss_mb()
+        for _ in range(16):
+            _, state = m.step(token, state)
+    label = folder if not mode else f"{folder} ({mode})"
+    print(f"{label}: RSS MB above the interpreter's {base:.0f}: after load {loaded - base:.0f}, after a prefill of "
+          f"1024 {prefilled - base:.0f}, after 16 steps {_rss_mb() - base:.0f}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["checkpoint"]:
         checkpoint(sys.argv[2])
+    elif sys.argv[1:2] == ["rss"]:
+        rss(*sys.argv[2:5])
     else:
         compare(sys.argv[2], sys.argv[3].split(","), sys.argv[4], *(int(a) for a in sys.argv[5:6]))

@@ -59,14 +59,20 @@ def _(x):
 
 
 def _conv(mixer, xbc: Tensor, conv_state: Tensor, fused: bool) -> tuple[Tensor, Tensor]:
-    """xbc (b, 1, c) -> SiLU(conv) (b, c, 1) and the new conv state (b, c, k): as Mul + ReduceSum,
-    or (fused) as ONNX Runtime's CausalConvWithState (one node with the bias and SiLU)."""
+    """xbc (b, 1, c) -> SiLU(conv) (b, c, 1) and the new conv state (b, c, k): as Slice, Concat,
+    Mul and ReduceSum, or (fused) one CausalConvWithState node whose present state is the new
+    state: its weight padded to k + 1 taps with a zero in front, so that its past is all k
+    columns of ours (the oldest one times 0) and its present the last k of (state, x)."""
     b, c = xbc.shape[0], xbc.shape[2]
     xbc = xbc.reshape(b, c, 1)  # (b, c, 1): the same memory, no Transpose
-    new_conv_state = torch.cat([conv_state[:, :, 1:].to(xbc.dtype), xbc], dim=-1)  # (b, c, k)
+    w = mixer.conv1d.weight
     if fused:
-        return linear_attention._conv(mixer, xbc, conv_state), new_conv_state
-    out = (new_conv_state * mixer.conv1d.weight[:, 0, :]).sum(-1, keepdim=True)  # (b, c, 1)
+        bias = mixer.conv1d.bias if mixer.conv1d.bias is not None else torch.zeros(w.shape[0], dtype=w.dtype)
+        out, new_conv_state = linear_attention.conv_silu_state(xbc.float(), F.pad(w.float(), (1, 0)), bias.float(),
+                                                               conv_state.float())
+        return out.to(xbc.dtype), new_conv_state.to(conv_state.dtype)
+    new_conv_state = torch.cat([conv_state[:, :, 1:].to(xbc.dtype), xbc], dim=-1)  # (b, c, k)
+    out = (new_conv_state * w[:, 0, :]).sum(-1, keepdim=True)  # (b, c, 1)
     if mixer.conv1d.bias is not None:
         out = out + mixer.conv1d.bias[:, None]
     return F.silu(out), new_conv_state
@@ -108,7 +114,9 @@ def mixer_step(mixer, hidden: Tensor, conv_state: Tensor, ssm_state: Tensor,
     z, xbc, dt = torch.split(mixer.in_proj(hidden), [mixer.d_inner, mixer.conv_dim, h], dim=-1)  # (b, 1, ·)
     xbc, new_conv_state = _conv(mixer, xbc, conv_state, fused)  # (b, c, 1)
     x, B, C = torch.split(xbc.float(), [mixer.d_inner, gn, gn], dim=1)  # (b, ·, 1)
-    delta = softplus(dt.float() + mixer.dt_bias.float()).clamp(min=mixer.dt_min_limit, max=mixer.dt_max_limit)
+    delta = softplus(dt.float() + mixer.dt_bias.float())
+    if mixer.dt_min_limit > 0 or mixer.dt_max_limit is not None:  # softplus is > 0: clamp(min=0) is no-op
+        delta = delta.clamp(min=mixer.dt_min_limit, max=mixer.dt_max_limit)
     x = x.reshape(b, h, p, 1)
     new_state = _update(ssm_state.float(), delta.reshape(b, h, 1, 1) * x, B,
                         delta * -torch.exp(mixer.A_log.float()), fused)  # (b, h, p, n)

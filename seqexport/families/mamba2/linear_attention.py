@@ -48,6 +48,19 @@ def _(x, weight, bias, past):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("seqexport::mamba2_conv_silu_state", mutates_args=())
+def conv_silu_state(x: Tensor, weight: Tensor, bias: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
+    """`conv_silu` that also returns the kernel's present state: the last k - 1 of (past, x)
+    -> (SiLU(conv) (b, c, l), present (b, c, k - 1)); one `com.microsoft.CausalConvWithState`
+    node, both of its outputs."""
+    return conv_silu(x, weight, bias, past), torch.cat([past, x], dim=-1)[:, :, -past.shape[2]:]
+
+
+@conv_silu_state.register_fake
+def _(x, weight, bias, past):
+    return torch.empty_like(x), torch.empty_like(past)
+
+
 @torch.library.custom_op("seqexport::mamba2_state_update", mutates_args=())
 def state_update(state: Tensor, dx: Tensor, B: Tensor, log_decay: Tensor) -> Tensor:
     """One token's SSM update in the state's layout: state (b, h, p, n), dx = Δx (b, h, p, 1),
@@ -132,4 +145,5 @@ def translation_table() -> dict:
 
     return {torch.ops.seqexport.mamba2_ssd_gated.default: linear_attention_onnx.ssd_gated,
             torch.ops.seqexport.mamba2_conv_silu.default: linear_attention_onnx.conv_silu,
+            torch.ops.seqexport.mamba2_conv_silu_state.default: linear_attention_onnx.conv_silu_state,
             torch.ops.seqexport.mamba2_state_update.default: linear_attention_onnx.state_update}

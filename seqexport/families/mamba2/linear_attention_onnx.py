@@ -71,6 +71,12 @@ def conv_silu(x: FLOAT, weight: FLOAT, bias: FLOAT, past: FLOAT) -> FLOAT:
     return out
 
 
+def conv_silu_state(x: FLOAT, weight: FLOAT, bias: FLOAT, past: FLOAT) -> tuple[FLOAT, FLOAT]:
+    """seqexport::mamba2_conv_silu_state: `conv_silu` and the kernel's present state (b, c, k - 1)."""
+    out, present = _emit_microsoft("CausalConvWithState", [x, weight, bias, past], dict(activation="silu"), 2)
+    return out, present
+
+
 def state_update(state: FLOAT, dx: FLOAT, B: FLOAT, log_decay: FLOAT) -> FLOAT:
     """seqexport::mamba2_state_update: state (b, h, p, n), dx (b, h, p, 1), B (b, g, 1, n),
     log_decay (b, 1, h) -> exp(log_decay) state + dx ⊗ B (b, h, p, n), one token's SSM update
