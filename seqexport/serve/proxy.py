@@ -231,15 +231,51 @@ class _Asked:
         return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-class _Client:
-    """One client connection: its requests, parsed as they arrive (httptools)."""
+class _Client(asyncio.Protocol):
+    """One client connection (an asyncio protocol: no task or future a read): its requests,
+    parsed as they arrive (httptools), answered one after another."""
 
-    def __init__(self, reader, writer):
+    def __init__(self, front: "Front"):
         import httptools
 
-        self.reader, self.writer = reader, writer
-        self.parser = httptools.HttpRequestParser(self)
+        self.front, self.parser = front, httptools.HttpRequestParser(self)
         self.ready, self.current, self.gone = [], None, False
+        self.transport = self.task = self.upstream = self._drained = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        try:
+            self.parser.feed_data(data)
+        except Exception as e:  # not HTTP: this client only
+            log.debug("front: a client's bytes: %r", e)
+            self.transport.close()
+            return
+        if self.ready and self.task is None:
+            self.task = self.front._loop.create_task(self._serve())
+
+    def connection_lost(self, exc):
+        self.gone = True
+        if self.upstream is not None:
+            self.upstream.close()  # the replica sees its client go: the row is freed
+        self.resume_writing()
+
+    def pause_writing(self):
+        self._drained = self.front._loop.create_future()
+
+    def resume_writing(self):
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    def write(self, data: bytes) -> None:
+        if not self.gone:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self._drained is not None:
+            await self._drained
 
     def on_message_begin(self):
         self.current = _Asked()
@@ -255,7 +291,7 @@ class _Client:
         r.method, r.version, r.keep_alive = self.parser.get_method(), self.parser.get_http_version(), \
             self.parser.should_keep_alive()
         if any(n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in r.headers):
-            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body):
         self.current.body.append(body)
@@ -263,23 +299,18 @@ class _Client:
     def on_message_complete(self):
         self.ready.append(self.current)
 
-    async def next(self) -> _Asked | None:
-        while not self.ready:
-            data = await self.reader.read(65536)
-            if not data:
-                return None
-            self.parser.feed_data(data)
-        return self.ready.pop(0)
-
-    async def watch(self) -> None:
-        """While a request is answered: returns when the client has gone away (anything it sends
-        meanwhile is parsed as its next request)."""
-        while True:
-            data = await self.reader.read(65536)
-            if not data:
-                self.gone = True
-                return
-            self.parser.feed_data(data)
+    async def _serve(self) -> None:
+        try:
+            while self.ready and not self.gone:
+                request = self.ready.pop(0)
+                if not await self.front._answer(self, request) or not request.keep_alive:
+                    self.transport.close()
+                    return
+        except Exception as e:  # a reset connection: this client only
+            log.debug("front: client connection ended: %r", e)
+            self.transport.close()
+        finally:
+            self.task = None
 
 
 class _Relay:
@@ -288,11 +319,11 @@ class _Relay:
     re-framed a chunk per piece (so a cut can be ended at a chunk's boundary), an SSE body relayed
     whole events at a time."""
 
-    def __init__(self, client_writer, head_only: bool, chunks_ok: bool):
+    def __init__(self, client, head_only: bool, chunks_ok: bool):
         import httptools
 
         self.parser = httptools.HttpResponseParser(self)
-        self.out, self.head_only, self.chunks_ok = client_writer, head_only, chunks_ok
+        self.out, self.head_only, self.chunks_ok = client, head_only, chunks_ok
         self.reason, self.headers, self.pieces = b"", [], []
         self.head_done = self.complete = self.sent = self.sse = self.chunked = self.close = self.reused = False
         self.tail = b""
@@ -395,8 +426,8 @@ class Front:
                 loop = asyncio.new_event_loop()
             self._loop = loop
             try:
-                self._server = loop.run_until_complete(asyncio.start_server(self._client, self.host, self.port,
-                                                                            backlog=1024))
+                self._server = loop.run_until_complete(loop.create_server(lambda: _Client(self), self.host,
+                                                                          self.port, backlog=1024))
                 poll = loop.create_task(self._poll())
             except OSError as e:
                 failed.append(e)
@@ -452,32 +483,21 @@ class Front:
         turned = replicas[k:] + replicas[:k]
         return min(turned, key=lambda r: r.inflight)
 
-    async def _client(self, reader, writer) -> None:
-        client = _Client(reader, writer)
-        try:
-            while (request := await client.next()) is not None:
-                if not await self._answer(client, request) or not request.keep_alive:
-                    break
-        except Exception as e:  # a malformed request, a reset connection: this client only
-            log.debug("front: client connection ended: %r", e)
-        finally:
-            writer.close()
-
     async def _answer(self, client: _Client, request: _Asked) -> bool:
         """One request to a replica, again to another if one went away before answering; whether
         the client's connection can take another request."""
         for attempt in range(self.retries + 1):
             replica = self._pick() or (self._refresh() or self._pick())
             if replica is not None:
-                reply = _Relay(client.writer, request.method == b"HEAD", request.version == "1.1")
+                reply = _Relay(client, request.method == b"HEAD", request.version == "1.1")
                 if await self._attempt(client, replica, request, reply):
-                    await client.writer.drain()
+                    await client.drain()
                     return not reply.close and not client.gone
                 if client.gone:
                     return False
                 if reply.sent:
                     keep = reply.end_cut()
-                    await client.writer.drain()
+                    await client.drain()
                     return keep
                 if self._again_at_once(replica, reply):
                     continue
@@ -486,9 +506,9 @@ class Front:
                 self._refresh()
         busy = HTTPError(503, "no replica answered this request (one went away); retry", kind="server_busy")
         body = json.dumps(busy.body()).encode()
-        client.writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                            b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-        await client.writer.drain()
+        client.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                      b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await client.drain()
         return True
 
     def _again_at_once(self, replica: _Replica, reply: _Relay) -> bool:
@@ -506,9 +526,11 @@ class Front:
             reader, writer, reply.reused = await replica.connection()
         except OSError:
             return False
+        if client.gone:
+            writer.close()
+            return False
         replica.inflight += 1
-        watch = asyncio.ensure_future(client.watch())  # the client gone: so is the replica's connection
-        watch.add_done_callback(lambda t: t.cancelled() or writer.close())
+        client.upstream = writer  # the client gone: so is the replica's connection
         whole = False
         try:
             writer.write(request.upstream())
@@ -518,8 +540,7 @@ class Front:
                     return False
                 reply.parser.feed_data(data)
                 reply.relay()
-                if client.writer.transport.get_write_buffer_size() > 2**20:
-                    await client.writer.drain()
+                await client.drain()
             whole = True
             return True
         except Exception as e:  # the replica's connection reset, or its bytes not HTTP
@@ -527,8 +548,7 @@ class Front:
             return False
         finally:
             replica.inflight -= 1
-            watch.cancel()
-            await asyncio.wait((watch,))  # its read ended before the client's next one begins
+            client.upstream = None
             if whole and not reply.head_only and not writer.is_closing():
                 replica.idle.append((reader, writer))
             else:
