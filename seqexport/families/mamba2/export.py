@@ -6,8 +6,10 @@ sequence. The prefill is the model's own `forward`; right-padded rows (export.ra
 Δ = 0 past their end, which keeps the SSM state exactly. The step graph is the model's
 one-token `step`: no loop in it. `--ssd` picks how each layer's SSD and conv are written:
 ONNX Runtime's fused com.microsoft LinearAttention + CausalConvWithState kernels in both
-graphs (`linear_attention`, the default), or plain ONNX ops (`matmul`: the chunked SSD as
-MatMuls, `ssd.ssd_grouped`, as the model's scan).
+graphs (`linear_attention`), plain ONNX ops (`matmul`: the chunked SSD as MatMuls,
+`ssd.ssd_grouped`, as the model's scan; the step `lean_step`'s plain form), or `mixed` (the
+default): the fused prefill with `lean_step`'s step (the fused conv and state update, no
+Transposes of the state).
 """
 
 import contextlib
@@ -41,9 +43,11 @@ CHUNK = 64
 
 # --ssd: how the SSD and the conv are written. "matmul": plain ONNX ops (the chunked SSD as
 # MatMuls, `ssd.ssd_grouped`; the conv a Conv); "linear-attention": ONNX Runtime's fused
-# com.microsoft LinearAttention and CausalConvWithState kernels, in both graphs (`linear_attention`).
-# The default: the mamba2-130m shape's prefill of 1024 tokens (2 threads, medians of 5 alternating
-# rounds on a loaded machine) took 6.9 s against 8.2 s as MatMuls, its step 225 ms against 222.
+# com.microsoft LinearAttention and CausalConvWithState kernels, in both graphs (`linear_attention`);
+# "mixed" (the default): that prefill with `lean_step`'s step. At the mamba2-130m shape the LA
+# prefill of 1024 tokens took 6.9 s against 8.2 s as MatMuls (a loaded machine, 2026-12-01); the
+# steps, 2026-12-02 (docs/benchmarks.md, "Mamba-2 against mobius"): mixed 18.6 ms, LA 27.0,
+# mobius 18.7.
 SSD_FORMS = ("matmul", "linear-attention", "mixed")
 SSD = "mixed"
 
