@@ -429,3 +429,31 @@ def test_recurrent_rows_step_join_and_leave_in_the_same_buffers(family, request)
     assert [r.tokens for r in reqs] == alone(model, prompts, [rt.SearchOptions(max_new_tokens=n, eos_id=-1) for n in counts])
     assert all(np.array_equal(held.arrays[k], before[k]) for k in before)  # step() wrote elsewhere
     assert stepped.rows is None
+
+
+def test_a_join_that_raises_loses_no_request(transformer, monkeypatch):
+    """A newcomer's rows failing to join the running batch (here: the model's extend raising, as
+    an allocation can) fails the requests of that round, and only those: none is left waiting
+    forever, and the engine goes on serving the rest with generate()'s tokens."""
+    real, calls = transformer.extend, [0]
+
+    def extend_failing_once(state, newcomers):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise MemoryError("no room for the newcomer's rows")
+        return real(state, newcomers)
+
+    monkeypatch.setattr(transformer, "extend", extend_failing_once)
+    prompts = random_prompts(12, transformer.config["src_vocab_size"], seed=5)
+    greedy = rt.SearchOptions(max_new_tokens=8, eos_id=-1)
+    engine = Engine(transformer, max_rows=4).start()
+    try:
+        reqs = [engine.submit(p, greedy) for p in prompts]
+        assert all(r.wait(30) for r in reqs), [r.finish_reason for r in reqs]
+    finally:
+        engine.close()
+    failed = [r for r in reqs if r.finish_reason == "error"]
+    assert failed and all("no room" in str(r.error) for r in failed)
+    done = [(p, r) for p, r in zip(prompts, reqs) if r.finish_reason == "length"]
+    assert len(done) + len(failed) == len(reqs) and len(done) >= len(reqs) - 5
+    assert [r.tokens for _, r in done] == alone(transformer, [p for p, _ in done], [greedy] * len(done))

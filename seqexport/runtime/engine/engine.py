@@ -275,17 +275,26 @@ class Engine:
         """Requests the starter has begun join first, in arrival order; then, room left,
         waiting requests are begun here (with a starter, only by an empty batch)."""
         running = self.batch.active_rows  # rows that were there before this round
-        ready = self._take_ready(running)
-        for req, result in ready:
-            if isinstance(result, Exception):
-                req.fail(result)
-            elif isinstance(result, Begun):
-                self.batch.join(self.batch.started([req], result.logits, result.state))
-            else:
-                self.batch.enter([req], *result)
-        newcomers = self._take_waiting(len(ready), running)
-        if newcomers:
-            self._begin_newcomers(newcomers, running)
+        taken: list[Request] = []  # out of the queues this round: failed with the batch if it fails
+        try:
+            ready = self._take_ready(running)
+            taken += [r for r, _ in ready]
+            for req, result in ready:
+                if isinstance(result, Exception):
+                    req.fail(result)
+                elif isinstance(result, Begun):
+                    self.batch.join(self.batch.started([req], result.logits, result.state))
+                else:
+                    self.batch.enter([req], *result)
+            newcomers = self._take_waiting(len(ready), running)
+            taken += newcomers
+            if newcomers:
+                self._begin_newcomers(newcomers, running)
+        except Exception as e:  # e.g. a join's allocation: step() fails the rows, these may not be among them
+            for req in taken:
+                if not req.finished:
+                    req.fail(e)
+            raise
 
     def _take_ready(self, running: int) -> list[tuple[Request, object]]:
         ready = []
