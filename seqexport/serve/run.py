@@ -75,14 +75,14 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
         while True:
             time.sleep(3600)  # until SIGINT/SIGTERM
     finally:
+        if front is not None:  # first: Ray's shutdown may not return before the process is ended
+            front.close()
+            shutil.rmtree(front.registry.folder, ignore_errors=True)
         if address:
             serve.delete(APP_NAME)  # leave the cluster as we found it
         else:
             serve.shutdown()
         ray.shutdown()
-        if front is not None:
-            front.close()
-            shutil.rmtree(front.registry.folder, ignore_errors=True)
 
 
 def _front(host: str, port: int):
