@@ -337,7 +337,7 @@ FAULTS = (
           "    if load > BUSY_LOAD_PER_CORE * cores:", "    if False:",
           ("tests/test_bench.py::test_scaling_study_refuses_a_busy_machine",)),
     Fault("M97", "serve's front: a request whose replica went away before answering is not sent to another",
-          "seqexport/serve/proxy.py", "        for attempt in range(self.retries + 1):\n            replica = self._pick()",
+          "seqexport/serve/front.py", "        for attempt in range(self.retries + 1):\n            replica = self._pick()",
           "        for attempt in range(1):\n            replica = self._pick()",
           ("tests/test_serve_front.py", "tests/test_serve_ray.py::test_a_replica_killed_under_load_sends_no_client_a_500")),
     Fault("M93", "Mamba-2 lean step: the conv weight's zero tap padded after the newest instead of before the oldest",

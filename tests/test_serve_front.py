@@ -1,4 +1,4 @@
-"""`seqexport.serve.proxy.Front`, the embedded Ray default's HTTP in front of replicas that answer
+"""`seqexport.serve.front.Front`, the embedded Ray default's HTTP in front of replicas that answer
 HTTP themselves, over real servers: `serve --no-ray` subprocesses on 127.0.0.1 stand for the
 replicas (each announced in the registry folder by its pid and port, as a replica does), real HTTP
 clients. What the front relays is what a replica answers; a replica that is gone is passed over;
@@ -15,8 +15,8 @@ import time
 import pytest
 import requests
 
+from seqexport.serve.front import Front
 from seqexport.serve.process import ServerProcess, free_port
-from seqexport.serve.proxy import Front
 
 PROMPTS = ["5 May 2021", "the 3rd of March 1999", "Sunday 12 Oct 1999"]
 

@@ -111,7 +111,7 @@ def test_embedded_ray_listens_on_loopback_only(two_replicas):
 
 def test_embedded_default_keeps_ray_off_the_request_path(two_replicas):
     """No Ray Serve proxy in the embedded default: the `serve` process itself listens on the port
-    (`seqexport.serve.proxy.Front`) and relays to the replicas, which answer HTTP on 127.0.0.1."""
+    (`seqexport.serve.front.Front`) and relays to the replicas, which answer HTTP on 127.0.0.1."""
     server, first, _ = two_replicas
     names = {}
     for pid in server.session_pids():
@@ -193,7 +193,7 @@ def test_a_replica_killed_under_load_sends_no_client_a_500(two_replicas, dates):
     """16 clients, 160 requests (half streamed), one of two replicas SIGKILLed a second into the
     load while one of its streams is half-way: no HTTP 500 and no connection cut reaches a
     client. Requests that had sent nothing are sent again to the surviving replica (the embedded
-    default's front, `seqexport.serve.proxy.Front`), so they complete; a stream cut mid-way ends with
+    default's front, `seqexport.serve.front.Front`), so they complete; a stream cut mid-way ends with
     an error event and [DONE]; at worst a 503 with Retry-After. Every retry then completes."""
     server, first, log = two_replicas
     folder, model = dates

@@ -6,6 +6,8 @@
     metrics   Prometheus metrics of one server
     app       ServeConfig, ServingHost (model + engine), build_app (FastAPI)
     ray_app   the Ray Serve deployment and its config file
+    front     the embedded default's HTTP front: relays to replicas that answer HTTP themselves
+    proxy     ReplicaLoss, the middleware that keeps Ray Serve's own proxy from answering 500
     run       how `seqexport serve` runs (`seqexport bench-serve` is in seqexport/bench/serve.py)
 
 Needs the `serve` extra (ray[serve], which brings FastAPI, uvicorn, prometheus-client).

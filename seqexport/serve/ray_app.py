@@ -41,7 +41,7 @@ def _answer_http(app, registry: str):
 
     import uvicorn
 
-    from seqexport.serve.proxy import Registry
+    from seqexport.serve.front import Registry
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

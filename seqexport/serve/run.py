@@ -86,7 +86,7 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
 
 
 def _front(host: str, port: int):
-    from seqexport.serve.proxy import Front
+    from seqexport.serve.front import Front
 
     folder = tempfile.mkdtemp(prefix="seqexport-replicas-")
     try:

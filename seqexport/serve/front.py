@@ -1,0 +1,427 @@
+"""`seqexport serve`'s embedded default: a front that relays HTTP to replicas answering it themselves.
+
+Through Ray Serve's proxy every request crosses three processes (proxy -> replica through
+Ray's core worker, the body fetched back, the answer streamed back): about 8-9 ms of CPU a
+request, most of it in Ray's native actor calls, which on two cores capped the path near
+180 requests a second. With the front, each replica (still a Ray Serve deployment: Ray
+starts, health-checks and restarts it) also serves its app over HTTP on 127.0.0.1, announces
+its port in a folder (`Registry`), and `Front`, in the `seqexport serve` process, relays each
+request's bytes to the replica with the fewest in flight: no Ray on the request's path. It
+keeps ReplicaLoss's promise: a request that got nothing back from a replica that died is sent
+again to a live one (503 with Retry-After past RETRIES), a stream cut after its first bytes
+ends with an error event and [DONE].
+"""
+
+import asyncio
+import json
+import logging
+
+from seqexport.serve.protocol import HTTPError, sse
+from seqexport.serve.proxy import BACKOFF_S, RETRIES
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5  # how often the front reads the registry for replicas Ray (re)started
+HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"expect",
+              b"proxy-connection", b"te", b"upgrade", b"trailer"}
+
+
+class Registry:
+    """Replicas on this machine that answer HTTP themselves: a folder of files, each named by a
+    replica's pid and holding its port."""
+
+    def __init__(self, folder):
+        from pathlib import Path
+
+        self.folder = Path(folder)
+
+    def announce(self, port: int) -> None:
+        import os
+
+        tmp = self.folder / f".{os.getpid()}.tmp"
+        tmp.write_text(str(port))
+        os.replace(tmp, self.folder / str(os.getpid()))
+
+    def read(self) -> dict[int, int]:
+        """{pid: port} of the live replicas; a dead one's file is removed."""
+        found = {}
+        for entry in self.folder.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                port = int(entry.read_text())
+            except (OSError, ValueError):
+                continue
+            if _alive(int(entry.name)):
+                found[int(entry.name)] = port
+            else:
+                entry.unlink(missing_ok=True)
+        return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+class _Replica:
+    def __init__(self, pid: int, port: int):
+        self.pid, self.port, self.inflight, self.idle = pid, port, 0, []
+
+    async def connection(self):
+        """(reader, writer, reused): an idle keep-alive connection, else a new one (OSError when refused)."""
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer, True
+            writer.close()
+        return *await asyncio.open_connection("127.0.0.1", self.port), False
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+class _Asked:
+    __slots__ = ("method", "url", "version", "headers", "body", "keep_alive")
+
+    def __init__(self):
+        self.url, self.headers, self.body = b"", [], []
+
+    def upstream(self) -> bytes:
+        """The request as sent to a replica: HTTP/1.1, keep-alive, its body with a Content-Length."""
+        body = b"".join(self.body)
+        lines = [self.method + b" " + self.url + b" HTTP/1.1"]
+        lines += [n + b": " + v for n, v in self.headers if n.lower() not in HOP_BY_HOP]
+        if body or self.method not in (b"GET", b"HEAD", b"DELETE", b"OPTIONS"):
+            lines.append(b"content-length: " + str(len(body)).encode())
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+class _Client(asyncio.Protocol):
+    """One client connection (an asyncio protocol: no task or future a read): its requests,
+    parsed as they arrive (httptools), answered one after another."""
+
+    def __init__(self, front: "Front"):
+        import httptools
+
+        self.front, self.parser = front, httptools.HttpRequestParser(self)
+        self.ready, self.current, self.gone = [], None, False
+        self.transport = self.task = self.upstream = self._drained = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        try:
+            self.parser.feed_data(data)
+        except Exception as e:  # not HTTP: this client only
+            log.debug("front: a client's bytes: %r", e)
+            self.transport.close()
+            return
+        if self.ready and self.task is None:
+            self.task = self.front._loop.create_task(self._serve())
+
+    def connection_lost(self, exc):
+        self.gone = True
+        if self.upstream is not None:
+            self.upstream.close()  # the replica sees its client go: the row is freed
+        self.resume_writing()
+
+    def pause_writing(self):
+        self._drained = self.front._loop.create_future()
+
+    def resume_writing(self):
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    def write(self, data: bytes) -> None:
+        if not self.gone:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self._drained is not None:
+            await self._drained
+
+    def on_message_begin(self):
+        self.current = _Asked()
+
+    def on_url(self, url):
+        self.current.url += url
+
+    def on_header(self, name, value):
+        self.current.headers.append((name, value))
+
+    def on_headers_complete(self):
+        r = self.current
+        r.method, r.version, r.keep_alive = self.parser.get_method(), self.parser.get_http_version(), \
+            self.parser.should_keep_alive()
+        if any(n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in r.headers):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body):
+        self.current.body.append(body)
+
+    def on_message_complete(self):
+        self.ready.append(self.current)
+
+    async def _serve(self) -> None:
+        try:
+            while self.ready and not self.gone:
+                request = self.ready.pop(0)
+                if not await self.front._answer(self, request) or not request.keep_alive:
+                    self.transport.close()
+                    return
+        except Exception as e:  # a reset connection: this client only
+            log.debug("front: client connection ended: %r", e)
+            self.transport.close()
+        finally:
+            self.task = None
+
+
+class _Relay:
+    """A replica's answer, parsed (httptools) and relayed as it arrives: its head held back until
+    the body's first bytes (an attempt that relayed nothing can be made again), a chunked body
+    re-framed a chunk per piece (so a cut can be ended at a chunk's boundary), an SSE body relayed
+    whole events at a time."""
+
+    def __init__(self, client, head_only: bool, chunks_ok: bool):
+        import httptools
+
+        self.parser = httptools.HttpResponseParser(self)
+        self.out, self.head_only, self.chunks_ok = client, head_only, chunks_ok
+        self.reason, self.headers, self.pieces = b"", [], []
+        self.head_done = self.complete = self.sent = self.sse = self.chunked = self.close = self.reused = False
+        self.tail = b""
+
+    def on_status(self, reason):
+        self.reason += reason
+
+    def on_header(self, name, value):
+        self.headers.append((name, value))
+
+    def on_headers_complete(self):
+        self.head_done = True
+        for n, v in self.headers:
+            n = n.lower()
+            if n == b"content-type" and v.startswith(b"text/event-stream"):
+                self.sse = True
+            elif n == b"transfer-encoding" and b"chunked" in v.lower():
+                self.chunked = True
+        if self.head_only:
+            self.complete = True
+
+    def on_body(self, body):
+        self.pieces.append(body)
+
+    def on_message_complete(self):
+        self.complete = True
+
+    def relay(self) -> None:
+        """Write what has arrived: the head once there is body (or the end), then the body."""
+        if not self.head_done or (not self.sent and not self.complete and not any(self.pieces)):
+            return
+        if not self.sent:
+            self._head()
+        data, self.pieces = b"".join(self.pieces), []
+        if self.sse and not self.complete:  # whole events only, so a cut never splits one
+            data = self.tail + data
+            cut = data.rfind(b"\n\n") + 2 if b"\n\n" in data else 0
+            data, self.tail = data[:cut], data[cut:]
+        elif self.tail:
+            data, self.tail = self.tail + data, b""
+        self._body(data)
+        if self.complete and self.chunked and not self.close:
+            self.out.write(b"0\r\n\r\n")
+
+    def _head(self) -> None:
+        self.sent = True
+        self.close = self.chunked and not self.chunks_ok  # an HTTP/1.0 client: the body until close
+        lines = [b"HTTP/1.1 %d %s" % (self.parser.get_status_code(), self.reason)]
+        lines += [n + b": " + v for n, v in self.headers
+                  if n.lower() not in (b"connection", b"keep-alive", b"transfer-encoding")]
+        if self.chunked and not self.close:
+            lines.append(b"transfer-encoding: chunked")
+        if self.close or not self.chunks_ok:
+            lines.append(b"connection: close")
+        self.out.write(b"\r\n".join(lines) + b"\r\n\r\n")
+
+    def _body(self, data: bytes) -> None:
+        if data:
+            self.out.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked and not self.close else data)
+
+    def end_cut(self) -> bool:
+        """The replica went away after the body began: an SSE stream ends with an error event and
+        [DONE]; anything else is cut (False: the client's connection must close)."""
+        if not self.sse:
+            return False
+        cut = HTTPError(503, "the replica serving this stream went away; retry the request", kind="server_busy")
+        self._body(sse(cut.body()) + sse("[DONE]"))
+        if self.chunked and not self.close:
+            self.out.write(b"0\r\n\r\n")
+        return not self.close
+
+
+class Front:
+    """`seqexport serve`'s HTTP on HOST:PORT for replicas that answer HTTP themselves (found in
+    `registry`), on a thread of its own with its own event loop:
+
+        front = Front(folder, "127.0.0.1", 8000).start()    # listening once it returns
+        ...
+        front.close()
+    """
+
+    def __init__(self, registry, host: str, port: int, retries: int = RETRIES, backoff_s: float = BACKOFF_S):
+        self.registry = Registry(registry)
+        self.host, self.port, self.retries, self.backoff_s = host, port, retries, backoff_s
+        self.replicas: dict[int, _Replica] = {}
+        self._turn = 0
+        self._loop = self._server = self._thread = None
+
+    def start(self) -> "Front":
+        import threading
+
+        started, failed = threading.Event(), []
+
+        def run():
+            try:
+                import uvloop
+
+                loop = uvloop.new_event_loop()
+            except ImportError:
+                loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                self._server = loop.run_until_complete(loop.create_server(lambda: _Client(self), self.host,
+                                                                          self.port, backlog=1024))
+                poll = loop.create_task(self._poll())
+            except OSError as e:
+                failed.append(e)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            try:
+                loop.run_forever()
+            finally:
+                poll.cancel()
+                for replica in self.replicas.values():
+                    replica.close()
+                loop.run_until_complete(asyncio.sleep(0))
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="seqexport-front", daemon=True)
+        self._thread.start()
+        started.wait()
+        if failed:
+            raise failed[0]
+        return self
+
+    def close(self) -> None:
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._server.close)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    async def _poll(self) -> None:
+        while True:
+            self._refresh()
+            await asyncio.sleep(POLL_S)
+
+    def _refresh(self) -> None:
+        try:
+            live = self.registry.read()
+        except OSError:
+            return
+        for pid in [p for p in self.replicas if p not in live or self.replicas[p].port != live[p]]:
+            self.replicas.pop(pid).close()
+        for pid, port in live.items():
+            if pid not in self.replicas:
+                self.replicas[pid] = _Replica(pid, port)
+
+    def _pick(self) -> _Replica | None:
+        """The replica with the fewest requests in flight, ties taken in turn."""
+        replicas = list(self.replicas.values())
+        if not replicas:
+            return None
+        self._turn += 1
+        k = self._turn % len(replicas)
+        turned = replicas[k:] + replicas[:k]
+        return min(turned, key=lambda r: r.inflight)
+
+    async def _answer(self, client: _Client, request: _Asked) -> bool:
+        """One request to a replica, again to another if one went away before answering; whether
+        the client's connection can take another request."""
+        for attempt in range(self.retries + 1):
+            replica = self._pick() or (self._refresh() or self._pick())
+            if replica is not None:
+                reply = _Relay(client, request.method == b"HEAD", request.version == "1.1")
+                if await self._attempt(client, replica, request, reply):
+                    await client.drain()
+                    return not reply.close and not client.gone
+                if client.gone:
+                    return False
+                if reply.sent:
+                    keep = reply.end_cut()
+                    await client.drain()
+                    return keep
+                if self._again_at_once(replica, reply):
+                    continue
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+                self._refresh()
+        busy = HTTPError(503, "no replica answered this request (one went away); retry", kind="server_busy")
+        body = json.dumps(busy.body()).encode()
+        client.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                      b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await client.drain()
+        return True
+
+    def _again_at_once(self, replica: _Replica, reply: _Relay) -> bool:
+        """After an attempt that relayed nothing: whether to try again without waiting (a keep-alive
+        connection the replica had closed; a dead replica, dropped, while another is live)."""
+        if _alive(replica.pid):
+            return reply.reused
+        self.replicas.pop(replica.pid, None)
+        replica.close()
+        return bool(self.replicas)
+
+    async def _attempt(self, client: _Client, replica: _Replica, request: _Asked, reply: _Relay) -> bool:
+        """Whether the replica answered whole; the connection goes back to its pool if so."""
+        try:
+            reader, writer, reply.reused = await replica.connection()
+        except OSError:
+            return False
+        if client.gone:
+            writer.close()
+            return False
+        replica.inflight += 1
+        client.upstream = writer  # the client gone: so is the replica's connection
+        whole = False
+        try:
+            writer.write(request.upstream())
+            while not reply.complete:
+                data = await reader.read(65536)
+                if not data:
+                    return False
+                reply.parser.feed_data(data)
+                reply.relay()
+                await client.drain()
+            whole = True
+            return True
+        except Exception as e:  # the replica's connection reset, or its bytes not HTTP
+            log.debug("front: replica %d: %r", replica.pid, e)
+            return False
+        finally:
+            replica.inflight -= 1
+            client.upstream = None
+            if whole and not reply.head_only and not writer.is_closing():
+                replica.idle.append((reader, writer))
+            else:
+                writer.close()
