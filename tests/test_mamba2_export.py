@@ -68,6 +68,23 @@ def hf_decode(model, prompt: torch.Tensor, steps: torch.Tensor):
               for i in range(len(model.backbone.layers))]
     return torch.cat(logits, 1).numpy(), states
 
+def assert_decode_equals_transformers(hf, m, length: int, seed: int) -> None:
+    """Two random prompts of `length` prefilled through the export, then 20 single steps: every
+    logit and the final conv and SSM states equal transformers' own decode within TOL."""
+    g = torch.Generator().manual_seed(seed)
+    prompt, steps = torch.randint(0, V, (2, length), generator=g), torch.randint(0, V, (2, 20), generator=g)
+    want, want_states = hf_decode(hf, prompt, steps)
+    logits, state = m.step(prompt.numpy(), m.start(2), last_only=True)  # (2, 1, v)
+    got = [logits[:, 0]]
+    for token in steps.T:
+        logits, state = m.step(token.numpy(), state)
+        got.append(logits)
+    np.testing.assert_allclose(np.stack(got, 1), want, atol=TOL, rtol=0)
+    for i, (conv, ssm) in enumerate(want_states):
+        np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"], conv, atol=TOL, rtol=0)
+        np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"], ssm, atol=TOL, rtol=0)
+
+
 
 def test_graphs_declare_the_state_and_no_per_token_loop(exported):
     _, m, out = exported
@@ -86,18 +103,7 @@ def test_graphs_declare_the_state_and_no_per_token_loop(exported):
 @pytest.mark.parametrize("length", [1, 17, 300])
 def test_prefill_then_20_steps_equal_transformers(exported, length):
     hf, m, _ = exported
-    g = torch.Generator().manual_seed(length)
-    prompt, steps = torch.randint(0, V, (2, length), generator=g), torch.randint(0, V, (2, 20), generator=g)
-    want, want_states = hf_decode(hf, prompt, steps)
-    logits, state = m.step(prompt.numpy(), m.start(2), last_only=True)  # (2, 1, v)
-    got = [logits[:, 0]]
-    for token in steps.T:
-        logits, state = m.step(token.numpy(), state)
-        got.append(logits)
-    np.testing.assert_allclose(np.stack(got, 1), want, atol=TOL, rtol=0)
-    for i, (conv, ssm) in enumerate(want_states):
-        np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"], conv, atol=TOL, rtol=0)
-        np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"], ssm, atol=TOL, rtol=0)
+    assert_decode_equals_transformers(hf, m, length, seed=length)
 
 
 def test_right_padded_rows_in_one_prefill_equal_each_row_alone(exported):

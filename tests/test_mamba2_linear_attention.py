@@ -16,7 +16,14 @@ from click.testing import CliRunner
 
 from seqexport.cli import cli
 from seqexport.errors import UsageError
-from tests.test_mamba2_export import TOL, V, export, hf_decode, hf_model
+from tests.test_mamba2_export import (
+    TOL,
+    V,
+    assert_decode_equals_transformers,
+    export,
+    hf_decode,
+    hf_model,
+)
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["ngroups1", "ngroups2"])
@@ -52,18 +59,7 @@ def test_both_graphs_use_the_fused_kernels_and_keep_the_state_layout(exported):
 @pytest.mark.parametrize("length", [1, 17, 300])
 def test_prefill_then_20_steps_equal_transformers(exported, length):
     hf, m, _ = exported
-    g = torch.Generator().manual_seed(100 + length)
-    prompt, steps = torch.randint(0, V, (2, length), generator=g), torch.randint(0, V, (2, 20), generator=g)
-    want, want_states = hf_decode(hf, prompt, steps)
-    logits, state = m.step(prompt.numpy(), m.start(2), last_only=True)  # (2, 1, v)
-    got = [logits[:, 0]]
-    for token in steps.T:
-        logits, state = m.step(token.numpy(), state)
-        got.append(logits)
-    np.testing.assert_allclose(np.stack(got, 1), want, atol=TOL, rtol=0)
-    for i, (conv, ssm) in enumerate(want_states):
-        np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"], conv, atol=TOL, rtol=0)
-        np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"], ssm, atol=TOL, rtol=0)
+    assert_decode_equals_transformers(hf, m, length, seed=100 + length)
 
 
 def test_right_padded_rows_in_one_prefill_equal_each_row_alone(exported):

@@ -17,7 +17,12 @@ from seqexport.models.mamba2 import Mamba2Config, Mamba2LM
 import seqexport.runtime as rt
 from seqexport.cli import cli
 from seqexport.families.mamba2 import lean_step
-from tests.test_mamba2_export import TOL, V, export, hf_decode, hf_model
+from tests.test_mamba2_export import (
+    V,
+    assert_decode_equals_transformers,
+    export,
+    hf_model,
+)
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["ngroups1", "ngroups2"])
@@ -52,18 +57,7 @@ def test_the_default_is_mixed_and_the_step_never_transposes_the_state(exported):
 @pytest.mark.parametrize("length", [1, 17, 300])
 def test_prefill_then_20_steps_equal_transformers(exported, length):
     hf, m, _ = exported
-    g = torch.Generator().manual_seed(200 + length)
-    prompt, steps = torch.randint(0, V, (2, length), generator=g), torch.randint(0, V, (2, 20), generator=g)
-    want, want_states = hf_decode(hf, prompt, steps)
-    logits, state = m.step(prompt.numpy(), m.start(2), last_only=True)
-    got = [logits[:, 0]]
-    for token in steps.T:
-        logits, state = m.step(token.numpy(), state)
-        got.append(logits)
-    np.testing.assert_allclose(np.stack(got, 1), want, atol=TOL, rtol=0)
-    for i, (conv, ssm) in enumerate(want_states):
-        np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"], conv, atol=TOL, rtol=0)
-        np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"], ssm, atol=TOL, rtol=0)
+    assert_decode_equals_transformers(hf, m, length, seed=200 + length)
 
 
 def test_validate_passes(exported):
