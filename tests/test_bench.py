@@ -319,3 +319,41 @@ def test_scaling_study_refuses_a_busy_machine(transformer_tiny, monkeypatch):
     assert said and said[0].startswith("warning: the machine is busy")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.1 * cores, 0.0, 0.0))
     assert check_quiet() == 0.1 * cores
+
+
+def test_scaling_rounds_merge_to_medians(transformer_tiny, monkeypatch):
+    """Three real rounds of the study on one folder (the step times replaced by known ones, so the
+    median can be read): each point is the median of its rounds, the bound follows the median
+    bandwidth, and rounds of different contexts are refused."""
+    from seqexport.bench.scaling import merge_rounds
+
+    monkeypatch.setattr(bench_scaling, "measure_bandwidth", lambda *a, **k: dict(BANDWIDTH))
+    folder = transformer_tiny[1]
+    rounds = [measure_scaling({"t": folder}, contexts=(4, 8), providers=["cpu"], repeats=1, allow_busy=True)
+              for _ in range(3)]
+    for r, (ms, gbs) in zip(rounds, [(3.0, 10.0), (1.0, 30.0), (2.0, 20.0)], strict=True):
+        r["bandwidth_gbs"] = gbs
+        for i, p in enumerate(r["models"][0]["points"]):
+            p["step_ms"] = ms + 10 * i
+    merged = merge_rounds(rounds)
+    (m,) = merged["models"]
+    assert [p["step_ms"] for p in m["points"]] == [2.0, 12.0]
+    assert m["points"][0]["step_ms_rounds"] == [3.0, 1.0, 2.0]
+    assert merged["bandwidth_gbs"] == 20.0 and merged["rounds"] == 3
+    assert m["bound_ms"] == pytest.approx(m["step_weight_bytes"] / 20e9 * 1e3)
+    rounds[1]["models"][0]["points"].pop()
+    with pytest.raises(UsageError, match="different models or contexts"):
+        merge_rounds(rounds)
+
+
+def test_int4_floor_swaps_the_linears_time():
+    """The int4 step's floor: the float32 step with its linears' time (timed alone) replaced by
+    the int4 linears' time; 4 ms with 3 ms of linears that take 0.6 ms in int4 -> 1.6 ms."""
+    from seqexport.bench.int4 import _floor, format_rounds
+
+    run = {"weights": "int4", "disk_bytes": {"float32": 2e8, "int4": 5e7},
+           "rows": [{"step_float32_ms": 4.0, "step_int4_ms": 2.0, "step_ratio": 0.5}],
+           "linears_alone": {"float32_ms": 3.0, "int4_ms": 0.6, "ratio": 0.2}}
+    assert _floor(run, "int4") == pytest.approx((0.4, 1.25))
+    line = format_rounds({"d": [run]}).splitlines()[1]
+    assert "0.400   1.250" in line

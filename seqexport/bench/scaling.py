@@ -102,6 +102,7 @@ def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, p
             # the RSS the load added (earlier models of this run stay loaded until collected)
             entry = {"label": label, "folder": str(folder), "family": family, "provider": rt.provider,
                      "preset": (manifest.get("source") or {}).get("preset"), "step_weight_bytes": weights,
+                     "quantized": (manifest.get("quantization") or {}).get("weights"),
                      "load_seconds": time.perf_counter() - started,
                      "rss_added_by_load_bytes": (rss_now() or 0) - (rss or 0),
                      "artifact": artifact_facts(folder, manifest), "points": []}
@@ -130,12 +131,15 @@ def plot_scaling(result: dict, path: str | Path) -> Path:
     colors = {}
     for m in result["models"]:
         x = [p["context"] for p in m["points"]]
-        name = (f"{m['label']} ({m['provider'].replace('ExecutionProvider', '')}, "
-                f"{m['step_weight_bytes'] / 1e6:.0f} MB of weights)")
-        line, = lat.plot(x, [p["step_ms"] for p in m["points"]], "o-", label=name)
+        # a quantised copy: its float32 source's bound does not bound it, and its state is the
+        # source's (float32), so it gets a latency line only
+        quantized = m.get("quantized")
+        weights = f"{quantized} weights" if quantized else f"{m['step_weight_bytes'] / 1e6:.0f} MB of weights"
+        name = f"{m['label']} ({m['provider'].replace('ExecutionProvider', '')}, {weights})"
+        line, = lat.plot(x, [p["step_ms"] for p in m["points"]], "o--" if quantized else "o-", label=name)
         color = colors.setdefault(m["label"], line.get_color())
         line.set_color(color)
-        if m["provider"].startswith("CPU"):
+        if m["provider"].startswith("CPU") and not quantized:
             lat.axhline(m["bound_ms"], color=color, ls=":", lw=1)
             mem.plot(x, [p["state_bytes"] / 2**20 for p in m["points"]], "o-", color=color, label=m["label"])
     lat.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per token",
@@ -146,7 +150,7 @@ def plot_scaling(result: dict, path: str | Path) -> Path:
             title="KV cache / recurrent state per sequence")
     mem.legend(fontsize=7)
     for m in result["models"]:
-        if m["provider"].startswith("CPU"):
+        if m["provider"].startswith("CPU") and not m.get("quantized"):
             last = m["points"][-1]
             mem.annotate(f"{last['state_bytes'] / 2**20:.3g} MiB", (last["context"], last["state_bytes"] / 2**20),
                          textcoords="offset points", xytext=(-8, 0), ha="right", va="center", fontsize=7)
@@ -167,3 +171,31 @@ def plot_scaling(result: dict, path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One study from several rounds of `measure_scaling` (each round a fresh process per model,
+    the models alternating): every point's step is the median of its rounds (kept beside it as
+    `step_ms_rounds`), the bandwidth the median of the rounds' measurements, each model's bound
+    recomputed from it. The rounds must have timed the same models at the same contexts."""
+    if not rounds:
+        raise UsageError("no rounds to merge")
+    first = rounds[0]
+    keys = [(m["label"], m["provider"], [p["context"] for p in m["points"]]) for m in first["models"]]
+    for r in rounds[1:]:
+        other = [(m["label"], m["provider"], [p["context"] for p in m["points"]]) for m in r["models"]]
+        if other != keys:
+            raise UsageError(f"rounds timed different models or contexts: {keys} vs {other}")
+    bandwidth = float(np.median([r["bandwidth_gbs"] for r in rounds]))
+    merged = {**first, "rounds": len(rounds), "bandwidth_gbs": bandwidth,
+              "bandwidth_gbs_rounds": [r["bandwidth_gbs"] for r in rounds],
+              "load_average_rounds": [r["load_average_start"] for r in rounds],
+              "load_average_end": rounds[-1]["load_average_end"], "models": []}
+    for i, model in enumerate(first["models"]):
+        points = []
+        for j, point in enumerate(model["points"]):
+            times = [r["models"][i]["points"][j]["step_ms"] for r in rounds]
+            points.append({**point, "step_ms": float(np.median(times)), "step_ms_rounds": times})
+        bound = model["step_weight_bytes"] / (bandwidth * 1e9) * 1e3
+        merged["models"].append({**model, "points": points, "bound_ms": bound})
+    return merged
