@@ -345,15 +345,3 @@ def test_scaling_rounds_merge_to_medians(transformer_tiny, monkeypatch):
     with pytest.raises(UsageError, match="different models or contexts"):
         merge_rounds(rounds)
 
-
-def test_int4_floor_swaps_the_linears_time():
-    """The int4 step's floor: the float32 step with its linears' time (timed alone) replaced by
-    the int4 linears' time; 4 ms with 3 ms of linears that take 0.6 ms in int4 -> 1.6 ms."""
-    from seqexport.bench.int4 import _floor, format_rounds
-
-    run = {"weights": "int4", "disk_bytes": {"float32": 2e8, "int4": 5e7},
-           "rows": [{"step_float32_ms": 4.0, "step_int4_ms": 2.0, "step_ratio": 0.5}],
-           "linears_alone": {"float32_ms": 3.0, "int4_ms": 0.6, "ratio": 0.2}}
-    assert _floor(run, "int4") == pytest.approx((0.4, 1.25))
-    line = format_rounds({"d": [run]}).splitlines()[1]
-    assert "0.400   1.250" in line

@@ -105,32 +105,19 @@ def format_rounds(results: dict[str, list[dict]]) -> str:
     from statistics import median
 
     lines = ["folder   weights   step fp32 ms   step q ms   q/fp32 (median; rounds)   linears alone q/fp32   "
-             "floor/fp32   q/floor   size fp32 -> q MB"]
+             "size fp32 -> q MB"]
     for f, runs in results.items():
         q = runs[0]["weights"]
         rows = [r["rows"][0] for r in runs]
         ratios = [row["step_ratio"] for row in rows]
         alone = [r["linears_alone"]["ratio"] for r in runs if "linears_alone" in r]
-        floors = [_floor(r, q) for r in runs if "linears_alone" in r]
         size = runs[0]["disk_bytes"]
         lines.append(f"{f}   {q}   {median(row['step_float32_ms'] for row in rows):.2f}   "
                      f"{median(row[f'step_{q}_ms'] for row in rows):.2f}   "
                      f"{median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})   "
                      f"{f'{median(alone):.3f}' if alone else 'n/a'}   "
-                     + (f"{median(a for a, _ in floors):.3f}   {median(b for _, b in floors):.3f}   " if floors
-                        else "n/a   n/a   ")
-                     + f"{size['float32'] / 1e6:.0f} -> {size[q] / 1e6:.0f}")
+                     f"{size['float32'] / 1e6:.0f} -> {size[q] / 1e6:.0f}")
     return "\n".join(lines)
-
-
-def _floor(run: dict, q: str) -> tuple[float, float]:
-    """(floor ÷ float32 step, quantised step ÷ floor) of one round. The floor is the float32 step
-    with its linears' time swapped for the quantised linears' (both timed alone in that round):
-    what the copy would take if quantisation sped up the linears as it does alone and left the
-    rest of the step (norms, attention over the cache, head moves, the scan) as it was."""
-    row, alone = run["rows"][0], run["linears_alone"]
-    floor = row["step_float32_ms"] - alone["float32_ms"] + alone["int4_ms"]
-    return floor / row["step_float32_ms"], row[f"step_{q}_ms"] / floor
 
 
 if __name__ == "__main__":  # python -m seqexport.bench.int4 [--rounds N] QUANTISED_DIR...
