@@ -8,10 +8,10 @@ Every lowering computes, from h = h0, for t = 0 .. l-1:
     y_t = <h, C_t> + D u_t
 and returns (y (b, l, d_in), h_last (b, d_in, n)), all float32.
 
-- `loop`: a custom op whose ONNX translation is ONE `Scan` node over chunks of
-  CHUNK steps, the steps of a chunk unrolled in its body (exp(ΔA) and ΔBu made
-  per chunk, never for the whole sequence). Dynamic batch and length; the
-  fastest on CPU (DESIGN §5).
+- `loop`: a custom op whose ONNX translation is ONE `Scan` node over the time
+  steps, the state transposed to (b, n, d_in) inside it (exp(ΔA) and ΔBu made
+  per step, never for the whole sequence). Dynamic batch and length; the
+  fastest on CPU (DESIGN §5). Its eager kernel is `scan_chunked`.
 - `unrolled`: plain torch ops, the same chunked recurrence unrolled by the
   tracer; the length is fixed at export time (batch stays dynamic).
 - `parallel`: a custom op whose ONNX translation is pure tensor ops inside one
@@ -32,8 +32,9 @@ from torch import Tensor
 
 from seqexport.families.mamba import LOWERINGS  # declared with the family (the CLI lists them)
 
-# time steps per chunk, unrolled in the loop lowering's Scan body (a prompt shorter than a
-# chunk computes all of it). 8 against 16, begin() medians, 1 thread, paired: short prompts
+# time steps per chunk of `scan_chunked` (the unrolled lowering; the loop lowering's eager
+# kernel), as once in the loop lowering's Scan body (a prompt shorter than a chunk computes
+# all of it). 8 against 16, begin() medians, 1 thread, paired: short prompts
 # faster (bundled mamba-dates 4.1 -> 3.2 ms at 4 tokens, 6.4 -> 5.4 at 24; the 130m preset
 # 201 -> 175 ms at 16), 1024 tokens the same within noise (130m 5.59 vs 5.61 s; tiny 2-6%
 # slower in two paired runs, 13% faster in a third). RWKV-7's WKV chunk stays 16: 8 was
@@ -121,7 +122,7 @@ def scan_doubling(
 def selective_scan_chunked(
     u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, h0: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """The `loop` lowering: exported as one ONNX Scan over chunks of CHUNK steps."""
+    """The `loop` lowering: exported as one ONNX Scan over the time steps."""
     y, h = scan_chunked(u, delta, A, B, C, D, h0)
     return y, h.clone() if u.shape[1] == 0 else h
 
