@@ -439,7 +439,7 @@ def test_a_join_that_raises_loses_no_request(transformer, monkeypatch):
 
     def extend_failing_once(state, newcomers):
         calls[0] += 1
-        if calls[0] == 3:
+        if calls[0] == 1:  # (the first: newcomers that are ready together join in one extend)
             raise MemoryError("no room for the newcomer's rows")
         return real(state, newcomers)
 
@@ -457,3 +457,55 @@ def test_a_join_that_raises_loses_no_request(transformer, monkeypatch):
     done = [(p, r) for p, r in zip(prompts, reqs) if r.finish_reason == "length"]
     assert len(done) + len(failed) == len(reqs) and len(done) >= len(reqs) - 5
     assert [r.tokens for _, r in done] == alone(transformer, [p for p, _ in done], [greedy] * len(done))
+
+
+def test_a_request_that_ends_is_woken_at_the_next_batched_step(transformer):
+    """A request's `done` is set at the engine's hand-off: by step() before it returns, and on the
+    engine thread just before the next batched step (its Python then runs beside that step), not
+    once the batch empties. Seen from the long request's tokens, on the engine thread: once the
+    short one has ended, every later round has it woken."""
+    prompts = random_prompts(3, transformer.config["src_vocab_size"], seed=7)
+    engine = Engine(transformer, max_rows=4)
+    one, more = (engine.submit(p, rt.SearchOptions(max_new_tokens=n, eos_id=-1)) for p, n in zip(prompts, (1, 6)))
+    engine.step()  # both begun together; `one` has its token and ends
+    assert one.finished and one.done.is_set() and not more.finished
+
+    seen = []  # for each token of `long`: (short has ended, short is woken)
+    engine = Engine(transformer, max_rows=4).start()
+    try:
+        short = engine.submit(prompts[1], rt.SearchOptions(max_new_tokens=2, eos_id=-1))
+        long = engine.submit(prompts[2], rt.SearchOptions(max_new_tokens=30, eos_id=-1),
+                             on_event=lambda req, token: seen.append((short.finished, short.done.is_set())))
+        assert short.wait(60) and long.wait(60)
+    finally:
+        engine.close()
+    after = [woken for ended, woken in seen if ended]
+    assert len(after) >= 2 and all(after[1:]), seen  # (the round it ended in may not have woken it yet)
+    assert long.tokens == alone(transformer, prompts[2:], [rt.SearchOptions(max_new_tokens=30, eos_id=-1)])[0]
+
+
+def test_a_row_whose_logits_turn_nan_fails_alone(transformer, monkeypatch):
+    """NaN logits in one row of a batched step end that request with an error naming them; the
+    other rows go on with generate()'s tokens."""
+    real, victims = transformer.step, []
+
+    def step_with_a_nan_row(tokens, state):
+        logits, new = real(tokens, state)
+        if not victims and logits.ndim == 2 and len(logits) == 3:  # one batched step of the three
+            victims.append(engine.batch.rows[1])
+            logits = logits.copy()
+            logits[1, 7] = np.nan
+        return logits, new
+
+    monkeypatch.setattr(transformer, "step", step_with_a_nan_row)
+    prompts = random_prompts(3, transformer.config["src_vocab_size"], seed=8)
+    greedy = rt.SearchOptions(max_new_tokens=6, eos_id=-1)
+    engine = Engine(transformer, max_rows=4)
+    reqs = [engine.submit(p, greedy) for p in prompts]
+    engine.run_until_done()
+    monkeypatch.undo()
+    (victim,) = victims
+    assert victim.finish_reason == "error" and "NaN/Inf logits" in str(victim.error)
+    rest = [(p, r) for p, r in zip(prompts, reqs) if r is not victim]
+    assert [r.finish_reason for _, r in rest] == ["length", "length"]
+    assert [r.tokens for _, r in rest] == alone(transformer, [p for p, _ in rest], [greedy] * 2)

@@ -53,6 +53,13 @@ round (on the bundled Mamba its prompt held a row for about as many rounds as it
 generated). The engine thread only joins what the starter has ready, in arrival order.
 `start_ahead=0`, or `step()` called directly, starts newcomers inline on the engine thread.
 
+Waking other threads is handed off too: a request that ends gets its `on_event(None)` at once,
+but the engine thread sets its `done` event (and tells the starter it has room) just before
+the next batched step, which lets the GIL go for the whole step; a client woken then runs its
+Python (the next `submit`) beside that step instead of taking the GIL in the middle of the
+round's joins, leaves and picks. When no step follows (the batch is empty, `close()`, or
+`step()` called directly) they are woken at the end of the round.
+
 The engine never asks which family it runs: rows join and leave through the model's
 `extend`/`retain`, and a model whose rows cannot sit at different positions
 (`continuous_batching = False`) gets new requests only when the batch is empty.

@@ -7,6 +7,7 @@ row its next prompt token or its last pick; rows past their prompt pick from the
 It knows nothing of the queue or of threads (`engine`)."""
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -29,6 +30,7 @@ class RunningBatch:
         self.steps = 0  # batched decode steps run
         self.row_steps = 0  # rows over all decode steps (row_steps / steps: the batch's mean rows)
         self.tokens_generated = 0
+        self.before_run: Callable[[], None] | None = None  # called just before each batched step
 
     @property
     def active_rows(self) -> int:
@@ -112,15 +114,21 @@ class RunningBatch:
     def enter(self, group: list[Request], state: State, pending: list[list[int]]) -> None:
         """Begun requests into the batch (or staged, a prompt longer than `prefill_chunk`) with
         the tokens they still have to feed."""
+        self.join(self.entering(group, state, pending))
+
+    def entering(self, group: list[Request], state: State, pending: list[list[int]]) -> list[State]:
+        """`enter` but for the join: the requests that join are added to the running ones and
+        their state returned, for the caller to join (with others', in one `join`)."""
         joining, stage = [], []
         for i, (req, tokens) in enumerate(zip(group, pending)):
             req._pending = tokens[::-1]  # popped from the end
             (stage if len(tokens) > self.prefill_chunk else joining).append(i)
         for i in stage:
             self.staged.append((group[i], self.model.take(state, [i])))
-        if joining:
-            self.join([state if len(joining) == len(group) else self.model.take(state, joining)])
-            self.rows += [group[i] for i in joining]
+        if not joining:
+            return []
+        self.rows += [group[i] for i in joining]
+        return [state if len(joining) == len(group) else self.model.take(state, joining)]
 
     def prefill_staged(self) -> None:
         """The oldest staged prompt's next chunk through the prefill graph (one bounded run a
@@ -161,6 +169,8 @@ class RunningBatch:
                 tokens.append(r._next)
             pick.append(i)
         tokens = np.array(tokens, np.int64)  # (b,)
+        if self.before_run is not None:
+            self.before_run()
         if self._advance is not None:
             logits, self.state = self._advance(tokens, self.state, self.max_rows)  # (b, v)
         else:
@@ -176,8 +186,10 @@ class RunningBatch:
         """Each request's next token from its row of the (b, v) logits, as Generator does for
         that request alone (greedy rows share one argmax; sampled rows draw from their own rng)."""
         best = logits.argmax(-1).tolist()  # (b,)
-        finite = np.isfinite(logits).all(-1)  # (b,)
-        bad = not finite.all()
+        # NaN/Inf anywhere makes the sum non-finite (one reduction, no (b, v) mask); only then
+        # (or a sum of finite logits that overflows) is each row looked at
+        bad = not np.isfinite(logits.sum())
+        finite = np.isfinite(logits).all(-1) if bad else None  # (b,)
         for i, req in enumerate(reqs):
             if bad and not finite[i]:
                 req.fail(ArtifactError(f"the model produced NaN/Inf logits after {req._picked} new "

@@ -39,6 +39,7 @@ class Engine:
         # called on the engine thread after each round's events (a server hands them on at once)
         self.on_round = on_round
         self.batch = RunningBatch(model, max_rows, prefill_chunk)
+        self.batch.before_run = self._hand_off  # the batched step lets the GIL go: wake others then
         self._limits = scheduler.Limits(max_rows, max_state_bytes, model.continuous_batching)
         self._waiting: deque[Request] = deque()
         # begun by the starter, in arrival order: (request, a Begun, a (state, pending) or the error raised)
@@ -51,6 +52,10 @@ class Engine:
         self._cancel_flag = [False]
         self._next_deadline = float("inf")
         self._held: list[Request] = []  # the requests the starter is beginning right now
+        # threads to wake at the next hand-off (`_hand_off`): finished requests' `done` events,
+        # and whether the starter may have room to begin another
+        self._wakes: list[threading.Event] = []
+        self._wake_starter = False
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -104,6 +109,7 @@ class Engine:
                       deadline=None if timeout is None else now + timeout, submitted=now)
         req._eos = eos_for(self.model, options)
         req._engine_flag = self._cancel_flag
+        req._engine_wakes = self._wakes
         with self._cond:
             if self.queue_length >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue {self.max_queue})")
@@ -164,6 +170,7 @@ class Engine:
         self._thread = self._starter = None
         for req in [*self.batch.requests(), *self._waiting, *(r for r, _ in self._ready)]:
             req.finish("cancelled")
+        self._hand_off()
         self.batch.clear()
         self._waiting.clear()
         self._ready.clear()
@@ -176,7 +183,9 @@ class Engine:
                     self._cond.wait()
                 if self._stopping:
                     return
-            self.step()
+            self._round()
+            if not self.batch.rows:
+                self._hand_off()  # no batched step comes to hand off before
 
     def _start_loop(self) -> None:
         """The starter: `begin_rows` (a graph: a transformer's encoder) or else `begin` (the
@@ -229,7 +238,25 @@ class Engine:
     # --- one scheduling round ---
 
     def step(self) -> None:
-        """Leave, admit, decode (see the package docstring)."""
+        """Leave, admit, decode (see the package docstring); then every request that ended has
+        its `done` set. (The engine thread's loop sets them at the next hand-off instead: just
+        before the next batched step, which lets the GIL go, so the woken clients' Python runs
+        beside that step rather than against this thread's joins, leaves and picks.)"""
+        self._round()
+        self._hand_off()
+
+    def _hand_off(self) -> None:
+        """Wake the threads the last round let go on: clients waiting on requests that ended,
+        the starter waiting for room to begin another."""
+        wakes = self._wakes
+        while wakes:
+            wakes.pop(0).set()
+        if self._wake_starter:
+            self._wake_starter = False
+            with self._cond:
+                self._cond.notify_all()
+
+    def _round(self) -> None:
         self._expire()
         self.batch.leave()
         try:
@@ -279,13 +306,15 @@ class Engine:
         try:
             ready = self._take_ready(running)
             taken += [r for r, _ in ready]
+            joining = []  # their states, joined in one go (one pass over the batch's arrays)
             for req, result in ready:
                 if isinstance(result, Exception):
                     req.fail(result)
                 elif isinstance(result, Begun):
-                    self.batch.join(self.batch.started([req], result.logits, result.state))
+                    joining += self.batch.started([req], result.logits, result.state)
                 else:
-                    self.batch.enter([req], *result)
+                    joining += self.batch.entering([req], *result)
+            self.batch.join(joining)
             newcomers = self._take_waiting(len(ready), running)
             taken += newcomers
             if newcomers:
@@ -298,19 +327,21 @@ class Engine:
 
     def _take_ready(self, running: int) -> list[tuple[Request, object]]:
         ready = []
-        while self._room(len(ready), running):
+        while self._ready and self._room(len(ready), running):  # (looked at without the lock: only this thread takes)
             with self._cond:
                 if not self._ready:
                     break
                 ready.append(self._ready.popleft())
-                self._cond.notify_all()  # room for the starter to begin another
+                self._wake_starter = True  # room for the starter to begin another (at the hand-off)
         return ready
 
     def _take_waiting(self, joined: int, running: int) -> list[Request]:
         newcomers: list[Request] = []
-        while self._room(len(newcomers) + joined, running):
-            with self._cond:  # with a starter, only an empty batch takes a newcomer itself (at once)
-                if not self._waiting or (self._starter is not None and (running or joined)):
+        if self._starter is not None and (running or joined):
+            return newcomers  # with a starter, only an empty batch takes a newcomer itself (at once)
+        while self._waiting and self._room(len(newcomers) + joined, running):
+            with self._cond:
+                if not self._waiting:
                     break
                 newcomers.append(self._waiting.popleft())
         return newcomers

@@ -28,7 +28,8 @@ class Begun:
 @dataclass(eq=False)
 class Request:
     """One prompt's generation. The engine thread writes it; read it after `done` is set
-    (or from `on_event`, which runs on the engine thread)."""
+    (or from `on_event`, which runs on the engine thread). `on_event` sees the end at once;
+    `done` is set at the engine's next hand-off (see `Engine.step`)."""
 
     prompt: list[int]
     options: SearchOptions
@@ -50,6 +51,9 @@ class Request:
         self._eos: int | None = None  # set by the engine
         self._cancelled = False
         self._engine_flag: list | None = None  # the engine's "a request was cancelled" flag
+        # the engine's wake-ups: `done` is set by the engine at its next hand-off (just before a
+        # batched step lets the GIL go) instead of at once; None: set at once
+        self._engine_wakes: list | None = None
 
     @cached_property
     def _rng(self) -> np.random.Generator:
@@ -99,7 +103,10 @@ class Request:
             return
         self.finish_reason = reason
         self._emit(None)
-        self.done.set()
+        if self._engine_wakes is not None:
+            self._engine_wakes.append(self.done)
+        else:
+            self.done.set()
 
     def _emit(self, token: int | None) -> None:
         if self.on_event is None:
