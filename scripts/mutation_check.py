@@ -358,6 +358,15 @@ FAULTS = (
           "seqexport/runtime/engine/engine.py",
           "                    req.fail(e)\n            raise\n",
           "                    pass\n            raise\n", ("tests/test_engine.py::test_a_join_that_raises_loses_no_request",)),
+    Fault("M100", "engine: a request that ends is woken only once the batch empties (no hand-off before the batched step)",
+          "seqexport/runtime/engine/batch.py", "        if self.before_run is not None:\n            self.before_run()\n",
+          "", ("tests/test_engine.py::test_a_request_that_ends_is_woken_at_the_next_batched_step",)),
+    Fault("M101", "running batch: NaN logits in a row go unseen (the one-sum check)", "seqexport/runtime/engine/batch.py",
+          "        bad = not np.isfinite(logits.sum())\n", "        bad = False\n",
+          ("tests/test_engine.py::test_a_row_whose_logits_turn_nan_fails_alone",)),
+    Fault("M102", "engine: close() leaves the requests it cancels unwoken", "seqexport/runtime/engine/engine.py",
+          '            req.finish("cancelled")\n        self._hand_off()\n', '            req.finish("cancelled")\n',
+          ("tests/test_engine.py::test_the_starter_begins_newcomers_beside_the_batch",)),
 )
 
 
