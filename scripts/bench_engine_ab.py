@@ -1,15 +1,18 @@
 """The engine at another git revision beside the engine in this tree, in one process, runs
-alternating (medians): 16 closed-loop clients, the same seeded requests as `bench-serve`.
+alternating (medians): closed-loop clients, the same seeded requests as `bench-serve`.
 
-    .venv/bin/python scripts/bench_engine_ab.py /tmp/sx/transformer-dates --rev 3ecde91~2 --repeats 3
+    .venv/bin/python scripts/bench_engine_ab.py exported/transformer-dates --rev HEAD~1 --repeats 8
 
-The old engine module is read with `git show REV:seqexport/runtime/engine.py` and runs over
-this tree's runtime (its model methods `join`/`take`/`begin` are kept for it). Also timed:
-one at a time through generate() and static batches of 16, for the ratios.
+The other engine is read with `git show`: the package `seqexport/runtime/engine/` (its imports of
+itself pointed at the copy), or at revisions before it was a package the module
+`seqexport/runtime/engine.py`; it runs over this tree's runtime (so only changes inside the engine
+are compared: for changes elsewhere, alternate fresh processes of two worktrees). Each repeat
+times generate() one at a time, then both engines, in an order that swaps every repeat; each
+engine's ratio is the median of the repeats' own ratios (engine ÷ that repeat's one at a time).
 """
 
 import argparse
-import importlib.util
+import importlib
 import subprocess
 import sys
 import tempfile
@@ -18,54 +21,65 @@ from pathlib import Path
 import numpy as np
 
 import seqexport.runtime as rt
-from seqexport.bench.serve import batched, bench_prompts, continuous
-from seqexport.runtime import engine as new_engine
+from seqexport.bench.serve import _options, batched, bench_prompts, continuous
+from seqexport.runtime import engine as engine_here
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "seqexport/runtime/engine"
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], check=True, capture_output=True, text=True, cwd=ROOT).stdout
 
 
 def engine_at(rev: str):
-    source = subprocess.run(["git", "show", f"{rev}:seqexport/runtime/engine.py"], check=True,
-                            capture_output=True, text=True, cwd=Path(__file__).parent.parent).stdout
-    path = Path(tempfile.mkdtemp()) / "engine_at_rev.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("engine_at_rev", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The engine module or package at `rev`, imported under the name `engine_at_rev`."""
+    folder = Path(tempfile.mkdtemp()) / "engine_at_rev"
+    folder.mkdir()
+    files = git("ls-tree", "--name-only", f"{rev}:seqexport/runtime/").split()
+    if "engine" in files:  # the package: its imports of itself pointed at the copy
+        for name in git("ls-tree", "--name-only", f"{rev}:{PACKAGE}/").split():
+            text = git("show", f"{rev}:{PACKAGE}/{name}").replace("seqexport.runtime.engine", "engine_at_rev")
+            (folder / name).write_text(text)
+    else:
+        (folder / "__init__.py").write_text(git("show", f"{rev}:{PACKAGE}.py"))
+    sys.path.insert(0, str(folder.parent))
+    return importlib.import_module("engine_at_rev")
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder")
     p.add_argument("--rev", required=True, help="git revision of the other engine")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--requests", type=int, default=1024)
+    p.add_argument("--max-tokens", type=int, default=32, help="each request asks for a quarter of it to all of it")
     args = p.parse_args(argv)
     model = rt.load(args.folder, provider="cpu", threads=args.threads)
-    prompts = bench_prompts(model, 64)
-    counts = np.random.default_rng(1).integers(max(1, args.max_tokens // 4), args.max_tokens + 1, 64)
+    prompts = bench_prompts(model, args.requests)
+    counts = np.random.default_rng(1).integers(max(1, args.max_tokens // 4), args.max_tokens + 1, args.requests)
     work = [(q, int(n)) for q, n in zip(prompts, counts)]
-    engines = {f"engine at {args.rev}": engine_at(args.rev), "engine here": new_engine}
+    rt.generate(model, prompts[:2], _options(args.max_tokens))  # warm up ORT's kernels
+    engines = {f"engine at {args.rev}": engine_at(args.rev), "engine here": engine_here}
     runs: dict[str, list] = {name: [] for name in engines}
-    one, static = [], []
-    for _ in range(args.repeats):
-        for name, module in engines.items():
-            engine = module.Engine(model, max_rows=args.clients, max_queue=64).start()
+    for i in range(args.repeats):
+        one = batched(model, work, 1)["tokens_per_s"]
+        for name in (list(engines) if i % 2 == 0 else list(engines)[::-1]):
+            engine = engines[name].Engine(model, max_rows=args.clients, max_queue=args.requests).start()
             try:
                 r = continuous(engine, work, args.clients)
             finally:
                 engine.close()
-            runs[name].append((r["tokens_per_s"], r["token_p50_ms"], r["ttft_p50_ms"]))
-        one.append(batched(model, work, 1)["tokens_per_s"])
-        static.append(batched(model, work, args.clients)["tokens_per_s"])
-    base = float(np.median(one))
-    print(f"{args.folder}: {args.clients} clients, {args.repeats} alternating runs, medians; "
-          f"one at a time {base:.0f} tok/s, static {np.median(static):.0f} ({np.median(static) / base:.2f}x)")
+            runs[name].append((r["tokens_per_s"], r["tokens_per_s"] / one, r["token_p50_ms"], r["ttft_p50_ms"]))
+        print(f"repeat {i + 1}: one at a time {one:.0f} tok/s; " +
+              ", ".join(f"{name} {rows[-1][1]:.2f}x" for name, rows in runs.items()), flush=True)
+    print(f"{args.folder}: {args.clients} clients, {args.requests} requests, {args.repeats} alternating repeats, medians")
     for name, rows in runs.items():
         a = np.median(np.array(rows), axis=0)
-        print(f"  {name}: {a[0]:.0f} tok/s ({a[0] / base:.2f}x one at a time), per-token p50 {a[1]:.2f} ms, "
-              f"first token p50 {a[2]:.1f} ms")
+        print(f"  {name}: {a[0]:.0f} tok/s, {a[1]:.2f}x one at a time (each: " +
+              " ".join(f"{r[1]:.2f}" for r in rows) + f"), per-token p50 {a[2]:.2f} ms, first token p50 {a[3]:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ request (the tokens past a request's own count are not counted), continuous batc
 row leave when it is done.
 Figures: tokens/s over the wall time; time to first token (request start -> its first
 token; queueing included) and per-token latency (gap between a request's tokens), p50/p99;
-for continuous batching in the engine, the batch's mean rows a step.
+for continuous batching in the engine, the batch's mean rows a step. Ratios, each over its own
+base: tokens/s over generate() one at a time in process (every mode, HTTP ones included), and
+each concurrent path's tokens/s and per-token p50 over the same path's at one client (when 1 is
+among the client counts: an HTTP path over one HTTP client).
 
 And the floor under the per-token latency: one batched decode step as the engine runs it
 (`advance`, else `step`), alone, at one row and at the continuous run's mean rows, timed in
@@ -308,8 +311,10 @@ def _progress(row: dict, one: dict) -> str:
         f", static {row['static']['tokens_per_s']:.0f} tok/s, one at a time {one['tokens_per_s']:.0f} tok/s"
 
 
+PATHS = ("continuous", *HTTP_KEYS)  # the ways a request is served concurrently
 RATIOS = ("speedup_vs_one_at_a_time", "static_vs_one_at_a_time", "token_p50_vs_one_client",
-          *(f"{k}_{what}" for k in HTTP_KEYS for what in ("vs_one_at_a_time", "vs_in_process")))
+          *(f"{k}_{what}" for k in HTTP_KEYS for what in ("vs_one_at_a_time", "vs_in_process", "token_p50_vs_one_client")),
+          *(f"{k}_vs_one_client" for k in PATHS))
 
 
 def _medians(measured: list[dict], clients) -> dict:
@@ -331,15 +336,18 @@ def _medians(measured: list[dict], clients) -> dict:
 
 
 def _with_ratios(one: dict, rows: dict) -> dict:
-    """One round's figures with its ratios: each client count's tokens/s over one at a time's, and
-    its per-token p50 over the single client's (when 1 client was measured); side by side, each
-    HTTP way's tokens/s over one at a time's and over the engine's in process."""
-    single = rows.get(1, {}).get("continuous", {}).get("token_p50_ms")
+    """One round's figures with its ratios: each client count's tokens/s over generate()'s one at
+    a time in process; each path's tokens/s and per-token p50 over the same path's at 1 client
+    (when 1 client was measured: `PATH_vs_one_client`; the in-process p50 ratio keeps its name,
+    `token_p50_vs_one_client`); side by side, each HTTP way's tokens/s over the engine's in process."""
+    single = rows.get(1, {})
     for row in rows.values():
         row["speedup_vs_one_at_a_time"] = row["continuous"]["tokens_per_s"] / one["tokens_per_s"]
         row["static_vs_one_at_a_time"] = row["static"]["tokens_per_s"] / one["tokens_per_s"]
-        if single:
-            row["token_p50_vs_one_client"] = row["continuous"]["token_p50_ms"] / single
+        for key in (k for k in PATHS if k in row and k in single):
+            row[f"{key}_vs_one_client"] = row[key]["tokens_per_s"] / single[key]["tokens_per_s"]
+            p50 = "token_p50_vs_one_client" if key == "continuous" else f"{key}_token_p50_vs_one_client"
+            row[p50] = row[key]["token_p50_ms"] / single[key]["token_p50_ms"]
         for key in HTTP_KEYS:
             if key in row:
                 row[f"{key}_vs_one_at_a_time"] = row[key]["tokens_per_s"] / one["tokens_per_s"]
@@ -363,17 +371,20 @@ def _via(http) -> str:
 MODE_LABELS = {"continuous": "continuous", "static": "static", "http_no_ray": "http-noray", "http_ray": "http-ray"}
 
 
+def _ratio(x: float | None, width: int) -> str:
+    return f"{x:>{width - 1}.2f}x" if x is not None else f"{'-':>{width}}"
+
+
 def _row_line(c: int, row: dict, mode: str) -> str:
+    """One table line. Two tokens/s ratios, each over its own base: generate() one at a time in
+    process (every mode), and the same path with one client (an HTTP path's own single client)."""
     f = row[mode]
-    if mode == "continuous":
-        extra = (f"{row['speedup_vs_one_at_a_time']:>14.1f}x | "
-                 f"{row.get('token_p50_vs_one_client', float('nan')):.2f}x")
-    elif mode == "static":
-        extra = f"{row['static_vs_one_at_a_time']:>14.1f}x |"
-    else:
-        extra = f"{row[mode + '_vs_one_at_a_time']:>14.1f}x |"
+    generate_ratio = row["static_vs_one_at_a_time" if mode == "static" else
+                         "speedup_vs_one_at_a_time" if mode == "continuous" else f"{mode}_vs_one_at_a_time"]
+    p50 = row.get("token_p50_vs_one_client" if mode == "continuous" else f"{mode}_token_p50_vs_one_client")
     return (f"{c:>7} | {MODE_LABELS[mode]:<10} | {f['tokens_per_s']:>7.0f} | {f['ttft_p50_ms']:>7.1f}ms | "
-            f"{f['ttft_p99_ms']:>7.1f}ms | {f['token_p50_ms']:>5.2f}ms | {f['token_p99_ms']:>5.2f}ms | {extra}")
+            f"{f['ttft_p99_ms']:>7.1f}ms | {f['token_p50_ms']:>5.2f}ms | {f['token_p99_ms']:>5.2f}ms | "
+            f"{_ratio(generate_ratio, 18)} | {_ratio(row.get(f'{mode}_vs_one_client'), 17)} | {_ratio(p50, 8)}")
 
 
 def _http_lines(result: dict) -> list[str]:
@@ -382,23 +393,28 @@ def _http_lines(result: dict) -> list[str]:
     for c, row in result["rows"].items():
         ways = [k for k in HTTP_KEYS if k in row]
         if ways:
-            lines.append(f"{c:>7} clients / one at a time: in process {row['speedup_vs_one_at_a_time']:.2f}x | " +
+            lines.append(f"{c:>7} clients / generate() one at a time: in process {row['speedup_vs_one_at_a_time']:.2f}x | " +
                          " | ".join(f"{HTTP_NAMES[k]} {row[k + '_vs_one_at_a_time']:.2f}x "
                                     f"(HTTP / in process {row[k + '_vs_in_process']:.2f}x)" for k in ways))
     return lines
 
 
+def _each(row: dict, key: str) -> str:
+    return " ".join(f"{x:.2f}x" for x in row.get(key + "_rounds", []))
+
+
 def _rounds_lines(result: dict) -> list[str]:
     lines = [f"medians of {len(result['rounds'])} rounds; each round's own ratios:"]
     for c, row in result["rows"].items():
-        speedups = " ".join(f"{x:.2f}x" for x in row["speedup_vs_one_at_a_time_rounds"])
-        p50 = " ".join(f"{x:.2f}x" for x in row.get("token_p50_vs_one_client_rounds", []))
-        lines.append(f"{c:>7} clients: vs 1-at-a-time {speedups}" + (f" | tok p50 vs 1 client {p50}" if p50 else ""))
+        p50 = _each(row, "token_p50_vs_one_client")
+        lines.append(f"{c:>7} clients: vs generate() 1-at-a-time {_each(row, 'speedup_vs_one_at_a_time')}" +
+                     (f" | tok p50 vs 1 client {p50}" if p50 else ""))
         for key in HTTP_KEYS:
             if key + "_vs_in_process_rounds" in row:
-                lines.append(f"{'':>7}   {HTTP_NAMES[key]}: vs 1-at-a-time " +
-                             " ".join(f"{x:.2f}x" for x in row[key + "_vs_one_at_a_time_rounds"]) +
-                             " | HTTP / in process " + " ".join(f"{x:.2f}x" for x in row[key + "_vs_in_process_rounds"]))
+                own = _each(row, key + "_vs_one_client")
+                lines.append(f"{'':>7}   {HTTP_NAMES[key]}: vs generate() 1-at-a-time {_each(row, key + '_vs_one_at_a_time')}"
+                             + (f" | vs 1 HTTP client {own}" if own else "")
+                             + f" | HTTP / in process {_each(row, key + '_vs_in_process')}")
     return lines
 
 
@@ -410,8 +426,8 @@ def format_table(result: dict) -> str:
              (f"; the batch at most {result['max_rows']} rows" if result.get("max_rows") else ""),
              f"one at a time (generate): {one['tokens_per_s']:.0f} tok/s, first token p50 {one['ttft_p50_ms']:.1f} ms, "
              f"per token p50 {one['token_p50_ms']:.2f} ms",
-             f"{'clients':>7} | {'mode':<10} | {'tok/s':>7} | {'ttft p50':>8} | {'ttft p99':>8} | {'tok p50':>7} | "
-             f"{'tok p99':>7} | vs 1-at-a-time | tok p50 vs 1 client"]
+             f"{'clients':>7} | {'mode':<10} | {'tok/s':>7} | {'ttft p50':>9} | {'ttft p99':>9} | {'tok p50':>7} | "
+             f"{'tok p99':>7} | vs generate() 1by1 | vs 1 client, same | tok p50 vs 1 client, same path"]
     for c, row in result["rows"].items():
         lines += [_row_line(c, row, mode) for mode in ("continuous", *HTTP_KEYS, "static") if mode in row]
     floors = [(c, row["step_floor"]) for c, row in result["rows"].items() if "step_floor" in row]
