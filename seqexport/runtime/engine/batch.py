@@ -114,11 +114,13 @@ class RunningBatch:
     def enter(self, group: list[Request], state: State, pending: list[list[int]]) -> None:
         """Begun requests into the batch (or staged, a prompt longer than `prefill_chunk`) with
         the tokens they still have to feed."""
-        self.join(self.entering(group, state, pending))
+        joiners, states = self.entering(group, state, pending)
+        self.join(states)
+        self.rows += joiners
 
-    def entering(self, group: list[Request], state: State, pending: list[list[int]]) -> list[State]:
-        """`enter` but for the join: the requests that join are added to the running ones and
-        their state returned, for the caller to join (with others', in one `join`)."""
+    def entering(self, group: list[Request], state: State, pending: list[list[int]]) -> tuple[list[Request], list[State]]:
+        """`enter` up to the join: the long prompts staged; the requests that join and their
+        state, for the caller to join (several newcomers' in one `join`), then add to `rows`."""
         joining, stage = [], []
         for i, (req, tokens) in enumerate(zip(group, pending)):
             req._pending = tokens[::-1]  # popped from the end
@@ -126,9 +128,8 @@ class RunningBatch:
         for i in stage:
             self.staged.append((group[i], self.model.take(state, [i])))
         if not joining:
-            return []
-        self.rows += [group[i] for i in joining]
-        return [state if len(joining) == len(group) else self.model.take(state, joining)]
+            return [], []
+        return [group[i] for i in joining], [state if len(joining) == len(group) else self.model.take(state, joining)]
 
     def prefill_staged(self) -> None:
         """The oldest staged prompt's next chunk through the prefill graph (one bounded run a

@@ -306,15 +306,21 @@ class Engine:
         try:
             ready = self._take_ready(running)
             taken += [r for r, _ in ready]
-            joining = []  # their states, joined in one go (one pass over the batch's arrays)
+            # their states joined in one go (one pass over the batch's arrays); a begun request
+            # is running once picked, one still to feed once its state has joined (a model's
+            # ready results are all of one kind: the rows keep the states' order)
+            joining, joiners = [], []
             for req, result in ready:
                 if isinstance(result, Exception):
                     req.fail(result)
                 elif isinstance(result, Begun):
                     joining += self.batch.started([req], result.logits, result.state)
                 else:
-                    joining += self.batch.entering([req], *result)
+                    reqs, states = self.batch.entering([req], *result)
+                    joiners += reqs
+                    joining += states
             self.batch.join(joining)
+            self.batch.rows += joiners
             newcomers = self._take_waiting(len(ready), running)
             taken += newcomers
             if newcomers:
