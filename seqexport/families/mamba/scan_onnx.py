@@ -49,6 +49,15 @@ def _step_body(AT: ir.Value) -> ir.Graph:
     return _subgraph("scan", [h_in, delta, du, B, C], [h, y], t)
 
 
+def _transposed(A: ir.Value, u: ir.Value) -> ir.Value:
+    """Aᵀ (n, d_in), made at run time. torch.onnx folds A = -exp(A_log) into one stored constant,
+    which the step graph reads too; a constant Aᵀ would be folded into a second stored copy. Adding
+    0·l (l = u's length, known only at run time) keeps the transpose out of the exporter's reach;
+    ONNX Runtime makes it once a run (d_in·n values a layer)."""
+    zero = op.CastLike(op.Mul(op.Shape(u, start=1, end=2), op.Constant(value_ints=[0])), A)  # [0.]
+    return op.Transpose(op.Add(A, zero), perm=[1, 0])
+
+
 def scan_chunked(
     u: FLOAT, delta: FLOAT, A: FLOAT, B: FLOAT, C: FLOAT, D: FLOAT, h0: FLOAT
 ) -> tuple[FLOAT, FLOAT]:
@@ -62,7 +71,7 @@ def scan_chunked(
         [op.Transpose(h0, perm=[0, 2, 1]), op.Unsqueeze(delta, [2]), op.Unsqueeze(op.Mul(delta, u), [2]),
          op.Unsqueeze(B, [3]), op.Unsqueeze(C, [2])],
         {
-            "body": _step_body(op.Transpose(A, perm=[1, 0])),
+            "body": _step_body(_transposed(A, u)),
             "num_scan_inputs": 4,
             "scan_input_axes": [1, 1, 1, 1],
             "scan_output_axes": [1],
