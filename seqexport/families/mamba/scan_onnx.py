@@ -24,11 +24,12 @@ def _const(tape: ir.tape.Tape, values: list[int]) -> ir.Value:
     return tape.op("Constant", [], {"value": ir.tensor(values, dtype=ir.DataType.INT64)})
 
 
-def _step_body(AT: ir.Value) -> ir.Graph:
+def _step_body() -> ir.Graph:
     """Scan body, one time step, the state transposed: h (b, n, d_in); Δ_t and Δ_t u_t (b, 1, d_in),
     B_t (b, n, 1) and C_t (b, 1, n). Returns the new state and y_t (b, 1, d_in) without the D skip.
 
-    AT = Aᵀ (n, d_in) is read from the outer graph. With d_in innermost every broadcast runs in
+    AT = Aᵀ (n, d_in) rides along as a second state, returned as it came (OpenVINO converts a
+    Scan whose body reads only constants from the outer graph). With d_in innermost every broadcast runs in
     spans of d_in (ORT's broadcasting Mul makes one kernel call a span of its innermost dim), and
     the Scan slices its inputs per step without copies: six nodes a step, each one pass over
     the (b, n, d_in) state or less. Chunks of 8 steps unrolled in the body (the body before) cost
@@ -38,6 +39,7 @@ def _step_body(AT: ir.Value) -> ir.Graph:
     18.5 against 26 ms, fastest of 11 runs).
     """
     h_in = _input(ir.DataType.FLOAT, [None, None, None])
+    AT = _input(ir.DataType.FLOAT, [None, None])
     delta, du = (_input(ir.DataType.FLOAT, [None, 1, None]) for _ in range(2))
     B = _input(ir.DataType.FLOAT, [None, None, 1])
     C = _input(ir.DataType.FLOAT, [None, 1, None])
@@ -46,7 +48,7 @@ def _step_body(AT: ir.Value) -> ir.Graph:
     dBu = t.op("Mul", [B, du])  # (b, n, d_in), exact products
     h = t.op("Add", [t.op("Mul", [dA, h_in]), dBu])  # (b, n, d_in)
     y = t.op("MatMul", [C, h])  # (b, 1, d_in)
-    return _subgraph("scan", [h_in, delta, du, B, C], [h, y], t)
+    return _subgraph("scan", [h_in, AT, delta, du, B, C], [h, AT, y], t)
 
 
 def _transposed(A: ir.Value, u: ir.Value) -> ir.Value:
@@ -66,18 +68,18 @@ def scan_chunked(
     (The custom op keeps its name: its eager kernel is the chunked torch scan.)
     """
     _check_float32(u, delta, A, B, C, D, h0)
-    h_last, ys = _emit(
+    h_last, _, ys = _emit(
         "Scan",
-        [op.Transpose(h0, perm=[0, 2, 1]), op.Unsqueeze(delta, [2]), op.Unsqueeze(op.Mul(delta, u), [2]),
-         op.Unsqueeze(B, [3]), op.Unsqueeze(C, [2])],
+        [op.Transpose(h0, perm=[0, 2, 1]), _transposed(A, u), op.Unsqueeze(delta, [2]),
+         op.Unsqueeze(op.Mul(delta, u), [2]), op.Unsqueeze(B, [3]), op.Unsqueeze(C, [2])],
         {
-            "body": _step_body(_transposed(A, u)),
+            "body": _step_body(),
             "num_scan_inputs": 4,
             "scan_input_axes": [1, 1, 1, 1],
             "scan_output_axes": [1],
         },
-        num_outputs=2,
-    )  # (b, n, d_in), (b, l, 1, d_in)
+        num_outputs=3,
+    )  # (b, n, d_in), Aᵀ, (b, l, 1, d_in)
     y = op.Squeeze(ys, [2])  # (b, l, d_in)
     return op.Add(y, op.Mul(u, D)), op.Transpose(h_last, perm=[0, 2, 1])
 
