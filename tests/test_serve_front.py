@@ -146,7 +146,10 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_event(folder,
 def test_a_client_that_hangs_up_mid_stream_frees_its_row(replicas, front):
     _, url = front(replicas[1])
     with complete(url, PROMPTS[0], stream=True, max_tokens=100000, ignore_eos=True) as r:
-        next(line for line in r.iter_lines() if line.startswith(b"data: "))
+        # the lines' iterator held: a discarded one is closed when collected, which closes the
+        # response's connection (the client hanging up before the test means it to)
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith(b"data: "))
         assert requests.get(replicas[1].url + "/health", timeout=10).json()["active_rows"] == 1
     deadline = time.monotonic() + 10
     while requests.get(replicas[1].url + "/health", timeout=10).json()["active_rows"] and time.monotonic() < deadline:
