@@ -446,17 +446,26 @@ def test_a_join_that_raises_loses_no_request(transformer, monkeypatch):
     monkeypatch.setattr(transformer, "extend", extend_failing_once)
     prompts = random_prompts(12, transformer.config["src_vocab_size"], seed=5)
     greedy = rt.SearchOptions(max_new_tokens=8, eos_id=-1)
+    long = rt.SearchOptions(max_new_tokens=60, eos_id=-1)
+    options = [long] + [greedy] * (len(prompts) - 1)
     engine = Engine(transformer, max_rows=4).start()
     try:
-        reqs = [engine.submit(p, greedy) for p in prompts]
+        # one request running first, so the others join a batch that has rows (an extend: into
+        # an empty batch rows join without one, and the fault would never be met)
+        reqs = [engine.submit(prompts[0], long)]
+        deadline = time.monotonic() + 30
+        while engine.active_rows == 0 and not reqs[0].finished and time.monotonic() < deadline:
+            time.sleep(0.001)
+        reqs += [engine.submit(p, greedy) for p in prompts[1:]]
         assert all(r.wait(30) for r in reqs), [r.finish_reason for r in reqs]
     finally:
         engine.close()
+    assert calls[0] >= 1
     failed = [r for r in reqs if r.finish_reason == "error"]
     assert failed and all("no room" in str(r.error) for r in failed)
-    done = [(p, r) for p, r in zip(prompts, reqs) if r.finish_reason == "length"]
+    done = [i for i, r in enumerate(reqs) if r.finish_reason == "length"]
     assert len(done) + len(failed) == len(reqs) and len(done) >= len(reqs) - 5
-    assert [r.tokens for _, r in done] == alone(transformer, [p for p, _ in done], [greedy] * len(done))
+    assert [reqs[i].tokens for i in done] == alone(transformer, [prompts[i] for i in done], [options[i] for i in done])
 
 
 def test_a_request_that_ends_is_woken_at_the_next_batched_step(transformer):
