@@ -121,18 +121,7 @@ def test_the_matmul_form_has_no_fused_kernel_and_equals_transformers(tmp_path):
     m = export(tmp_path / "hf", tmp_path / "export", "--ssd", "matmul")
     for graph in ("prefill", "step"):
         assert not [op for domain, op in _ops(tmp_path / "export" / f"{graph}.onnx") if domain], graph
-    g = torch.Generator().manual_seed(7)
-    prompt, steps = torch.randint(0, V, (2, 150), generator=g), torch.randint(0, V, (2, 20), generator=g)
-    want, want_states = hf_decode(hf, prompt, steps)
-    logits, state = m.step(prompt.numpy(), m.start(2), last_only=True)
-    got = [logits[:, 0]]
-    for token in steps.T:
-        logits, state = m.step(token.numpy(), state)
-        got.append(logits)
-    np.testing.assert_allclose(np.stack(got, 1), want, atol=TOL, rtol=0)
-    for i, (conv, ssm) in enumerate(want_states):
-        np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"], conv, atol=TOL, rtol=0)
-        np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"], ssm, atol=TOL, rtol=0)
+    assert_decode_equals_transformers(hf, m, 150, seed=7)
     rows = [list(map(int, np.random.default_rng(8).integers(0, V, n))) for n in (70, 3, 20)]
     logits, state = m.begin(rows)  # right-padded in one prefill
     for r, row in enumerate(rows):
