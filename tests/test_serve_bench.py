@@ -6,6 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from seqexport.bench.serve import HTTP_NAMES, _medians, _with_ratios, format_table
 from seqexport.cli import cli
 
 
@@ -106,9 +107,49 @@ def test_bench_serve_http_all_puts_in_process_no_ray_and_ray_side_by_side(mamba_
     assert row["http_ray_vs_in_process"] == pytest.approx(sum(row["http_ray_vs_in_process_rounds"]) / 2)
     assert "HTTP, Ray Serve" in result.stdout and "HTTP / in process" in result.stdout
     assert "http-ray" in result.stdout and "http-noray" in result.stdout
+    for way in ("http_no_ray", "http_ray"):  # the issue's figure: HTTP 2÷1 over in-process 2÷1
+        each = []
+        for r in data["rounds"]:
+            alone = r["one_http_client"][way]  # 1 HTTP client through the same server, that round
+            assert alone["tokens"] == r["one_at_a_time"]["tokens"]
+            own = r["rows"]["2"]
+            each.append(own[way]["tokens_per_s"] / alone["tokens_per_s"] / own["speedup_vs_one_at_a_time"])
+            assert own[f"{way}_scaling_vs_in_process"] == pytest.approx(each[-1])
+        assert row[f"{way}_scaling_vs_in_process_rounds"] == pytest.approx(each)
+        assert row[f"{way}_scaling_vs_in_process"] == pytest.approx(sum(each) / 2)
+        line = f"{HTTP_NAMES[way]}: HTTP 2÷1 ÷ in-process 2÷1 {row[f'{way}_scaling_vs_in_process']:.2f}x"
+        assert line in result.stdout and f"rounds {each[0]:.2f}x {each[1]:.2f}x" in result.stdout
 
 
 def test_bench_serve_refuses_an_unknown_http_way(mamba_exports):
     _, folder = mamba_exports("loop")
     result = CliRunner().invoke(cli, ["bench-serve", str(folder), "--http", "rays"])
     assert result.exit_code == 2 and "--http" in result.output
+
+
+def _figures(tokens_per_s):
+    return {"tokens_per_s": tokens_per_s, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "token_p50_ms": 1.0,
+            "token_p99_ms": 3.0, "wall_s": 1.0, "tokens": 100}
+
+
+def test_http_scaling_is_each_paths_own_n_over_1_over_the_engines():
+    """No model (figures made up): HTTP N÷1 ÷ in-process N÷1 is the HTTP path's N clients over its
+    single client (measured apart when 1 is not among the client counts), over the engine's N
+    clients over generate() one at a time; with rounds, the median of the rounds' own."""
+    def round_(ray_16):
+        rows = {16: {"continuous": _figures(4000), "static": _figures(3000), "http_ray": _figures(ray_16)}}
+        return _with_ratios(_figures(1000), rows, {"http_ray": _figures(500)})
+
+    one = round_(1600)["rows"][16]
+    assert one["http_ray_vs_one_client"] == pytest.approx(3.2)
+    assert one["http_ray_scaling_vs_in_process"] == pytest.approx(3.2 / 4)
+    result = _medians([round_(x) for x in (1600, 1000, 2000)], (16,))
+    row = result["rows"][16]
+    assert row["http_ray_scaling_vs_in_process_rounds"] == pytest.approx([0.8, 0.5, 1.0])
+    assert row["http_ray_scaling_vs_in_process"] == pytest.approx(0.8)
+    assert result["one_http_client"]["http_ray"]["tokens_per_s"] == 500
+    table = format_table({"family": "f", "folder": "d", "provider": "cpu", "threads": 1, "requests": 8,
+                          "max_tokens": 8, "http": "ray", **result})
+    assert "HTTP, Ray Serve: HTTP 16÷1 ÷ in-process 16÷1 0.80x (HTTP 3.20x, in process 4.00x); " \
+           "rounds 0.80x 0.50x 1.00x" in table
+    assert "one HTTP client (HTTP, Ray Serve): 500 tok/s" in table

@@ -258,13 +258,14 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
                                          engine_options, work)
         for r in range(rounds):
             one = batched(model, work, 1)
+            alone = _one_http_client(servers, work, clients, side_by_side=_side_by_side(http))
             rows = {}
             for c in clients:
                 rows[c] = _continuous_ways(model, work, c, rows_for(c), n_requests, servers,
-                                           side_by_side=http == HTTP_ALL, **engine_options)
+                                           side_by_side=_side_by_side(http), **engine_options)
                 rows[c]["static"] = batched(model, work, rows_for(c))
                 log(f"{f'round {r + 1}: ' if rounds > 1 else ''}{c} clients: " + _progress(rows[c], one))
-            measured.append(_with_ratios(one, rows))
+            measured.append(_with_ratios(one, rows, alone))
     finally:
         for server in servers.values():
             server.stop()
@@ -277,6 +278,20 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
             rows = result["rows"][c]["continuous"].get("rows_per_step", rows_for(c))  # (over HTTP: as many as may run)
             result["rows"][c]["step_floor"] = step_floor(model, prompts, round(rows))
     return result
+
+
+def _side_by_side(http) -> bool:
+    """Whether the engine in process runs beside the HTTP paths (`all`, and `ray`: the issue's
+    figure is Ray Serve's 16÷1 over the engine's); plain `--http` keeps the server as "continuous"."""
+    return http in (HTTP_ALL, "ray")
+
+
+def _one_http_client(servers: dict, work, clients, side_by_side: bool) -> dict:
+    """One HTTP client through each server, by its HTTP key: each path's own "one at a time"
+    (taken from the 1-client run instead when 1 is among the client counts)."""
+    if not side_by_side or 1 in clients:
+        return {}
+    return {_http_key(mode): over_http(server.url, work, 1) for mode, server in servers.items()}
 
 
 def _continuous_ways(model, work, clients: int, rows: int, n_requests: int, servers: dict, side_by_side: bool,
@@ -313,7 +328,8 @@ def _progress(row: dict, one: dict) -> str:
 
 PATHS = ("continuous", *HTTP_KEYS)  # the ways a request is served concurrently
 RATIOS = ("speedup_vs_one_at_a_time", "static_vs_one_at_a_time", "token_p50_vs_one_client",
-          *(f"{k}_{what}" for k in HTTP_KEYS for what in ("vs_one_at_a_time", "vs_in_process", "token_p50_vs_one_client")),
+          *(f"{k}_{what}" for k in HTTP_KEYS
+            for what in ("vs_one_at_a_time", "vs_in_process", "token_p50_vs_one_client", "scaling_vs_in_process")),
           *(f"{k}_vs_one_client" for k in PATHS))
 
 
@@ -321,6 +337,9 @@ def _medians(measured: list[dict], clients) -> dict:
     """Every round's figures as medians (each ratio the median of the rounds' own)."""
     result: dict = {"rows": {}}
     result["one_at_a_time"] = _median_figures([m["one_at_a_time"] for m in measured])
+    if "one_http_client" in measured[0]:
+        result["one_http_client"] = {k: _median_figures([m["one_http_client"][k] for m in measured])
+                                     for k in measured[0]["one_http_client"]}
     for c in clients:
         runs = [m["rows"][c] for m in measured]
         row = {mode: _median_figures([x[mode] for x in runs])
@@ -335,24 +354,31 @@ def _medians(measured: list[dict], clients) -> dict:
     return result
 
 
-def _with_ratios(one: dict, rows: dict) -> dict:
+def _with_ratios(one: dict, rows: dict, alone: dict | None = None) -> dict:
     """One round's figures with its ratios: each client count's tokens/s over generate()'s one at
     a time in process; each path's tokens/s and per-token p50 over the same path's at 1 client
-    (when 1 client was measured: `PATH_vs_one_client`; the in-process p50 ratio keeps its name,
-    `token_p50_vs_one_client`); side by side, each HTTP way's tokens/s over the engine's in process."""
-    single = rows.get(1, {})
+    (when 1 client was measured, or `alone` has the HTTP path's single client: `PATH_vs_one_client`;
+    the in-process p50 ratio keeps its name, `token_p50_vs_one_client`); side by side, each HTTP
+    way's tokens/s over the engine's in process, and its N÷1 over the engine's N÷1
+    (`PATH_scaling_vs_in_process`: the HTTP path's N clients over its 1 client, over the engine's
+    N clients over generate() one at a time)."""
+    single = {**(alone or {}), **rows.get(1, {})}
     for row in rows.values():
         row["speedup_vs_one_at_a_time"] = row["continuous"]["tokens_per_s"] / one["tokens_per_s"]
         row["static_vs_one_at_a_time"] = row["static"]["tokens_per_s"] / one["tokens_per_s"]
         for key in (k for k in PATHS if k in row and k in single):
             row[f"{key}_vs_one_client"] = row[key]["tokens_per_s"] / single[key]["tokens_per_s"]
             p50 = "token_p50_vs_one_client" if key == "continuous" else f"{key}_token_p50_vs_one_client"
-            row[p50] = row[key]["token_p50_ms"] / single[key]["token_p50_ms"]
+            base = single[key]["token_p50_ms"]  # 0 where one client's tokens came in one read
+            row[p50] = row[key]["token_p50_ms"] / base if base else float("nan")
         for key in HTTP_KEYS:
             if key in row:
                 row[f"{key}_vs_one_at_a_time"] = row[key]["tokens_per_s"] / one["tokens_per_s"]
                 row[f"{key}_vs_in_process"] = row[f"{key}_vs_one_at_a_time"] / row["speedup_vs_one_at_a_time"]
-    return {"one_at_a_time": one, "rows": rows}
+                if f"{key}_vs_one_client" in row:
+                    row[f"{key}_scaling_vs_in_process"] = \
+                        row[f"{key}_vs_one_client"] / row["speedup_vs_one_at_a_time"]
+    return {"one_at_a_time": one, "rows": rows} | ({"one_http_client": alone} if alone else {})
 
 
 def _median_figures(figures: list[dict]) -> dict:
@@ -364,7 +390,7 @@ def _via(http) -> str:
     if http == HTTP_ALL:
         return "continuous in the engine, over HTTP (SSE) from `serve --no-ray` and through Ray Serve (`serve`)"
     if http == "ray":
-        return "continuous over HTTP (SSE) through Ray Serve (`serve`)"
+        return "continuous in the engine, and over HTTP (SSE) through Ray Serve (`serve`)"
     return "continuous over HTTP (SSE)" if http else "continuous in the engine"
 
 
@@ -396,6 +422,19 @@ def _http_lines(result: dict) -> list[str]:
             lines.append(f"{c:>7} clients / generate() one at a time: in process {row['speedup_vs_one_at_a_time']:.2f}x | " +
                          " | ".join(f"{HTTP_NAMES[k]} {row[k + '_vs_one_at_a_time']:.2f}x "
                                     f"(HTTP / in process {row[k + '_vs_in_process']:.2f}x)" for k in ways))
+    return lines
+
+
+def _scaling_lines(result: dict) -> list[str]:
+    """Each HTTP path's N clients ÷ its 1 client, over the engine's N clients ÷ generate() one at a
+    time (with rounds: the median of the rounds' own ratios, then every round's)."""
+    lines = []
+    for c, row in result["rows"].items():
+        for key in (k for k in HTTP_KEYS if f"{k}_scaling_vs_in_process" in row):
+            each = _each(row, f"{key}_scaling_vs_in_process")
+            lines.append(f"{HTTP_NAMES[key]}: HTTP {c}÷1 ÷ in-process {c}÷1 "
+                         f"{row[f'{key}_scaling_vs_in_process']:.2f}x (HTTP {row[f'{key}_vs_one_client']:.2f}x, "
+                         f"in process {row['speedup_vs_one_at_a_time']:.2f}x)" + (f"; rounds {each}" if each else ""))
     return lines
 
 
@@ -438,6 +477,10 @@ def format_table(result: dict) -> str:
             lines.append(f"{c:>7} clients: {f['rows']} rows{f' (the batch held {rows:.1f} a step)' if rows else ''} "
                          f"{f['step_ms']:.3f} ms vs 1 row {f['step_ms_1_row']:.3f} ms: {f['step_vs_1_row']:.2f}x")
     lines += _http_lines(result)
+    for key, f in result.get("one_http_client", {}).items():
+        lines.append(f"one HTTP client ({HTTP_NAMES[key]}): {f['tokens_per_s']:.0f} tok/s, first token p50 "
+                     f"{f['ttft_p50_ms']:.1f} ms, per token p50 {f['token_p50_ms']:.2f} ms")
+    lines += _scaling_lines(result)
     if "rounds" in result:
         lines += _rounds_lines(result)
     return "\n".join(lines)
