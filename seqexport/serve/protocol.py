@@ -200,6 +200,19 @@ def chunk_body(rid: str, model: str, created: int, text: str, token_ids: list[in
     }
 
 
+class ChunkEvents:
+    """A stream's token events as `sse(chunk_body(...))` writes them, the same bytes, from a
+    template made once a stream (a token's event: its text and id put in, not a dict dumped)."""
+
+    def __init__(self, rid: str, model: str, created: int):
+        self.rid, self.created = rid, created
+        head, tail = sse(chunk_body(rid, model, created, "\0", [0])).decode().split(json.dumps("\0"))
+        self._head, self._tail = head, tail.replace("[0]", "[%d]", 1)
+
+    def token(self, text: str, token: int) -> bytes:
+        return (self._head + json.dumps(text) + self._tail % token).encode()
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
