@@ -7,7 +7,8 @@ prefill as generation runs it (the last position's logits) and with every positi
 ORT_THREADS defaults to 2, TORCH_THREADS to 1; give both the same count to compare like with
 like on a quiet machine. Several folders (exports of the same checkpoint, e.g. before and after a
 change) are timed in the same rounds, each against the eager model of the first; their keys
-then carry the folder's position (ort_last_1, ...).
+then carry the folder's position (ort_last_1, ...), and ort_last_1/ort_last_0 is the median of
+the per-round ratios to the first folder. Every round's seconds are printed too (rounds_s).
 """
 import json
 import os
@@ -46,6 +47,11 @@ with torch.inference_mode():
                 t[k].append(time.perf_counter() - s)
 med = {k: statistics.median(v) for k, v in t.items()}
 ratio = {f"{k}/eager": statistics.median(a / b for a, b in zip(t[k], t[EAGER])) for k in fns if k != EAGER}
+for k in fns:  # a later folder against the first, round by round (before/after a change)
+    first = k.rsplit("_", 1)[0] + "_0"
+    if len(models) > 1 and k.startswith("ort_") and k != first:
+        ratio[f"{k}/{first}"] = statistics.median(a / b for a, b in zip(t[k], t[first]))
 print(json.dumps({"folder": sys.argv[1], "L": L, "rounds": rounds, "load_avg": [round(x, 2) for x in os.getloadavg()],
                   "median_s": {k: round(v, 3) for k, v in med.items()},
-                  "paired_ratio": {k: round(v, 3) for k, v in ratio.items()}}))
+                  "paired_ratio": {k: round(v, 3) for k, v in ratio.items()},
+                  "rounds_s": {k: [round(x, 3) for x in v] for k, v in t.items()}}))
