@@ -15,6 +15,7 @@ ends with an error event and [DONE].
 import asyncio
 import json
 import logging
+from pathlib import Path
 
 from seqexport.serve.protocol import HTTPError, sse
 from seqexport.serve.proxy import BACKOFF_S, RETRIES
@@ -28,34 +29,41 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-leng
 
 class Registry:
     """Replicas on this machine that answer HTTP themselves: a folder of files, each named by a
-    replica's pid and holding its port."""
+    replica's pid and holding its address: a Unix socket's path (a replica's, in this folder), or
+    a port on 127.0.0.1."""
 
     def __init__(self, folder):
-        from pathlib import Path
-
         self.folder = Path(folder)
 
-    def announce(self, port: int) -> None:
+    def announce(self, address: int | str) -> None:
         import os
 
         tmp = self.folder / f".{os.getpid()}.tmp"
-        tmp.write_text(str(port))
+        tmp.write_text(str(address))
         os.replace(tmp, self.folder / str(os.getpid()))
 
-    def read(self) -> dict[int, int]:
-        """{pid: port} of the live replicas; a dead one's file is removed."""
+    def socket_path(self) -> str:
+        """Where this process's replica listens: a Unix socket in the folder."""
+        import os
+
+        return str(self.folder / f"{os.getpid()}.sock")
+
+    def read(self) -> dict[int, int | str]:
+        """{pid: address} of the live replicas; a dead one's file is removed."""
         found = {}
         for entry in self.folder.iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                port = int(entry.read_text())
+                text = entry.read_text()
+                address = text if text.startswith("/") else int(text)
             except (OSError, ValueError):
                 continue
             if _alive(int(entry.name)):
-                found[int(entry.name)] = port
+                found[int(entry.name)] = address
             else:
                 entry.unlink(missing_ok=True)
+                Path(self.folder / f"{entry.name}.sock").unlink(missing_ok=True)
         return found
 
 
@@ -69,8 +77,8 @@ def _alive(pid: int) -> bool:
 
 
 class _Replica:
-    def __init__(self, pid: int, port: int):
-        self.pid, self.port, self.inflight, self.idle = pid, port, 0, []
+    def __init__(self, pid: int, address: int | str):
+        self.pid, self.address, self.inflight, self.idle = pid, address, 0, []
 
     async def connection(self):
         """(reader, writer, reused): an idle keep-alive connection, else a new one (OSError when refused)."""
@@ -79,7 +87,9 @@ class _Replica:
             if not reader.at_eof() and not writer.is_closing():
                 return reader, writer, True
             writer.close()
-        return *await asyncio.open_connection("127.0.0.1", self.port), False
+        if isinstance(self.address, str):  # a Unix socket: a send and a read cost less than on TCP
+            return *await asyncio.open_unix_connection(self.address), False
+        return *await asyncio.open_connection("127.0.0.1", self.address), False
 
     def close(self) -> None:
         for _, writer in self.idle:
@@ -142,7 +152,7 @@ class _Client(asyncio.Protocol):
         self._drained = None
 
     def write(self, data: bytes) -> None:
-        if not self.gone:
+        if data and not self.gone:
             self.transport.write(data)
 
     async def drain(self) -> None:
@@ -224,11 +234,11 @@ class _Relay:
         self.complete = True
 
     def relay(self) -> None:
-        """Write what has arrived: the head once there is body (or the end), then the body."""
+        """Write what has arrived, in one write: the head once there is body (or the end), the
+        body, the chunked body's end (a write each cost a send here and a read at the client)."""
         if not self.head_done or (not self.sent and not self.complete and not any(self.pieces)):
             return
-        if not self.sent:
-            self._head()
+        out = [] if self.sent else [self._head()]
         data, self.pieces = b"".join(self.pieces), []
         if self.sse and not self.complete:  # whole events only, so a cut never splits one
             data = self.tail + data
@@ -236,11 +246,12 @@ class _Relay:
             data, self.tail = data[:cut], data[cut:]
         elif self.tail:
             data, self.tail = self.tail + data, b""
-        self._body(data)
+        out.append(self._framed(data))
         if self.complete and self.chunked and not self.close:
-            self.out.write(b"0\r\n\r\n")
+            out.append(b"0\r\n\r\n")
+        self.out.write(b"".join(out))
 
-    def _head(self) -> None:
+    def _head(self) -> bytes:
         self.sent = True
         self.close = self.chunked and not self.chunks_ok  # an HTTP/1.0 client: the body until close
         lines = [b"HTTP/1.1 %d %s" % (self.parser.get_status_code(), self.reason)]
@@ -250,11 +261,12 @@ class _Relay:
             lines.append(b"transfer-encoding: chunked")
         if self.close or not self.chunks_ok:
             lines.append(b"connection: close")
-        self.out.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        return b"\r\n".join(lines) + b"\r\n\r\n"
 
-    def _body(self, data: bytes) -> None:
-        if data:
-            self.out.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked and not self.close else data)
+    def _framed(self, data: bytes) -> bytes:
+        if data and self.chunked and not self.close:
+            return b"%x\r\n%s\r\n" % (len(data), data)
+        return data
 
     def end_cut(self) -> bool:
         """The replica went away after the body began: an SSE stream ends with an error event and
@@ -262,9 +274,8 @@ class _Relay:
         if not self.sse:
             return False
         cut = HTTPError(503, "the replica serving this stream went away; retry the request", kind="server_busy")
-        self._body(sse(cut.body()) + sse("[DONE]"))
-        if self.chunked and not self.close:
-            self.out.write(b"0\r\n\r\n")
+        end = b"0\r\n\r\n" if self.chunked and not self.close else b""
+        self.out.write(self._framed(sse(cut.body()) + sse("[DONE]")) + end)
         return not self.close
 
 
@@ -339,11 +350,11 @@ class Front:
             live = self.registry.read()
         except OSError:
             return
-        for pid in [p for p in self.replicas if p not in live or self.replicas[p].port != live[p]]:
+        for pid in [p for p in self.replicas if p not in live or self.replicas[p].address != live[p]]:
             self.replicas.pop(pid).close()
-        for pid, port in live.items():
+        for pid, address in live.items():
             if pid not in self.replicas:
-                self.replicas[pid] = _Replica(pid, port)
+                self.replicas[pid] = _Replica(pid, address)
 
     def _pick(self) -> _Replica | None:
         """The replica with the fewest requests in flight, ties taken in turn."""
