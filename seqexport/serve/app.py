@@ -12,9 +12,9 @@ its row at the next step boundary.
 import asyncio
 import json
 import os
+import random
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -241,7 +241,7 @@ class Completions:
             first = await listener.queue.get()  # the first token, or why there is none
             if first[0] is None and (err := end_error(req)) is not None:
                 raise err
-            rid = f"cmpl-{uuid.uuid4().hex}"
+            rid = f"cmpl-{random.getrandbits(128):032x}"  # not uuid4: os.urandom lets the GIL go, to the engine
             if params.stream:
                 await _stream(host, req, listener, first, rid, len(ids), params, send)
                 return
