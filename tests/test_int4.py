@@ -226,4 +226,11 @@ def test_bench_times_the_int4_copy_beside_its_source(int4_copies, tmp_path):
     alone = side["linears_alone"]  # 4 layers' in/out projections and the head int4; x_proj, dt_proj float
     assert (alone["graph"], alone["linears"], alone["int4_linears"]) == ("step", 17, 9)
     assert alone["int4_ms"] > 0 and alone["float32_ms"] > 0
+    # timed beside the first context's steps: the rest and the floor are those calls' arithmetic
+    row = side["rows"][0]
+    assert alone["context"] == row["context"]
+    assert alone["rest_float32_ms"] == pytest.approx(row["step_float32_ms"] - alone["float32_ms"])
+    assert alone["rest_int4_ms"] == pytest.approx(row["step_int4_ms"] - alone["int4_ms"])
+    assert alone["floor_ratio"] == pytest.approx((alone["int4_ms"] + alone["rest_float32_ms"]) / row["step_float32_ms"])
+    assert "the step outside its linears" in result.output
     assert side["disk_bytes"]["int4"] < 0.5 * side["disk_bytes"]["float32"]

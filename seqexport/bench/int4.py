@@ -5,7 +5,10 @@ becomes an independent MatMul of the same (K, N) over random weights, in one ses
 chain with the same MatMuls as MatMulNBits (the copy's block size and accuracy level) in a
 second. int4 ÷ float32 of the two is what ORT's GEMVs reach on this machine with nothing else in
 the graph; the step ratio is that plus the rest of the step (norms, the scan's state update,
-the attention over the cache), which int4 does not shrink.
+the attention over the cache), which int4 does not shrink. The chains are timed in the same
+calls as the steps (`bench.int8.run_int8_bench`), so the step's rest — step minus its linears,
+float32 and int4 — and the floor under the ratio, (int4 linears + float32 rest) ÷ float32 step,
+come from one run on one machine state.
 """
 
 import json
@@ -16,7 +19,6 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from seqexport.bench.timing import time_paired
 from seqexport.export import int4
 from seqexport.manifest import MANIFEST
 
@@ -54,8 +56,9 @@ def chain(shapes: list[tuple[int, int]], seed: int = 0) -> onnx.ModelProto:
                              opset_imports=[helper.make_opsetid("", 18)])
 
 
-def linears_floor(folder: Path, threads: int, repeats: int, sample_s: float) -> dict:
-    """The copy's step linears alone, float32 and as the copy has them; milliseconds and ratio."""
+def linears_sessions(folder: Path, threads: int) -> tuple[dict, dict]:
+    """The copy's step linears alone as two callables, float32 and as the copy has them (to be
+    timed beside the steps themselves, in one `time_paired`), and what they hold."""
     graph, q, f, attrs = step_linears(Path(folder))
     shapes = q + f
     fp32 = chain(shapes)
@@ -69,10 +72,19 @@ def linears_floor(folder: Path, threads: int, repeats: int, sample_s: float) -> 
                 for name, m in (("float32", fp32), ("int4", quantized))}
     rng = np.random.default_rng(1)
     feeds = {i.name: rng.standard_normal((1, i.shape[1])).astype(np.float32) for i in sessions["float32"].get_inputs()}
-    t = time_paired({n: (lambda s=s: s.run(None, feeds)) for n, s in sessions.items()}, repeats, sample_s)
-    return {"graph": graph, "linears": len(shapes), "int4_linears": len(q),
-            "float32_weights_mb": sum(k * n for k, n in shapes) * 4 / 1e6,
-            "float32_ms": t["float32"] * 1e3, "int4_ms": t["int4"] * 1e3, "ratio": t["int4"] / t["float32"]}
+    meta = {"graph": graph, "linears": len(shapes), "int4_linears": len(q),
+            "float32_weights_mb": sum(k * n for k, n in shapes) * 4 / 1e6}
+    return meta, {n: (lambda s=s: s.run(None, feeds)) for n, s in sessions.items()}
+
+
+def step_floor(step_fp32_ms: float, step_int4_ms: float, alone: dict) -> dict:
+    """What the step spends outside its linears, float32 and int4 (timed in the same calls), and
+    the floor under the step ratio that follows: int4's linears plus float32's rest, ÷ the
+    float32 step (int4 shrinks the linears only; the rest — norms, the scan's state update,
+    attention, every node's dispatch — is float32 in both)."""
+    rest32 = step_fp32_ms - alone["float32_ms"]
+    return {"rest_float32_ms": rest32, "rest_int4_ms": step_int4_ms - alone["int4_ms"],
+            "floor_ratio": (alone["int4_ms"] + rest32) / step_fp32_ms}
 
 
 def _one_round(folder: str, contexts: tuple[int, ...], new_tokens: int, repeats: int, threads: int) -> dict:
@@ -105,17 +117,19 @@ def format_rounds(results: dict[str, list[dict]]) -> str:
     from statistics import median
 
     lines = ["folder   weights   step fp32 ms   step q ms   q/fp32 (median; rounds)   linears alone q/fp32   "
-             "size fp32 -> q MB"]
+             "floor (q linears + fp32 rest) / fp32 step   size fp32 -> q MB"]
     for f, runs in results.items():
         q = runs[0]["weights"]
         rows = [r["rows"][0] for r in runs]
         ratios = [row["step_ratio"] for row in rows]
         alone = [r["linears_alone"]["ratio"] for r in runs if "linears_alone" in r]
+        floors = [r["linears_alone"]["floor_ratio"] for r in runs if "floor_ratio" in r.get("linears_alone", {})]
         size = runs[0]["disk_bytes"]
         lines.append(f"{f}   {q}   {median(row['step_float32_ms'] for row in rows):.2f}   "
                      f"{median(row[f'step_{q}_ms'] for row in rows):.2f}   "
                      f"{median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})   "
                      f"{f'{median(alone):.3f}' if alone else 'n/a'}   "
+                     f"{f'{median(floors):.3f} (ratio / floor {median(r / fl for fl, r in zip(floors, ratios)):.2f})' if floors else 'n/a'}   "
                      f"{size['float32'] / 1e6:.0f} -> {size[q] / 1e6:.0f}")
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from seqexport import families
 from seqexport.bench.cases import advancing_step
+from seqexport.bench.int4 import linears_sessions, step_floor
 from seqexport.bench.timing import rss_now, time_paired
 from seqexport.errors import UsageError
 from seqexport.manifest import MANIFEST, read_manifest
@@ -66,12 +67,20 @@ def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16,
     contexts = bench.check_contexts(fp32.config, contexts, contexts)
     rng = np.random.default_rng(0)
     rows = []
+    # int4: the step's linears alone, timed in the same calls as the first context's steps
+    alone, linears = linears_sessions(Path(folder), threads) if label == "int4" else (None, {})
     for context in contexts:
         log(f"  {label} vs float32: step and prefill at context {context}")
         state = bench.decode_state(fp32, 1, context, rng, bench.PROMPT_LEN[False])
         tokens = rng.integers(1, fp32.vocab_size, 1, dtype=np.int64)
         # each model steps its own copy as in a decode (stepping a shared state would copy its cache every call)
-        step = time_paired({n: advancing_step(m, tokens, state) for n, m in models.items()}, repeats, sample_s)
+        fns = {n: advancing_step(m, tokens, state) for n, m in models.items()}
+        step = time_paired(fns | {f"linears_{n}": fn for n, fn in linears.items()}, repeats, sample_s)
+        if linears:
+            alone |= {"context": context, "float32_ms": step["linears_float32"] * 1e3,
+                      "int4_ms": step["linears_int4"] * 1e3, "ratio": step["linears_int4"] / step["linears_float32"]}
+            alone |= step_floor(step["float32"] * 1e3, step[label] * 1e3, alone)
+            linears = {}
         prompt = [list(map(int, bench.generation_prompts(fp32, 1, context, rng)[0]))]
         prefill = time_paired({n: (lambda m=m, p=prompt: m.begin(p)) for n, m in models.items()}, repeats, sample_s)
         rows.append({"context": context, **{f"step_{n}_ms": step[n] * 1e3 for n in names},
@@ -95,11 +104,8 @@ def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16,
         "rss_load_bytes": rss,
         "rss_after_bytes": rss_now(),
     }
-    if label == "int4":
-        from seqexport.bench.int4 import linears_floor
-
-        log("  int4 vs float32: the step's linears alone")
-        out["linears_alone"] = linears_floor(Path(folder), threads, repeats, sample_s)
+    if alone is not None:
+        out["linears_alone"] = alone
     return out
 
 
@@ -121,7 +127,9 @@ def format_int8_table(r: dict) -> str:
         a = r["linears_alone"]
         lines.append(f"  the step's linears alone ({a['linears']} weight MatMuls as independent GEMVs at batch 1, "
                      f"no other operator): fp32 {a['float32_ms']:.3f} ms, {q} {a['int4_ms']:.3f} ms ({q}/fp32 "
-                     f"{a['ratio']:.2f}: the floor under the step ratio)")
+                     f"{a['ratio']:.2f}), timed beside the steps at context {a['context']}")
+        lines.append(f"  the step outside its linears: fp32 {a['rest_float32_ms']:.3f} ms, {q} {a['rest_int4_ms']:.3f} ms; "
+                     f"floor under the step ratio, ({q} linears + fp32 rest) / fp32 step: {a['floor_ratio']:.2f}")
     lines.append(f"  size on disk: fp32 {mb(r['disk_bytes']['float32'])}, {q} {mb(r['disk_bytes'][q])}; "
                  f"RSS added at load: fp32 {mb(r['rss_load_bytes']['float32'])}, {q} {mb(r['rss_load_bytes'][q])}"
                  f"; process RSS after the runs {mb(r['rss_after_bytes'])}")
