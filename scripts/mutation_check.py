@@ -401,6 +401,9 @@ FAULTS = (
           "seqexport/bench/serve.py",
           "    single = {**(alone or {}), **rows.get(1, {})}\n", "    single = rows.get(1, {})\n",
           ("tests/test_serve_bench.py::test_http_scaling_is_each_paths_own_n_over_1_over_the_engines",)),
+    Fault("M112", "bench int4: the floor divided by the int4 step instead of the float32 step", "seqexport/bench/int4.py",
+          '"floor_ratio": (alone["int4_ms"] + rest32) / step_fp32_ms', '"floor_ratio": (alone["int4_ms"] + rest32) / step_int4_ms',
+          ("tests/test_int4.py::test_bench_times_the_int4_copy_beside_its_source",)),
 )
 
 
