@@ -123,13 +123,15 @@ def format_rounds(results: dict[str, list[dict]]) -> str:
         rows = [r["rows"][0] for r in runs]
         ratios = [row["step_ratio"] for row in rows]
         alone = [r["linears_alone"]["ratio"] for r in runs if "linears_alone" in r]
-        floors = [r["linears_alone"]["floor_ratio"] for r in runs if "floor_ratio" in r.get("linears_alone", {})]
+        floored = [r for r in runs if "floor_ratio" in r.get("linears_alone", {})]  # (floor, step ratio) per run
+        floors = [r["linears_alone"]["floor_ratio"] for r in floored]
+        over = [r["rows"][0]["step_ratio"] / r["linears_alone"]["floor_ratio"] for r in floored]
         size = runs[0]["disk_bytes"]
         lines.append(f"{f}   {q}   {median(row['step_float32_ms'] for row in rows):.2f}   "
                      f"{median(row[f'step_{q}_ms'] for row in rows):.2f}   "
                      f"{median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})   "
                      f"{f'{median(alone):.3f}' if alone else 'n/a'}   "
-                     f"{f'{median(floors):.3f} (ratio / floor {median(r / fl for fl, r in zip(floors, ratios)):.2f})' if floors else 'n/a'}   "
+                     f"{f'{median(floors):.3f} (ratio / floor {median(over):.2f})' if floors else 'n/a'}   "
                      f"{size['float32'] / 1e6:.0f} -> {size[q] / 1e6:.0f}")
     return "\n".join(lines)
 
