@@ -225,6 +225,9 @@ def test_bench_times_the_int4_copy_beside_its_source(int4_copies, tmp_path):
     assert all(r["step_int4_ms"] > 0 and r["step_float32_ms"] > 0 for r in side["rows"])
     alone = side["linears_alone"]  # 4 layers' in/out projections and the head int4; x_proj, dt_proj float
     assert (alone["graph"], alone["linears"], alone["int4_linears"]) == ("step", 17, 9)
+    assert alone["float32_linears"] == 17  # the same linears, from the source's step graph
+    # the int4 graph's linears hold its int4 weights (a quarter of the bytes, plus scales), not random ones
+    assert 0.1 * alone["float32_weights_mb"] < alone["int4_weights_mb"] < 0.6 * alone["float32_weights_mb"]
     assert alone["int4_ms"] > 0 and alone["float32_ms"] > 0
     # timed beside the first context's steps: the rest and the floor are those calls' arithmetic
     row = side["rows"][0]

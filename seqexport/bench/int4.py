@@ -1,14 +1,17 @@
 """The floor under an int4 copy's step ratio: its step graph's linears alone, at batch 1.
 
-Each weight MatMul of the int4 step graph (MatMulNBits, or a MatMul on a float32 weight it kept)
-becomes an independent MatMul of the same (K, N) over random weights, in one session; the same
-chain with the same MatMuls as MatMulNBits (the copy's block size and accuracy level) in a
-second. int4 ÷ float32 of the two is what ORT's GEMVs reach on this machine with nothing else in
-the graph; the step ratio is that plus the rest of the step (norms, the scan's state update,
-the attention over the cache), which int4 does not shrink. The chains are timed in the same
-calls as the steps (`bench.int8.run_int8_bench`), so the step's rest — step minus its linears,
-float32 and int4 — and the floor under the ratio, (int4 linears + float32 rest) ÷ float32 step,
-come from one run on one machine state.
+The weight MatMuls of the float32 source's one-token graph (MatMul or Gemm on a weight in the
+shared weights file) and of the int4 copy's (MatMulNBits, or a MatMul on a float32 weight it
+kept) are taken out of the two graphs as they are — the same nodes, attributes and stored
+weights, each now reading a (1, K) input of its own width — into two graphs of linears alone.
+int4 ÷ float32 of the two is what ORT's GEMVs reach on this machine with nothing else in the
+graph; the step ratio is that plus the rest of the step (norms, the scan's state update, the
+attention over the cache), which int4 does not shrink. The two are timed in the same calls as
+the steps (`bench.int8.run_int8_bench`), so the step's rest — step minus its linears, float32
+and int4 — and the floor under the ratio, (int4 linears + float32 rest) ÷ float32 step, come
+from one run on one machine state. (Random weights of the same shapes, as this once used, gave
+a float32 chain slower than the whole float32 step in some rounds: another layout, MatMul where
+the graph has a transposed Gemm, and memory the step does not read.)
 """
 
 import json
@@ -17,64 +20,83 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from seqexport.errors import UsageError
 from seqexport.export import int4
 from seqexport.manifest import MANIFEST
 
+LINEAR_OPS = ("MatMul", "Gemm", int4.NBITS)
 
-def step_linears(folder: Path) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]], dict]:
-    """(graph, int4 (K, N) shapes, float32 (K, N) shapes, MatMulNBits attributes) of the copy's
-    one-token graph: `step`, or a transformer's `decoder`."""
+
+def one_token_graph(folder: Path) -> tuple[str, Path]:
+    """(name, file) of a folder's one-token graph: `step`, or a transformer's `decoder`."""
     m = json.loads((folder / MANIFEST).read_text())
     graph = next(g for g in ("step", "decoder") if g in m["graphs"])
-    model = onnx.load(str(folder / m["graphs"][graph]["file"]), load_external_data=False)
-    # the float32 weights are those in the shared weights file (constants under 1 KB stay in the
-    # graph: a broadcast by ones is arithmetic, not a weight)
-    stored = {n: t["dims"] for n, t in (m.get("weights") or {}).get("tensors", {}).items() if t["dtype"] == "float32"}
-    q, f, attrs = [], [], {}
+    return graph, folder / m["graphs"][graph]["file"]
+
+
+def _width(node: onnx.NodeProto, weight: onnx.TensorProto) -> int:
+    """K of the node's (1, K) input: MatMulNBits says it; a Gemm's weight is (N, K) when transB."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == int4.NBITS:
+        return attrs["K"]
+    return weight.dims[1] if node.op_type == "Gemm" and attrs.get("transB") else weight.dims[0]
+
+
+def linears_of(path: Path) -> tuple[onnx.ModelProto, dict]:
+    """The graph's weight linears alone (see the module's doc): a graph of those nodes with their
+    stored weights, one (1, K) input per width K, and what it holds. A linear's weight is an
+    initializer of two or more dims in the weights file (constants under 1 KB stay in the graph:
+    a broadcast by ones is arithmetic, not a weight)."""
+    header = onnx.load(str(path), load_external_data=False)
+    external = {t.name for t in header.graph.initializer
+                if t.data_location == TensorProto.EXTERNAL and len(t.dims) >= 2}
+    model = onnx.load(str(path))  # the weights, read from the shared file
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes, used, widths, counts = [], {}, set(), {}
     for node in model.graph.node:
-        if node.op_type == int4.NBITS:
-            a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-            q.append((a["K"], a["N"]))
-            attrs = a
-        elif node.op_type == "MatMul" and len(stored.get(node.input[1], ())) == 2:
-            f.append(tuple(stored[node.input[1]]))
-    return graph, q, f, attrs
+        if node.op_type not in LINEAR_OPS or len(node.input) < 2 or node.input[1] not in external:
+            continue
+        if any(x and x not in inits for x in node.input[2:]):
+            continue  # reads another activation (not a weight linear)
+        k = _width(node, inits[node.input[1]])
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.input[0], copy.output[:] = f"x{k}", [f"y{len(nodes)}"]
+        nodes.append(copy)
+        widths.add(k)
+        used.update({x: inits[x] for x in node.input[1:] if x})
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted(widths)]
+    outputs = [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None) for n in nodes]
+    graph = helper.make_graph(nodes, "linears", inputs, outputs, list(used.values()))
+    alone = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    return alone, {"linears": len(nodes), "ops": counts,
+                   "weights_mb": sum(np.prod(t.dims) * (4 if t.data_type == TensorProto.FLOAT else 1)
+                                     for t in used.values()) / 1e6}
 
 
-def chain(shapes: list[tuple[int, int]], seed: int = 0) -> onnx.ModelProto:
-    """One MatMul per (K, N) weight, each reading a (1, K) input of its own width."""
-    rng = np.random.default_rng(seed)
-    nodes, inits, outputs = [], [], []
-    for i, (k, n) in enumerate(shapes):
-        inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.02).astype(np.float32), f"w{i}"))
-        nodes.append(helper.make_node("MatMul", [f"x{k}", f"w{i}"], [f"y{i}"], name=f"linear{i}"))
-        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, n]))
-    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted({k for k, _ in shapes})]
-    return helper.make_model(helper.make_graph(nodes, "linears", inputs, outputs, inits),
-                             opset_imports=[helper.make_opsetid("", 18)])
-
-
-def linears_sessions(folder: Path, threads: int) -> tuple[dict, dict]:
-    """The copy's step linears alone as two callables, float32 and as the copy has them (to be
-    timed beside the steps themselves, in one `time_paired`), and what they hold."""
-    graph, q, f, attrs = step_linears(Path(folder))
-    shapes = q + f
-    fp32 = chain(shapes)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(fp32)
-    quantized = int4.quantize_graph(copy, {f"linear{i}" for i in range(len(q))}, 4,
-                                    attrs.get("block_size", int4.BLOCK_SIZE), attrs.get("accuracy_level", 0))
+def linears_sessions(folder: Path, baseline: Path, threads: int) -> tuple[dict, dict]:
+    """The step's linears alone as two callables, the float32 source's and the int4 copy's (to
+    be timed beside the steps themselves, in one `time_paired`), and what they hold."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    sessions = {name: ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
-                for name, m in (("float32", fp32), ("int4", quantized))}
-    rng = np.random.default_rng(1)
-    feeds = {i.name: rng.standard_normal((1, i.shape[1])).astype(np.float32) for i in sessions["float32"].get_inputs()}
-    meta = {"graph": graph, "linears": len(shapes), "int4_linears": len(q),
-            "float32_weights_mb": sum(k * n for k, n in shapes) * 4 / 1e6}
-    return meta, {n: (lambda s=s: s.run(None, feeds)) for n, s in sessions.items()}
+    graph, _ = one_token_graph(Path(folder))
+    meta, calls = {"graph": graph}, {}
+    for name, f in (("float32", baseline), ("int4", folder)):
+        alone, held = linears_of(one_token_graph(Path(f))[1])
+        session = ort.InferenceSession(alone.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(1)
+        feeds = {i.name: rng.standard_normal((1, i.shape[1])).astype(np.float32) for i in session.get_inputs()}
+        calls[name] = lambda s=session, feeds=feeds: s.run(None, feeds)
+        meta[f"{name}_linears"], meta[f"{name}_weights_mb"] = held["linears"], held["weights_mb"]
+        if name == "int4":
+            meta["linears"], meta["int4_linears"] = held["linears"], held["ops"].get(int4.NBITS, 0)
+    if meta["float32_linears"] != meta["linears"]:  # another model, or a graph this cannot read
+        raise UsageError(f"{folder}'s {graph} graph has {meta['linears']} weight linears, its float32 source "
+                         f"{baseline}'s {meta['float32_linears']}: not the same model's step")
+    return meta, calls
 
 
 def step_floor(step_fp32_ms: float, step_int4_ms: float, alone: dict) -> dict:

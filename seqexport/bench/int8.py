@@ -11,8 +11,8 @@ slows both alike) and quantised ÷ float32 (the keys and columns say int8 or int
   encoder and the first decoder call; Mamba/RWKV: the prefill graph);
 - generation: greedy tokens/s, eos disabled;
 - size on disk (graphs + weights file), RSS each model added at load and after its runs;
-- int4: the step's linears alone, float32 and int4 as the copy has them (`bench.int4`): the
-  floor ORT's MatMulNBits sets under the step ratio.
+- int4: the step's linears alone, taken out of the float32 and the int4 step graphs
+  (`bench.int4`): the floor ORT's MatMulNBits sets under the step ratio.
 """
 
 import json
@@ -68,7 +68,7 @@ def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16,
     rng = np.random.default_rng(0)
     rows = []
     # int4: the step's linears alone, timed in the same calls as the first context's steps
-    alone, linears = linears_sessions(Path(folder), threads) if label == "int4" else (None, {})
+    alone, linears = linears_sessions(Path(folder), Path(baseline), threads) if label == "int4" else (None, {})
     for context in contexts:
         log(f"  {label} vs float32: step and prefill at context {context}")
         state = bench.decode_state(fp32, 1, context, rng, bench.PROMPT_LEN[False])
@@ -125,8 +125,8 @@ def format_int8_table(r: dict) -> str:
                  f"{q} {g[f'{q}_tps']:.1f} tok/s ({q} {g['ratio']:.2f}x as fast)")
     if "linears_alone" in r:
         a = r["linears_alone"]
-        lines.append(f"  the step's linears alone ({a['linears']} weight MatMuls as independent GEMVs at batch 1, "
-                     f"no other operator): fp32 {a['float32_ms']:.3f} ms, {q} {a['int4_ms']:.3f} ms ({q}/fp32 "
+        lines.append(f"  the step's linears alone (its {a['linears']} weight linears taken out of both step graphs as "
+                     f"they are, stored weights and all, as independent GEMVs at batch 1, no other operator): fp32 {a['float32_ms']:.3f} ms, {q} {a['int4_ms']:.3f} ms ({q}/fp32 "
                      f"{a['ratio']:.2f}), timed beside the steps at context {a['context']}")
         lines.append(f"  the step outside its linears: fp32 {a['rest_float32_ms']:.3f} ms, {q} {a['rest_int4_ms']:.3f} ms; "
                      f"floor under the step ratio, ({q} linears + fp32 rest) / fp32 step: {a['floor_ratio']:.2f}")

@@ -65,12 +65,20 @@ def _weights(folder: Path, manifest: dict, bench) -> int:
     return bench.step_weight_bytes(model, manifest["dtype"])
 
 
-def _point(rt, bench, batch: int, context: int, repeats: int, rng) -> dict:
-    """The runtime's one-token step with a state as after `context` tokens: median ms, state bytes."""
-    state = bench.decode_state(rt, batch, context, rng, SRC_LEN)
-    tokens = rng.integers(1, rt.vocab_size, batch, dtype=np.int64)
-    med = time_paired({"step": advancing_step(rt, tokens, state)}, repeats, 0.05)  # as in a decode: cache owned
-    return {"context": context, "step_ms": med["step"] * 1e3, "state_bytes": state.nbytes}
+def _points(rt, bench, batch: int, contexts, repeats: int, rng, log) -> list[dict]:
+    """The runtime's one-token step with a state as after each context: median ms, state bytes.
+    Every context's step is timed in the same rounds, in turn (`time_paired`), so a slower
+    minute of the machine, or the first calls of a fresh process, slow every context alike
+    (timed one context after another, a recurrent model read slower at 16 tokens than at 1024)."""
+    steps, sizes = {}, {}
+    for context in contexts:
+        log(f"  {rt.provider}: a state as after {context} tokens")
+        state = bench.decode_state(rt, batch, context, rng, SRC_LEN)
+        tokens = rng.integers(1, rt.vocab_size, batch, dtype=np.int64)
+        steps[context] = advancing_step(rt, tokens, state)  # as in a decode: cache owned
+        sizes[context] = state.nbytes
+    med = time_paired(steps, repeats, 0.05)
+    return [{"context": c, "step_ms": med[c] * 1e3, "state_bytes": sizes[c]} for c in contexts]
 
 
 def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, providers=None, threads: int = 2,
@@ -105,10 +113,9 @@ def measure_scaling(folders: dict[str, str | Path], contexts=DEFAULT_CONTEXTS, p
                      "quantized": (manifest.get("quantization") or {}).get("weights"),
                      "load_seconds": time.perf_counter() - started,
                      "rss_added_by_load_bytes": (rss_now() or 0) - (rss or 0),
-                     "artifact": artifact_facts(folder, manifest), "points": []}
-            for context in contexts:
-                log(f"  {label} on {rt.provider}: context {context}")
-                entry["points"].append(_point(rt, bench, batch, context, repeats, rng))
+                     "artifact": artifact_facts(folder, manifest)}
+            log(f"  {label} on {rt.provider}: contexts {', '.join(map(str, contexts))}, timed in turn")
+            entry["points"] = _points(rt, bench, batch, contexts, repeats, rng, log)
             result["models"].append(entry)
     bw = measure_bandwidth(bandwidth_mb, threads=threads)
     result["bandwidth_gbs"] = bw["gbs"]
