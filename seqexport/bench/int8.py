@@ -48,8 +48,16 @@ def disk_bytes(folder: Path) -> int:
         (m.get("weights") or {}).get("bytes", 0)
 
 
+# Each figure's calls come in blocks of this many seconds. The functions taken in turn each read
+# hundreds of MB of weights of their own, and the first calls after a switch read slowly (Mamba
+# 130m, 2026-12-03: blocks of 0.1 s gave the float32 step 26 ms and its linears alone 23-26 ms,
+# blocks of 0.5 s 16-19 and 12-15 ms, the int4 step 9-12 against 7-8 ms): a decode repeats one
+# step back to back, which the longer blocks measure.
+SAMPLE_S = 0.5
+
+
 def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16, threads: int = 2,
-                   repeats: int = 5, sample_s: float = 0.1, log=lambda msg: None) -> dict:
+                   repeats: int = 5, sample_s: float = SAMPLE_S, log=lambda msg: None) -> dict:
     q = read_manifest(folder, verify=False).get("quantization") or {}
     label = q.get("weights", "int8")
     names = ("float32", label)
