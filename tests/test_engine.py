@@ -3,6 +3,7 @@ greedy tokens equal, seeded samples equal whatever shares the batch, rows join a
 mid-decode, caps hold, cancelled and timed-out requests free their rows."""
 
 import itertools
+import os
 import threading
 import time
 from pathlib import Path
@@ -518,3 +519,34 @@ def test_a_row_whose_logits_turn_nan_fails_alone(transformer, monkeypatch):
     rest = [(p, r) for p, r in zip(prompts, reqs) if r is not victim]
     assert [r.finish_reason for _, r in rest] == ["length", "length"]
     assert [r.tokens for _, r in rest] == alone(transformer, [p for p, _ in rest], [greedy] * 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs this process may use")
+def test_pinned_threads_run_on_their_own_cpus_and_give_generate_tokens(transformer):
+    """pin_threads: the engine thread on the process's first CPU, the starter on the others
+    (read from the running threads themselves); tokens as generate() gives them alone; the
+    caller's thread keeps its CPUs. Without it, no thread is pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    prompts = random_prompts(12, transformer.config["src_vocab_size"], seed=5)
+    options = [rt.SearchOptions(max_new_tokens=10, eos_id=-1)] * len(prompts)
+    for pin, engine_cpus, starter_cpus in ((True, {cpus[0]}, set(cpus[1:])), (False, set(cpus), set(cpus))):
+        engine = Engine(transformer, max_rows=4, pin_threads=pin).start()
+        try:
+            reqs = [engine.submit(p, o) for p, o in zip(prompts, options)]
+            assert all(r.wait(60) for r in reqs)
+            assert os.sched_getaffinity(engine._thread.native_id) == engine_cpus
+            assert os.sched_getaffinity(engine._starter.native_id) == starter_cpus
+        finally:
+            engine.close()
+        assert [r.tokens for r in reqs] == alone(transformer, prompts, options)
+        assert sorted(os.sched_getaffinity(0)) == cpus
+
+
+def test_serve_refuses_pinned_threads_with_several_replicas(transformer_tiny):
+    from click.testing import CliRunner
+
+    from seqexport.cli import cli
+
+    result = CliRunner().invoke(cli, ["serve", str(transformer_tiny[1]), "--pin-threads", "--replicas", "2"])
+    assert result.exit_code == 2 and "--pin-threads" in result.output and "one replica" in result.output

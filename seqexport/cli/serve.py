@@ -34,6 +34,9 @@ def engine_options(f):
                           "CPU too; more replicas use more cores)."),
         click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                      help="ONNX Runtime execution provider."),
+        click.option("--pin-threads", is_flag=True,
+                     help="Keep the engine thread on the first CPU this process may use and the starter thread on "
+                          "the others (Linux; one engine a machine: not with several replicas)."),
     ]):
         f = opt(f)
     return f
@@ -131,6 +134,9 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
     from seqexport.serve.run import run_plain, run_ray
 
     manifest = read_manifest(folder)  # a missing or altered export fails here, in one line
+    if engine.get("pin_threads") and (replicas != 1 or autoscale):
+        raise UsageError("--pin-threads puts every engine's thread on the same first CPU: use it with one replica "
+                         "(no --replicas N > 1 or --autoscale)")
     config = ServeConfig(folder, **engine)
     scaling = {"replicas": replicas, "autoscale": parse_autoscale(autoscale), "replica_cpus": replica_cpus}
     if config_out:
