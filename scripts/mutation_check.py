@@ -409,6 +409,10 @@ FAULTS = (
           "if node.op_type not in LINEAR_OPS or len(node.input) < 2 or node.input[1] not in external:",
           "if node.op_type not in LINEAR_OPS or len(node.input) < 2 or node.input[1] not in inits:",
           ("tests/test_int4.py::test_bench_times_the_int4_copy_beside_its_source",)),
+    Fault("M114", "engine: pin_threads puts the engine thread on the starter's CPUs",
+          "seqexport/runtime/engine/engine.py", "    def _loop(self) -> None:\n        _pin(self._cpus[0])",
+          "    def _loop(self) -> None:\n        _pin(self._cpus[1])",
+          ("tests/test_engine.py::test_pinned_threads_run_on_their_own_cpus_and_give_generate_tokens",)),
 )
 
 

@@ -9,9 +9,9 @@ graph; the step ratio is that plus the rest of the step (norms, the scan's state
 attention over the cache), which int4 does not shrink. The two are timed in the same calls as
 the steps (`bench.int8.run_int8_bench`), so the step's rest — step minus its linears, float32
 and int4 — and the floor under the ratio, (int4 linears + float32 rest) ÷ float32 step, come
-from one run on one machine state. (Random weights of the same shapes, as this once used, gave
-a float32 chain slower than the whole float32 step in some rounds: another layout, MatMul where
-the graph has a transposed Gemm, and memory the step does not read.)
+from one run on one machine state. (Random MatMuls of the same shapes, as this once used, were
+another kernel than the graph's transposed Gemms; `run_int8_bench`'s blocks of calls say why
+the float32 linears once read slower than the whole float32 step.)
 """
 
 import json
@@ -58,8 +58,9 @@ def linears_of(path: Path) -> tuple[onnx.ModelProto, dict]:
     for node in model.graph.node:
         if node.op_type not in LINEAR_OPS or len(node.input) < 2 or node.input[1] not in external:
             continue
-        if any(x and x not in inits for x in node.input[2:]):
-            continue  # reads another activation (not a weight linear)
+        if any(x and x not in inits for x in node.input[2:]) or \
+                any(a.name == "transA" and a.i for a in node.attribute):
+            continue  # reads another activation, or a transposed one: not a weight linear of (1, K)
         k = _width(node, inits[node.input[1]])
         copy = onnx.NodeProto()
         copy.CopyFrom(node)

@@ -382,9 +382,10 @@ def thread_cpus() -> tuple[set[int] | None, set[int] | None]:
     Why: the engine thread wakes the starter, and Linux tends to run a woken thread on its
     waker's CPU, where the starter's prefill (a transformer's encoder, 0.37 ms) then holds up
     the batched step. The bundled transformer at 16 clients, 2 cores, alternating fresh
-    processes (2026-12-03): 16 clients ÷ one at a time 2.55-4.90x (median 3.74, 10 rounds)
-    unpinned, 3.69-5.85x (median 4.40) pinned. One engine a machine only: two engines (two
-    replicas) would both take the first CPU."""
+    processes (2026-12-03, 15 rounds each): 16 clients ÷ one at a time median 4.08x unpinned
+    (3.04-5.55), 4.39x pinned (3.51-6.69); the starter and every other thread kept off the
+    engine's CPU did worse (3.74x). One engine a machine only: two engines (two replicas)
+    would both take the first CPU."""
     if not hasattr(os, "sched_getaffinity"):
         return None, None
     cpus = sorted(os.sched_getaffinity(0))
