@@ -110,7 +110,7 @@ def main():
                                  allow_busy=True)
         Path(out).write_text(json.dumps(result))
         return
-    check_quiet(args.busy, log)  # before minutes of exports
+    _settle(args.busy, log)  # before minutes of exports (a job that just ended lifts the 1-minute average)
     folders = _ensure(Path(args.work))
     rounds = []
     for r in range(args.rounds):
