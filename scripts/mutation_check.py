@@ -413,6 +413,9 @@ FAULTS = (
           "seqexport/runtime/engine/engine.py", "    def _loop(self) -> None:\n        _pin(self._cpus[0])",
           "    def _loop(self) -> None:\n        _pin(self._cpus[1])",
           ("tests/test_engine.py::test_pinned_threads_run_on_their_own_cpus_and_give_generate_tokens",)),
+    Fault("M115", "engine: pin_threads taken with one CPU (nothing to keep apart, no word said)",
+          "seqexport/runtime/engine/engine.py", "return None if cpus >= 2 else", "return None if cpus >= 1 else",
+          ("tests/test_engine.py::test_pinned_threads_refused_with_one_cpu",)),
 )
 
 

@@ -550,3 +550,19 @@ def test_serve_refuses_pinned_threads_with_several_replicas(transformer_tiny):
 
     result = CliRunner().invoke(cli, ["serve", str(transformer_tiny[1]), "--pin-threads", "--replicas", "2"])
     assert result.exit_code == 2 and "--pin-threads" in result.output and "one replica" in result.output
+
+
+def test_pinned_threads_refused_with_one_cpu(transformer, transformer_tiny, monkeypatch):
+    """Where the process may use one CPU there is nothing to keep apart: Engine and the CLI
+    refuse pin_threads with the reason, instead of running unpinned without a word."""
+    from click.testing import CliRunner
+
+    from seqexport.cli import cli
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    with pytest.raises(UsageError, match="pin_threads: needs two CPUs this process may use, it has 1"):
+        Engine(transformer, pin_threads=True)
+    Engine(transformer).close()  # unpinned: as ever
+    result = CliRunner().invoke(cli, ["bench-serve", str(transformer_tiny[1]), "--pin-threads", "--clients", "2",
+                                      "--requests", "2"])
+    assert result.exit_code == 2 and "--pin-threads: needs two CPUs" in result.output, result.output

@@ -43,6 +43,10 @@ def engine_options(f):
 
 
 def _engine_kwargs(kw: dict) -> dict:
+    from seqexport.runtime.engine.engine import cannot_pin
+
+    if kw.get("pin_threads") and (why := cannot_pin()):
+        raise UsageError(f"--pin-threads: {why}")
     mb = kw.pop("max_state_mb")
     return {**kw, "max_state_bytes": None if mb is None else int(mb * 2**20)}
 

@@ -29,6 +29,8 @@ class Engine:
                                ("start_ahead", start_ahead, 0), ("start_batch", start_batch, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise UsageError(f"{name} must be an integer >= {least}, got {v!r}")
+        if pin_threads and (why := cannot_pin()):
+            raise UsageError(f"pin_threads: {why}")
         self.model = model
         self.max_rows = max_rows
         self.max_queue = max_queue
@@ -373,6 +375,15 @@ class Engine:
             newcomers = [r for r in newcomers if all(r is not f for f in first)]
         for start_id, group in scheduler.by_start(newcomers).items():
             batch.begin_rows(group, start_id)
+
+
+def cannot_pin() -> str | None:
+    """Why `pin_threads` cannot be had here (None: it can): it needs Linux's thread affinity
+    and two CPUs this process may use, one for the engine thread and one for the starter."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "this platform sets no thread affinity (Linux only)"
+    cpus = len(os.sched_getaffinity(0))
+    return None if cpus >= 2 else f"needs two CPUs this process may use, it has {cpus}"
 
 
 def thread_cpus() -> tuple[set[int] | None, set[int] | None]:
