@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
+from onnx.external_data_helper import load_external_data_for_tensor
 
 from seqexport.errors import UsageError
 from seqexport.export import int4
@@ -49,11 +50,9 @@ def linears_of(path: Path) -> tuple[onnx.ModelProto, dict]:
     stored weights, one (1, K) input per width K, and what it holds. A linear's weight is an
     initializer of two or more dims in the weights file (constants under 1 KB stay in the graph:
     a broadcast by ones is arithmetic, not a weight)."""
-    header = onnx.load(str(path), load_external_data=False)
-    external = {t.name for t in header.graph.initializer
-                if t.data_location == TensorProto.EXTERNAL and len(t.dims) >= 2}
-    model = onnx.load(str(path))  # the weights, read from the shared file
+    model = onnx.load(str(path), load_external_data=False)  # the weights read below, those used only
     inits = {t.name: t for t in model.graph.initializer}
+    external = {n for n, t in inits.items() if t.data_location == TensorProto.EXTERNAL and len(t.dims) >= 2}
     nodes, used, widths, counts = [], {}, set(), {}
     for node in model.graph.node:
         if node.op_type not in LINEAR_OPS or len(node.input) < 2 or node.input[1] not in external:
@@ -69,6 +68,11 @@ def linears_of(path: Path) -> tuple[onnx.ModelProto, dict]:
         widths.add(k)
         used.update({x: inits[x] for x in node.input[1:] if x})
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    for t in used.values():  # from the shared weights file (not the embedding table the step gathers from)
+        if t.data_location == TensorProto.EXTERNAL:
+            load_external_data_for_tensor(t, str(path.parent))
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
     inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted(widths)]
     outputs = [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None) for n in nodes]
     graph = helper.make_graph(nodes, "linears", inputs, outputs, list(used.values()))

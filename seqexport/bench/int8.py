@@ -134,7 +134,8 @@ def format_int8_table(r: dict) -> str:
     if "linears_alone" in r:
         a = r["linears_alone"]
         lines.append(f"  the step's linears alone (its {a['linears']} weight linears taken out of both step graphs as "
-                     f"they are, stored weights and all, as independent GEMVs at batch 1, no other operator): fp32 {a['float32_ms']:.3f} ms, {q} {a['int4_ms']:.3f} ms ({q}/fp32 "
+                     f"they are, stored weights and all, as independent GEMVs at batch 1, no other operator): "
+                     f"fp32 {a['float32_ms']:.3f} ms, {q} {a['int4_ms']:.3f} ms ({q}/fp32 "
                      f"{a['ratio']:.2f}), timed beside the steps at context {a['context']}")
         lines.append(f"  the step outside its linears: fp32 {a['rest_float32_ms']:.3f} ms, {q} {a['rest_int4_ms']:.3f} ms; "
                      f"floor under the step ratio, ({q} linears + fp32 rest) / fp32 step: {a['floor_ratio']:.2f}")

@@ -386,9 +386,9 @@ def cannot_pin() -> str | None:
     return None if cpus >= 2 else f"needs two CPUs this process may use, it has {cpus}"
 
 
-def thread_cpus() -> tuple[set[int] | None, set[int] | None]:
+def thread_cpus() -> tuple[set[int], set[int]]:
     """(the engine thread's CPUs, the starter's) for `pin_threads`: the first CPU this process
-    may use, and the others; (None, None) where there is one CPU, or no affinity to set.
+    may use, and the others (the engine refused `pin_threads` where `cannot_pin` says why).
 
     Why: the engine thread wakes the starter, and Linux tends to run a woken thread on its
     waker's CPU, where the starter's prefill (a transformer's encoder, 0.37 ms) then holds up
@@ -397,11 +397,7 @@ def thread_cpus() -> tuple[set[int] | None, set[int] | None]:
     (3.04-5.55), 4.39x pinned (3.51-6.69); the starter and every other thread kept off the
     engine's CPU did worse (3.74x). One engine a machine only: two engines (two replicas)
     would both take the first CPU."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None, None
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None, None
     return {cpus[0]}, set(cpus[1:])
 
 
