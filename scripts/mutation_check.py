@@ -410,11 +410,12 @@ FAULTS = (
           "if node.op_type not in LINEAR_OPS or len(node.input) < 2 or node.input[1] not in inits:",
           ("tests/test_int4.py::test_bench_times_the_int4_copy_beside_its_source",)),
     Fault("M114", "engine: pin_threads puts the engine thread on the starter's CPUs",
-          "seqexport/runtime/engine/engine.py", "    def _loop(self) -> None:\n        _pin(self._cpus[0])",
-          "    def _loop(self) -> None:\n        _pin(self._cpus[1])",
+          "seqexport/runtime/engine/engine.py",
+          "            engine_cpus, starter_cpus = thread_cpus() if self.pin_threads else (None, None)",
+          "            starter_cpus, engine_cpus = thread_cpus() if self.pin_threads else (None, None)",
           ("tests/test_engine.py::test_pinned_threads_run_on_their_own_cpus_and_give_generate_tokens",)),
     Fault("M115", "engine: pin_threads taken with one CPU (nothing to keep apart, no word said)",
-          "seqexport/runtime/engine/engine.py", "return None if cpus >= 2 else", "return None if cpus >= 1 else",
+          "seqexport/runtime/engine/pinning.py", "return None if cpus >= 2 else", "return None if cpus >= 1 else",
           ("tests/test_engine.py::test_pinned_threads_refused_with_one_cpu",)),
 )
 

@@ -43,7 +43,7 @@ def engine_options(f):
 
 
 def _engine_kwargs(kw: dict) -> dict:
-    from seqexport.runtime.engine.engine import cannot_pin
+    from seqexport.runtime.engine.pinning import cannot_pin
 
     if kw.get("pin_threads") and (why := cannot_pin()):
         raise UsageError(f"--pin-threads: {why}")

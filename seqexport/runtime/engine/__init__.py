@@ -1,11 +1,16 @@
 """Continuous batching over the explicit state: a request queue and one batched step at a time.
 
-    request    Request (one prompt's generation, its per-token rule), QueueFull
+    request    Request (one prompt's generation, its per-token rule), QueueFull, the check
+               a prompt and its options pass before they are queued
+    queues     Queues: the requests not yet in the batch (waiting, held by the starter,
+               begun) under one lock, and the walk that ends cancelled and timed-out ones
     scheduler  the admission policy: room for one more, which newcomers prefill together
     batch      RunningBatch, the executor: the running rows and their state, begin / feed /
                one batched step / picks, rows joining and leaving through the model
-    engine     Engine: the queue, the threads (engine and starter) and the round that ties
-               the two together (expire, leave, admit, decode)
+    starter    Starter, the thread that begins waiting requests beside the batched step
+    pinning    the engine and starter threads on CPUs of their own (`pin_threads`)
+    engine     Engine: the engine thread and the round that ties the queues to the batch
+               (expire, leave, admit, decode)
 
     engine = Engine(model, max_rows=16)
     req = engine.submit(prompt_ids, SearchOptions(max_new_tokens=20))

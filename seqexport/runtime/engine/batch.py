@@ -13,7 +13,7 @@ import numpy as np
 
 from seqexport.errors import ArtifactError, SeqexportError
 from seqexport.runtime.base import RuntimeModel, State
-from seqexport.runtime.engine.request import Request
+from seqexport.runtime.engine.request import Begun, Request
 from seqexport.runtime.generate import pick_tokens
 from seqexport.state.rows import swap_remove_order
 
@@ -130,6 +130,24 @@ class RunningBatch:
         if not joining:
             return [], []
         return [group[i] for i in joining], [state if len(joining) == len(group) else self.model.take(state, joining)]
+
+    def join_begun(self, ready: list[tuple[Request, object]]) -> None:
+        """Requests the starter has begun into the batch, their states joined in one go (one pass
+        over the batch's arrays); a begun request is running once picked, one still to feed
+        once its state has joined (a model's ready results are all of one kind: the rows keep
+        the states' order)."""
+        joining, joiners = [], []
+        for req, result in ready:
+            if isinstance(result, Exception):
+                req.fail(result)
+            elif isinstance(result, Begun):
+                joining += self.started([req], result.logits, result.state)
+            else:
+                reqs, states = self.entering([req], *result)
+                joiners += reqs
+                joining += states
+        self.join(joining)
+        self.rows += joiners
 
     def prefill_staged(self) -> None:
         """The oldest staged prompt's next chunk through the prefill graph (one bounded run a

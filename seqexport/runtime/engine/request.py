@@ -7,8 +7,9 @@ from functools import cached_property
 
 import numpy as np
 
-from seqexport.runtime.base import State
-from seqexport.runtime.generate import SearchOptions
+from seqexport.errors import InputError, UsageError
+from seqexport.runtime.base import RuntimeModel, State
+from seqexport.runtime.generate import SearchOptions, as_rows
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 
@@ -116,3 +117,22 @@ class Request:
         except Exception:  # a listener that is gone (e.g. a closed event loop) frees its row
             self.on_event = None
             self.cancel()
+
+
+def checked_prompt(model: RuntimeModel, prompt, options: SearchOptions, timeout: float | None,
+                   max_prompt_tokens: int | None) -> list[int]:
+    """The prompt as token ids, once it and the options are known to fit the model."""
+    if not isinstance(options, SearchOptions):
+        raise UsageError(f"options: expected SearchOptions, got {type(options).__name__}")
+    if options.num_beams > 1:
+        raise UsageError(f"num_beams {options.num_beams}: the engine does greedy or sampled decoding only")
+    (row,) = as_rows([prompt])
+    if max_prompt_tokens is not None and len(row) > max_prompt_tokens:
+        raise InputError(f"prompt: {len(row)} tokens exceeds the limit of {max_prompt_tokens}")
+    limit = model.max_new_tokens_limit
+    if limit is not None and options.max_new_tokens > limit:
+        raise InputError(f"max_new_tokens {options.max_new_tokens} exceeds what the model can hold: "
+                         f"its decoder has {limit} positions")
+    if timeout is not None and not timeout > 0:
+        raise UsageError(f"timeout must be > 0 seconds, got {timeout!r}")
+    return row
