@@ -417,6 +417,19 @@ FAULTS = (
     Fault("M115", "engine: pin_threads taken with one CPU (nothing to keep apart, no word said)",
           "seqexport/runtime/engine/pinning.py", "return None if cpus >= 2 else", "return None if cpus >= 1 else",
           ("tests/test_engine.py::test_pinned_threads_refused_with_one_cpu",)),
+    Fault("M116", "engine queues: a full queue takes one request more than max_queue", "seqexport/runtime/engine/queues.py",
+          "            if len(self) >= self.max_queue:\n", "            if len(self) > self.max_queue:\n",
+          ("tests/test_engine.py",)),
+    Fault("M117", "engine queues: a cancel that comes while the starter holds the request is forgotten",
+          "seqexport/runtime/engine/queues.py",
+          "            self.cancel_flag[0] = True  # look again once the starter hands them over\n",
+          "            pass\n",
+          ("tests/test_engine.py::test_a_request_cancelled_while_the_starter_begins_it_ends_cancelled",)),
+    Fault("M118", "starter: a group whose prefill run fails fails every prompt in it, not only the one at fault",
+          "seqexport/runtime/engine/starter.py",
+          "            except Exception:  # noqa: BLE001 - found below, request by request\n                pass\n",
+          "            except Exception as e:  # noqa: BLE001\n                return [(r, e) for r in group]\n",
+          ("tests/test_engine.py",)),
 )
 
 

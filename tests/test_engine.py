@@ -183,6 +183,45 @@ def test_waiting_requests_time_out_and_cancel_in_a_deep_queue(mamba):
     assert [r.tokens for r in rest[:5]] == alone(mamba, [r.prompt for r in rest[:5]], [three] * 5)
 
 
+def test_a_request_cancelled_while_the_starter_begins_it_ends_cancelled(mamba, monkeypatch):
+    """A cancel that comes while the starter thread is beginning a request (it is then in no
+    queue the engine walks) ends it once the starter hands it over: it never decodes, and the
+    request beside it is untouched."""
+    marker = [7, 8, 9]
+    entered, release = threading.Event(), threading.Event()
+    begin = mamba.begin
+
+    def slow_begin(rows, *args, **kwargs):
+        if rows == [marker]:
+            entered.set()
+            release.wait(30)
+        return begin(rows, *args, **kwargs)
+
+    monkeypatch.setattr(mamba, "begin", slow_begin)
+    long = rt.SearchOptions(max_new_tokens=60, eos_id=-1)
+    longer = rt.SearchOptions(max_new_tokens=400, eos_id=-1)  # rounds go on while the starter holds
+    engine = Engine(mamba, max_rows=4).start()
+    try:
+        running = engine.submit([5, 6], longer)
+        deadline = time.monotonic() + 30
+        while not running.tokens and time.monotonic() < deadline:
+            time.sleep(0.001)  # the batch is running: a newcomer goes to the starter
+        held = engine.submit(marker, long)
+        assert entered.wait(30)
+        held.cancel()
+        steps = engine.steps
+        while engine.steps < steps + 3 and time.monotonic() < deadline:
+            time.sleep(0.001)  # rounds of the running request go by while the starter holds it
+        assert not running.finished
+        release.set()
+        assert held.wait(30) and running.wait(30)
+    finally:
+        release.set()
+        engine.close()
+    assert held.finish_reason == "cancelled" and held.tokens == []
+    assert running.finish_reason == "length" and running.tokens == alone(mamba, [[5, 6]], [longer])[0]
+
+
 def test_state_cap_and_queue_cap(mamba):
     one_row = rt.Generator(mamba)  # measure one request's state
     one_row.append_tokens([[5]])
