@@ -23,7 +23,7 @@ class Starter(threading.Thread):
         self.queues = queues
         self.start_ahead = start_ahead
         self.prefills = not model.begin_rows_runs_a_graph
-        self.batch = start_batch if self.prefills and model.ragged_prefill else 1
+        self.group_size = start_batch if self.prefills and model.ragged_prefill else 1  # requests a begin() takes
         self.cpus = cpus
         self.begun = 0  # requests begun here
 
@@ -36,7 +36,7 @@ class Starter(threading.Thread):
                     q.cond.wait()
                 if q.stopping:
                     return
-                room = min(self.batch, self.start_ahead - len(q.ready))
+                room = min(self.group_size, self.start_ahead - len(q.ready))
                 group = [q.waiting.popleft()]
                 while len(group) < room and q.waiting and scheduler.pads_little(group, q.waiting[0]):
                     group.append(q.waiting.popleft())
