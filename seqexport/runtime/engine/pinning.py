@@ -21,7 +21,7 @@ def thread_cpus() -> tuple[set[int], set[int]]:
     waker's CPU, where the starter's prefill (a transformer's encoder, 0.37 ms) then holds up
     the batched step. The bundled transformer at 16 clients, 2 cores, alternating fresh
     processes (2026-12-03, 15 rounds each): 16 clients ÷ one at a time median 4.08x unpinned
-    (3.04-5.55), 4.39x pinned (3.51-6.69); that afternoon, 12 rounds each, 4.04x and 4.53x.
+    (3.04-5.55), 4.39x pinned (3.51-6.69); that afternoon, 30 rounds each, 4.25x and 4.41x.
     The starter and every other thread kept off the engine's CPU did worse (3.74x). One engine a machine only: two engines (two replicas)
     would both take the first CPU."""
     cpus = sorted(os.sched_getaffinity(0))
