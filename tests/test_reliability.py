@@ -125,6 +125,24 @@ def test_messages_name_input_given_and_expected(tf, mb):
         mb.step(np.array([1, 2]), s)
     with pytest.raises(InputError, match="batch_size: expected a positive integer, got 0"):
         mb.start(0)
+    src = np.array([[5, 6, 7], [8, 9, 0]])
+    for mask, value in (([[1, 1, 1], [1, 2, 0]], "2"), ([[1, 1, 1], [-1, 1, 0]], "-1"),
+                        ([[1.0, 1.0, 1.0], [1.0, 0.5, 0.0]], "0.5")):
+        with pytest.raises(InputError, match=rf"src_mask: expected 0/1 \(or bool\) values, 1 = token, 0 = padding; got {value}$"):
+            tf.start(src, np.array(mask))
+    with pytest.raises(InputError, match="src_mask: row 1 hides every source token"):
+        tf.start(src, np.array([[1, 1, 1], [0, 0, 0]]))
+    with pytest.raises(InputError, match=r"src_mask: shape \(2, 2\) differs from src_ids \(2, 3\)"):
+        tf.start(src, np.ones((2, 2), np.int64))
+    with pytest.raises(InputError, match=r"src_mask: expected 0/1 \(or bool\) values, 1 = token, 0 = padding; got nan$"):
+        tf.start(src, np.array([[1.0, 1.0, 1.0], [1.0, np.nan, 0.0]]))
+    with pytest.raises(InputError, match=r"src_mask: expected 0/1 .* got dtype\('<U1'\)$"):
+        tf.start(src, np.array([["a", "b", "c"], ["a", "b", "c"]]))
+    ints = tf.start(src, np.array([[1, 1, 1], [1, 1, 0]]))
+    for mask in ([[True, True, True], [True, True, False]], [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]):  # bool, float 0/1
+        same = tf.start(src, np.array(mask))
+        assert all(np.array_equal(same.arrays[k], ints.arrays[k]) for k in ints.arrays)
+        assert same.arrays["encoder_attention_mask"].dtype == np.int64
 
 
 # --- artifacts ---------------------------------------------------------------------------------

@@ -95,8 +95,10 @@ class TransformerModel(TransformerSteps, RuntimeModel):
         mask = (src != self.pad_id) if src_mask is None else tokens_2d(src_mask)[0]
         if mask.shape != src.shape:
             raise InputError(f"src_mask: shape {mask.shape} differs from src_ids {src.shape}")
-        if mask.dtype.kind not in "biu" or not np.isin(mask, (0, 1)).all():
-            bad = mask.flat[np.flatnonzero(~np.isin(mask, (0, 1)))[0]].item() if mask.dtype.kind in "biuf" else mask.dtype
+        # any number type whose values are 0 and 1 (a float mask too, as other tools write them)
+        off = (mask != 0) & (mask != 1) if mask.dtype.kind in "biuf" else None  # (b, s); NaN is off
+        if off is None or off.any():
+            bad = mask.dtype if off is None else mask.flat[np.flatnonzero(off)[0]].item()
             raise InputError(f"src_mask: expected 0/1 (or bool) values, 1 = token, 0 = padding; got {bad!r}")
         mask = mask.astype(np.int64)
         hidden = np.flatnonzero(mask.sum(1) == 0)
