@@ -435,6 +435,11 @@ FAULTS = (
           'off = (mask != 0) & (mask != 1) if mask.dtype.kind in "biuf" else None',
           'off = (mask != 0) & (mask != 1) if mask.dtype.kind in "biu" else None',
           ("tests/test_reliability.py::test_messages_name_input_given_and_expected",)),
+    Fault("M120", "runtime model: encode() frames text by the family's default, not the manifest's tokenizer record",
+          "seqexport/runtime/base.py",
+          "return encode_prompt(self.tokenizer, self.prompt_frame, text, self.manifest.get(\"tokenizer\"))",
+          "return encode_prompt(self.tokenizer, self.prompt_frame, text, None)",
+          ("tests/test_bundled.py",)),
 )
 
 

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
-from seqexport.runtime.tokenizer import encode_prompt
+from seqexport.errors import InputError
 from seqexport.training.dates import make_split
 from seqexport.training.train import decode
 
@@ -22,12 +22,19 @@ def test_onnx_greedy_matches_eager_and_recorded_accuracy(bundled_exports, family
     inputs = [x for x, _ in pairs]
     eager = decode(family, ckpt.model, inputs)  # eager greedy, independent of the runtime
     model = rt.load(folder, provider="cpu")
-    record = model.manifest["tokenizer"]
-    ids = rt.generate(model, [encode_prompt(model.tokenizer, model.prompt_frame, x, record) for x in inputs], rt.SearchOptions(max_new_tokens=16))
+    ids = rt.generate(model, [model.encode(x) for x in inputs], rt.SearchOptions(max_new_tokens=16))  # framed as trained
     onnx = [model.tokenizer.decode(i) for i in ids]
     assert onnx == eager
     accuracy = sum(p == y for p, (_, y) in zip(onnx, pairs)) / N
     assert accuracy >= recorded - 0.02
+
+
+
+def test_encode_takes_only_text(bundled_exports):
+    model = rt.load(bundled_exports("mamba")[1], provider="cpu")
+    for bad in (5, None, "", b"Mar 5", ["Mar 5"]):
+        with pytest.raises(InputError, match="prompt text: expected a non-empty string, got"):
+            model.encode(bad)
 
 
 def test_generate_cli_text(bundled_exports):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
-from seqexport.errors import ArtifactError, InputError, SeqexportError
+from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
 from tests.conftest import sigint_as_a_terminal_sends_it
 
 DTYPES = [np.int64, np.int32, np.uint8, np.float32, np.bool_]
@@ -125,6 +125,9 @@ def test_messages_name_input_given_and_expected(tf, mb):
         mb.step(np.array([1, 2]), s)
     with pytest.raises(InputError, match="batch_size: expected a positive integer, got 0"):
         mb.start(0)
+    assert tf.tokenizer is None  # a preset's export: text needs a tokenizer
+    with pytest.raises(UsageError, match="has no tokenizer in its manifest; give the prompt as token ids"):
+        tf.encode("5 March 2021")
     src = np.array([[5, 6, 7], [8, 9, 0]])
     for mask, value in (([[1, 1, 1], [1, 2, 0]], "2"), ([[1, 1, 1], [-1, 1, 0]], "-1"),
                         ([[1.0, 1.0, 1.0], [1.0, 0.5, 0.0]], "0.5")):

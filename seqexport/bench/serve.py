@@ -34,17 +34,15 @@ import numpy as np
 from seqexport.runtime.engine import Engine
 from seqexport.runtime.generate import SearchOptions, generate
 from seqexport.runtime.models import load
-from seqexport.runtime.tokenizer import encode_prompt
 
 
 def bench_prompts(model, n: int, seed: int = 0) -> list[list[int]]:
     """Prompts of 8-40 tokens: the date task's inputs for a model with a tokenizer, else random ids."""
     rng = np.random.default_rng(seed)
     if model.tokenizer is not None:
-        record = model.manifest.get("tokenizer")
         words = ["Friday", "March", "5th", "2021", "12", "Oct", "1999", "Sunday", "the", "of", "July", "1 May 2003"]
         texts = [" ".join(rng.choice(words, int(rng.integers(2, 6)))) for _ in range(n)]
-        return [encode_prompt(model.tokenizer, model.prompt_frame, t, record) for t in texts]
+        return [model.encode(t) for t in texts]
     return [rng.integers(3, model.vocab_size, int(rng.integers(8, 41))).tolist() for _ in range(n)]
 
 

@@ -59,7 +59,6 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
             raise UsageError(f"--text #{i + 1} is empty; expected a prompt")
     from seqexport.runtime.generate import SearchOptions, generate
     from seqexport.runtime.models import load
-    from seqexport.runtime.tokenizer import encode_prompt
 
     options = SearchOptions(**search)  # checked before the model loads
     model = load(folder, provider=provider)
@@ -69,7 +68,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
     if texts:
         if tok is None:
             raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
-        prompts = [encode_prompt(tok, model.prompt_frame, t, model.manifest["tokenizer"]) for t in texts]
+        prompts = [model.encode(t) for t in texts]
     else:
         prompts = [parse_ids(s) for s in ids]
     # rows already end where generation stopped them (eos excluded; --eos-id may differ)

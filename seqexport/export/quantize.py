@@ -188,7 +188,6 @@ def calibration_feeds(folder: Path, texts: list[str] | None, seed: int = 0) -> d
     seeded random token ids): the activations static int8 is calibrated on are the model's own."""
     from seqexport.runtime.generate import SearchOptions, generate
     from seqexport.runtime.models import load
-    from seqexport.runtime.tokenizer import encode_prompt
 
     model = load(folder, provider="cpu")
     prompts = None
@@ -196,7 +195,7 @@ def calibration_feeds(folder: Path, texts: list[str] | None, seed: int = 0) -> d
         if model.tokenizer is None:
             raise UsageError(f"{folder} has no tokenizer to read calibration text with; omit --calibration "
                              "(random token ids are used)")
-        prompts = [encode_prompt(model.tokenizer, model.prompt_frame, x, model.manifest["tokenizer"]) for x in texts]
+        prompts = [model.encode(x) for x in texts]
     recorded: dict[str, list[dict]] = {name: [] for name in model.graphs}
     for name, graph in model.graphs.items():
         def run(feeds, _run=graph.run, _name=name):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from seqexport.errors import ArtifactError, InputError
+from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
 from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.runners import open_graph
 from seqexport.runtime.session import SharedWeights
-from seqexport.runtime.tokenizer import load_tokenizer
+from seqexport.runtime.tokenizer import encode_prompt, load_tokenizer
 from seqexport.state.rows import retain_rows
 from seqexport.state.state import State, physical_memory, zero_state
 
@@ -60,6 +60,15 @@ class RuntimeModel(StepModel):
             self.tokenizer = load_tokenizer(record, self.folder)
         except ArtifactError as e:
             raise ArtifactError(f"{self.folder / MANIFEST}: field 'tokenizer': {e}") from None
+
+    def encode(self, text: str) -> list[int]:
+        """`text` as the prompt ids generation takes, framed as the model was trained (bos,
+        suffix, eos: the manifest's tokenizer record, else the family's `prompt_frame`).
+        UsageError for an export without a tokenizer (give it token ids instead), InputError
+        for anything but a non-empty string."""
+        if self.tokenizer is None:
+            raise UsageError(f"{self.folder} has no tokenizer in its manifest; give the prompt as token ids")
+        return encode_prompt(self.tokenizer, self.prompt_frame, text, self.manifest.get("tokenizer"))
 
     # serving: rows join and leave (engine). Defaults for families whose rows are independent
     # along the batch (Mamba, RWKV); a family whose state has another kind overrides join/take

@@ -1,7 +1,7 @@
 """Tokenizers of exported models, behind one interface (numpy and torch free).
 
     tok = load_tokenizer(manifest["tokenizer"], folder)   # from an artifact's manifest
-    ids = encode_prompt(tok, model.prompt_frame, "5 March 2021")
+    ids = model.encode("5 March 2021")                     # a runtime model's prompt ids (encode_prompt)
     text = tok.decode(ids)                                 # stops at eos
     stream = TextStream(tok); stream.push(token) -> the text that token completes
 

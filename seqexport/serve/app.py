@@ -26,7 +26,6 @@ from seqexport.errors import InputError, SeqexportError, UsageError
 from seqexport.runtime.engine import Engine, QueueFull
 from seqexport.runtime.generate import SearchOptions
 from seqexport.runtime.models import load
-from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.serve.metrics import CONTENT_TYPE, ServerMetrics
 from seqexport.serve.protocol import (
     ChunkEvents,
@@ -85,11 +84,10 @@ class ServingHost:
     def prompt_ids(self, params: CompletionParams) -> list[int]:
         if isinstance(params.prompt, list):
             return params.prompt
-        tok = self.model.tokenizer
-        if tok is None:
+        if self.model.tokenizer is None:
             raise HTTPError(400, "prompt: this model has no tokenizer; send the prompt as a list of token ids",
                             "prompt")
-        return encode_prompt(tok, self.model.prompt_frame, params.prompt, self.model.manifest.get("tokenizer"))
+        return self.model.encode(params.prompt)
 
     def options(self, params: CompletionParams) -> SearchOptions:
         limit = self.model.max_new_tokens_limit

@@ -28,15 +28,13 @@ from seqexport.web.site import build_site
 def python_times(folder, prompts, tokens: int, threads: int) -> tuple[list[float], list[float]]:
     """(first-token ms, later per-token ms) of the Python runtime on these prompts."""
     import seqexport.runtime as rt
-    from seqexport.runtime.tokenizer import encode_prompt
 
     model = rt.load(folder, provider="cpu", threads=threads)
-    record = model.manifest["tokenizer"]
     firsts, rest = [], []
     options = rt.SearchOptions(max_new_tokens=tokens, eos_id=-1)
     for warm in (True, False):
         for p in prompts:
-            ids = encode_prompt(model.tokenizer, model.prompt_frame, p, record)
+            ids = model.encode(p)
             stamps = [time.perf_counter()]
             rt.generate(model, [ids], options, on_token=lambda _, stamps=stamps: stamps.append(time.perf_counter()))
             ms = [1000 * (b - a) for a, b in zip(stamps, stamps[1:])]
