@@ -56,7 +56,6 @@ class Engine:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._starter: Starter | None = None
-        self._begun_before = 0  # requests begun by starters since stopped
 
     # --- what callers see ---
 
@@ -86,7 +85,7 @@ class Engine:
 
     @property
     def begun_ahead(self) -> int:
-        return self._begun_before + (self._starter.begun if self._starter is not None else 0)  # by the starter
+        return self._queues.begun  # by the starter thread
 
     @property
     def _state(self) -> State | None:  # the running rows' state (tests look at its buffers)
@@ -149,7 +148,6 @@ class Engine:
         for thread in (self._thread, self._starter):
             if thread is not None:
                 thread.join()
-        self._begun_before = self.begun_ahead
         self._thread = self._starter = None
         for req in [*self.batch.requests(), *q.drain()]:
             req.finish("cancelled")

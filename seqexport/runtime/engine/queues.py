@@ -21,6 +21,7 @@ class Queues:
         self.ready: deque[tuple[Request, Begun | tuple | Exception]] = deque()
         self.held: list[Request] = []
         self.stopping = False
+        self.begun = 0  # requests the starter thread has handed over begun (across restarts)
         # `expire` walks every request only when one was cancelled (the flag, which a
         # request's cancel() raises) or the earliest deadline has passed: a walk is O(queue)
         # (6 us at 16 waiting, 48 at 256; the check 0.3)

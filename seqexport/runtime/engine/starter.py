@@ -25,7 +25,6 @@ class Starter(threading.Thread):
         self.prefills = not model.begin_rows_runs_a_graph
         self.group_size = start_batch if self.prefills and model.ragged_prefill else 1  # requests a begin() takes
         self.cpus = cpus
-        self.begun = 0  # requests begun here
 
     def run(self) -> None:
         pin(self.cpus)
@@ -45,7 +44,7 @@ class Starter(threading.Thread):
             with q.cond:
                 q.held = []
                 q.ready.extend(results)
-                self.begun += len(results)
+                q.begun += len(results)
                 q.cond.notify_all()
 
     def begin(self, group: list[Request]) -> list[tuple[Request, object]]:
