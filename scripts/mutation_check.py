@@ -440,6 +440,21 @@ FAULTS = (
           "return encode_prompt(self.tokenizer, self.prompt_frame, text, self.manifest.get(\"tokenizer\"))",
           "return encode_prompt(self.tokenizer, self.prompt_frame, text, None)",
           ("tests/test_bundled.py",)),
+    Fault("M121", "state rows: a reallocated batch makes room for as many rows again, not for the engine's max_rows",
+          "seqexport/state/rows.py",
+          "room = max(total, rows) if rows else 2 * total",
+          "room = 2 * total",
+          ("tests/test_state_layout.py", "tests/test_engine.py::test_transformer_join_and_leave_write_in_place")),
+    Fault("M122", "state rows: a source cut after a leave drops the spare rows (the next join copies every row)",
+          "seqexport/state/rows.py",
+          "out = np.empty((len(a if buf is None else buf), *a.shape[1:axis], size, *a.shape[axis + 1:]), a.dtype)",
+          "out = np.empty((len(a), *a.shape[1:axis], size, *a.shape[axis + 1:]), a.dtype)",
+          ("tests/test_state_layout.py",)),
+    Fault("M123", "engine: the running batch grows without telling the model its most rows",
+          "seqexport/runtime/engine/batch.py",
+          "self.model.extend(self.state, states, self.max_rows)",
+          "self.model.extend(self.state, states)",
+          ("tests/test_engine.py::test_transformer_join_and_leave_write_in_place",)),
 )
 
 

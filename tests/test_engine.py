@@ -346,14 +346,16 @@ def test_transformer_join_and_leave_write_in_place(transformer):
     place is taken by the last row: the buffers stay the same memory (no batch-wide copy)."""
     prompts = random_prompts(5, transformer.config["src_vocab_size"], seed=2)
     prompts = [p[:6] + [3] * max(0, 6 - len(p)) for p in prompts]  # one source length: no source growth
-    engine = Engine(transformer, max_rows=8)
+    engine = Engine(transformer, max_rows=12)
     reqs = [engine.submit(p, rt.SearchOptions(max_new_tokens=n, eos_id=-1)) for p, n in zip(prompts[:3], (4, 9, 9))]
     engine.step()
     engine.step()
-    engine.submit(prompts[3], rt.SearchOptions(max_new_tokens=6, eos_id=-1))  # grows the rows once
+    engine.submit(prompts[3], rt.SearchOptions(max_new_tokens=6, eos_id=-1))  # grows the rows once ...
     engine.step()
     buffers = {k: id(v.base) for k, v in engine._state.arrays.items() if k != "past_lengths"}
     assert all(v.base is not None for v in engine._state.arrays.values())
+    # ... for max_rows rows: no later newcomer copies the batch again
+    assert {v.base.shape[0] for k, v in engine._state.arrays.items() if k != "past_lengths"} == {12}
     reqs.append(engine.submit(prompts[4], rt.SearchOptions(max_new_tokens=3, eos_id=-1)))  # joins in place
     for _ in range(3):
         engine.step()  # ... then the first request leaves, and the newcomer after its 3 tokens
@@ -477,11 +479,11 @@ def test_a_join_that_raises_loses_no_request(transformer, monkeypatch):
     forever, and the engine goes on serving the rest with generate()'s tokens."""
     real, calls = transformer.extend, [0]
 
-    def extend_failing_once(state, newcomers):
+    def extend_failing_once(state, newcomers, rows=None):
         calls[0] += 1
         if calls[0] == 1:  # (the first: newcomers that are ready together join in one extend)
             raise MemoryError("no room for the newcomer's rows")
-        return real(state, newcomers)
+        return real(state, newcomers, rows)
 
     monkeypatch.setattr(transformer, "extend", extend_failing_once)
     prompts = random_prompts(12, transformer.config["src_vocab_size"], seed=5)

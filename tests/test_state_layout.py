@@ -92,3 +92,52 @@ def test_newcomers_are_written_into_spare_rows_without_copying_the_batch(layout)
     kept = layout.retain(grown, [0, 3, 2])
     assert np.shares_memory(kept.arrays[KEY], before[KEY]) and list(kept.arrays["past_lengths"]) == [6, 5, 4]
     np.testing.assert_array_equal(kept.arrays[KEY][1, :, :5], newcomer.arrays[KEY][0, :, :5])
+
+
+def test_a_batch_reallocated_for_its_most_rows_takes_every_later_newcomer_in_place(layout):
+    batch = layout.extend(filled(layout, 2, [6, 9], 3), [filled(layout, 1, [4], 4)], rows=8)
+    first = {name: batch.arrays[name] for name in (KEY, CONV)}
+    newcomers = [filled(layout, 1, [i + 2], 10 + i) for i in range(5)]
+    for new in newcomers:  # rows 4..8 of 8: no reallocation
+        batch = layout.extend(batch, [new], rows=8)
+        for name, a in first.items():
+            assert np.shares_memory(batch.arrays[name], a), name
+    assert batch.arrays[KEY].shape[0] == 8 and list(batch.arrays["past_lengths"]) == [6, 9, 4, 2, 3, 4, 5, 6]
+    for i, new in enumerate(newcomers):
+        np.testing.assert_array_equal(batch.arrays[KEY][3 + i, :, : i + 2], new.arrays[KEY][0, :, : i + 2])
+        np.testing.assert_array_equal(batch.arrays[CONV][3 + i], new.arrays[CONV][0])
+    # without `rows`: room for as many rows again (2 rows -> a buffer of 4)
+    small = layout.extend(filled(layout, 1, [3], 20), [filled(layout, 1, [3], 21)])
+    assert small.arrays[KEY].base.shape[0] == 4
+
+
+TF = dict(num_layers=1, n_heads=2, d_model=8, src_vocab_size=9, tgt_vocab_size=9)
+SRC_KEY, MASK = "past_key_values.0.encoder.key", "encoder_attention_mask"
+
+
+def encoded(layout, sources: list[int], seed: int) -> State:
+    """A transformer decoder state of one row per source length: random cross K/V over each
+    row's source (zeros past it, masked), an empty self-attention cache."""
+    spec = transformer_specs(TF)["decoder"]
+    rng = np.random.default_rng(seed)
+    cols = max(sources)
+    arrays = layout.zeros(spec, len(sources))
+    arrays[MASK] = (np.arange(cols) < np.array(sources)[:, None]).astype(np.int64)  # (b, s)
+    for name in layout.masks[MASK]:
+        arrays[name] = rng.standard_normal((len(sources), 2, cols, 4)).astype(np.float32) * arrays[MASK][:, None, :, None]
+    return State(arrays, 0).owning()
+
+
+def test_a_source_cut_after_a_leave_keeps_the_spare_rows_later_newcomers_are_written_into():
+    layout = StateLayout.of(transformer_specs(TF)["decoder"])
+    batch = layout.extend(encoded(layout, [3, 12], 1), [encoded(layout, [4], 2)], rows=6)
+    kept = layout.retain(batch, [0, 2])  # the 12-column source left: 4 of 12 columns used, cut
+    assert kept.arrays[MASK].shape == (2, 4) and kept.arrays[SRC_KEY].shape == (2, 2, 4, 4)
+    np.testing.assert_array_equal(kept.arrays[SRC_KEY][1], batch.arrays[SRC_KEY][2, :, :4])
+    new = encoded(layout, [2], 3)
+    joined = layout.extend(kept, [new], rows=6)
+    for name in (MASK, SRC_KEY):  # written into the cut arrays' spare rows: nothing reallocated
+        assert np.shares_memory(joined.arrays[name], kept.arrays[name]), name
+    np.testing.assert_array_equal(joined.arrays[MASK], [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(joined.arrays[SRC_KEY][2, :, :2], new.arrays[SRC_KEY][0])
+    assert not joined.arrays[SRC_KEY][2, :, 2:].any()  # the newcomer's columns past its source read as padding

@@ -85,8 +85,10 @@ class RuntimeModel(StepModel):
     # The engine's variants consume the running batch's state (it holds no other reference):
     # rows move within its arrays instead of the whole batch being copied.
 
-    def extend(self, state: State, newcomers: list[State]) -> State:
-        """`state`'s rows, then the newcomers' (join); `state` must not be used again."""
+    def extend(self, state: State, newcomers: list[State], rows: int | None = None) -> State:
+        """`state`'s rows, then the newcomers' (join); `state` must not be used again. `rows`:
+        the most rows the batch may come to hold (the engine's max_rows), for a model that keeps
+        spare rows to write later newcomers into."""
         return self.join([state, *newcomers])
 
     def retain(self, state: State, rows: list[int]) -> State:

@@ -126,13 +126,13 @@ class BufferedRows:
         logits, state = buffers.run(ids[:, 0], ids.shape[0], state.length + 1)  # (b, 1, v)
         return logits[:, 0], state
 
-    def extend(self, state: State, newcomers: list[State]) -> State:
+    def extend(self, state: State, newcomers: list[State], rows: int | None = None) -> State:
         buffers = state.rows
         if buffers is not None and buffers.holds(state):
             joined = buffers.append(state, newcomers)
             if joined is not None:
                 return joined
-        return super().extend(state, newcomers)
+        return super().extend(state, newcomers, rows)
 
     def retain(self, state: State, rows: list[int]) -> State:
         buffers = state.rows

@@ -12,7 +12,7 @@ from seqexport.errors import InputError
 from seqexport.specs import GraphSpec
 from seqexport.state import appended as buffers
 from seqexport.state.arrays import shape_and_dtype, to_numpy
-from seqexport.state.rows import extend_rows, pad_to, retain_rows
+from seqexport.state.rows import cut, extend_rows, pad_to, retain_rows
 from seqexport.state.state import State, zero_state
 
 KINDS = ("appended", "replaced", "static")
@@ -149,10 +149,12 @@ class StateLayout:
         """These rows, in this order; sources and buffers trimmed to what they still use."""
         return self.trim(state.select(rows))
 
-    def extend(self, state: State, newcomers: list[State]) -> State:
+    def extend(self, state: State, newcomers: list[State], rows: int | None = None) -> State:
         """The running batch with the newcomers' rows written into its spare rows (the rows
-        already there are not copied); `state` must not be used again."""
-        arrays = extend_rows(state.numpy().arrays, [s.numpy().arrays for s in newcomers], self.ragged | self.axes)
+        already there are not copied); reallocated with room for `rows` rows (the most the batch
+        may hold) when they do not fit. `state` must not be used again."""
+        arrays = extend_rows(state.numpy().arrays, [s.numpy().arrays for s in newcomers], self.ragged | self.axes,
+                             rows)
         return State(arrays, self._length(arrays, max(s.length for s in [state, *newcomers]))).owning()
 
     def retain(self, state: State, rows: list[int]) -> State:
@@ -175,8 +177,7 @@ class StateLayout:
             used = int(np.flatnonzero(m.any(0))[-1]) + 1 if m.size else 0
             if used < (m.shape[1] * 3 // 4 + 1 if slack else m.shape[1]):
                 for name in (mask, *over):
-                    axis = self.ragged[name]
-                    arrays[name] = np.ascontiguousarray(arrays[name][(slice(None),) * axis + (slice(0, used),)])
+                    arrays[name] = cut(arrays[name], self.ragged[name], used)
         if self.axes:
             lengths = arrays[self.lengths]
             capacity = buffers.capacity_for(max(int(lengths.max(initial=0)), 1), self.limit)

@@ -66,13 +66,15 @@ def spare_rows(a: np.ndarray, rows: int) -> np.ndarray | None:
 
 
 def extend_rows(arrays: dict[str, np.ndarray], newcomers: list[dict[str, np.ndarray]],
-                ragged: dict[str, int]) -> dict[str, np.ndarray]:
+                ragged: dict[str, int], rows: int | None = None) -> dict[str, np.ndarray]:
     """Each (b, ...) array with the newcomers' rows after its own, zero-padded along its
     `ragged` axis (source columns, cache slots) to the batch's size there. An array that is the
     leading rows of a larger buffer (`spare_rows`) that fits gets them written in place; any
-    other is reallocated with room for as many rows again (the next joins write in place)."""
+    other is reallocated with room for `rows` rows (the most the batch may hold), else for as
+    many rows again, so that the next joins write in place."""
     n = next(iter(arrays.values())).shape[0]
     total = n + sum(next(iter(a.values())).shape[0] for a in newcomers)
+    room = max(total, rows) if rows else 2 * total
     out = {}
     for name, a in arrays.items():
         axis = ragged.get(name)
@@ -81,7 +83,7 @@ def extend_rows(arrays: dict[str, np.ndarray], newcomers: list[dict[str, np.ndar
         buf = spare_rows(a, total)
         if buf is None or (axis is not None and buf.shape[axis] < size):
             shape = list(a.shape)
-            shape[0] = 2 * total
+            shape[0] = room
             if axis is not None:
                 shape[axis] = size
             buf = np.zeros(shape, a.dtype)
@@ -98,6 +100,15 @@ def extend_rows(arrays: dict[str, np.ndarray], newcomers: list[dict[str, np.ndar
             start += p.shape[0]
         out[name] = buf[:total]
     return out
+
+
+def cut(a: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """`a`'s first `size` entries along `axis`, copied into the leading rows of a new buffer with
+    as many rows as `a`'s own (`spare_rows`): rows that join later are still written in place."""
+    buf = spare_rows(a, len(a))
+    out = np.empty((len(a if buf is None else buf), *a.shape[1:axis], size, *a.shape[axis + 1:]), a.dtype)
+    out[: len(a)] = a[(slice(None),) * axis + (slice(0, size),)]
+    return out[: len(a)]
 
 
 def pad_to(a: np.ndarray, axis: int, size: int) -> np.ndarray:

@@ -37,8 +37,8 @@ class HybridSteps(RecurrentSteps):
     def take(self, state: State, rows) -> State:
         return self.layout.take(state, rows)
 
-    def extend(self, state: State, newcomers: list[State]) -> State:
-        return self.layout.extend(state, newcomers)
+    def extend(self, state: State, newcomers: list[State], rows: int | None = None) -> State:
+        return self.layout.extend(state, newcomers, rows)
 
     def retain(self, state: State, rows: list[int]) -> State:
         return self.layout.retain(state, rows)

@@ -140,13 +140,13 @@ class TransformerModel(TransformerSteps, RuntimeModel):
         """These rows, in this order; the source and the cache trimmed to what they still use."""
         return self.layout.take(state, rows)
 
-    def extend(self, state: State, newcomers: list[State]) -> State:
+    def extend(self, state: State, newcomers: list[State], rows: int | None = None) -> State:
         """The running batch with the newcomers' rows written into its spare rows (the rows
-        already there are not copied); grown (all copied once) when rows, source or cache
-        slots run out. `state` must not be used again."""
+        already there are not copied); grown (all copied once, with room for `rows` rows) when
+        rows, source or cache slots run out. `state` must not be used again."""
         if not self.buffered:
             return self.join([state, *newcomers])
-        return self.layout.extend(state, newcomers)
+        return self.layout.extend(state, newcomers, rows)
 
     def retain(self, state: State, rows: list[int]) -> State:
         """`take`, moving only the rows that change place (see RuntimeModel.retain); the source

@@ -72,7 +72,8 @@ class RunningBatch:
         """The running batch with these states' rows after its own (in place where it can)."""
         states = list(states)
         if states:
-            self.state = self.model.join(states) if self.state is None else self.model.extend(self.state, states)
+            self.state = self.model.join(states) if self.state is None else \
+                self.model.extend(self.state, states, self.max_rows)
 
     def begin(self, group: list[Request], start_id: int | None) -> list[State]:
         """Prefill newcomers together (one `begin`), pick their first tokens; the state of
