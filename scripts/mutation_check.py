@@ -442,7 +442,7 @@ FAULTS = (
           ("tests/test_bundled.py",)),
     Fault("M121", "state rows: a reallocated batch makes room for as many rows again, not for the engine's max_rows",
           "seqexport/state/rows.py",
-          "room = max(total, rows) if rows else 2 * total",
+          "room = max(total, checked_rows(rows)) if rows is not None else 2 * total",
           "room = 2 * total",
           ("tests/test_state_layout.py", "tests/test_engine.py::test_transformer_join_and_leave_write_in_place")),
     Fault("M122", "state rows: a source cut after a leave drops the spare rows (the next join copies every row)",
@@ -455,6 +455,11 @@ FAULTS = (
           "self.model.extend(self.state, states, self.max_rows)",
           "self.model.extend(self.state, states)",
           ("tests/test_engine.py::test_transformer_join_and_leave_write_in_place",)),
+    Fault("M124", "state rows: a batch's most rows of 0 taken (room for the rows there only) instead of refused",
+          "seqexport/state/rows.py",
+          "or not isinstance(rows, int | np.integer) or rows < 1):",
+          "or not isinstance(rows, int | np.integer) or rows < 0):",
+          ("tests/test_reliability.py::test_messages_name_input_given_and_expected",)),
 )
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -125,6 +126,12 @@ def test_messages_name_input_given_and_expected(tf, mb):
         mb.step(np.array([1, 2]), s)
     with pytest.raises(InputError, match="batch_size: expected a positive integer, got 0"):
         mb.start(0)
+    for rows in (0, -3, 2.5, "8", True):  # the most rows a running batch may hold, for extend
+        with pytest.raises(InputError, match=rf"rows: expected an integer >= 1 \(the most rows the batch may hold\) "
+                                             rf"or None, got {re.escape(repr(rows))}$"):
+            tf.extend(tf.start(np.array([[5, 6]])), [tf.start(np.array([[7]]))], rows)
+        with pytest.raises(InputError, match=r"rows: expected an integer >= 1"):
+            mb.extend(mb.start(1), [mb.start(1)], rows)
     assert tf.tokenizer is None  # a preset's export: text needs a tokenizer
     with pytest.raises(UsageError, match="has no tokenizer in its manifest; give the prompt as token ids"):
         tf.encode("5 March 2021")

@@ -13,7 +13,7 @@ from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.runners import open_graph
 from seqexport.runtime.session import SharedWeights
 from seqexport.runtime.tokenizer import encode_prompt, load_tokenizer
-from seqexport.state.rows import retain_rows
+from seqexport.state.rows import checked_rows, retain_rows
 from seqexport.state.state import State, physical_memory, zero_state
 
 __all__ = ["RuntimeModel", "State", "physical_memory", "retain_rows", "tokens_2d", "zero_state"]
@@ -89,6 +89,7 @@ class RuntimeModel(StepModel):
         """`state`'s rows, then the newcomers' (join); `state` must not be used again. `rows`:
         the most rows the batch may come to hold (the engine's max_rows), for a model that keeps
         spare rows to write later newcomers into."""
+        checked_rows(rows)  # (rows here are independent: a join copies them whatever the room)
         return self.join([state, *newcomers])
 
     def retain(self, state: State, rows: list[int]) -> State:

@@ -3,6 +3,8 @@ join and leave a running batch, for every kind (the batch axis leads in every st
 
 import numpy as np
 
+from seqexport.errors import InputError
+
 
 def swap_remove_order(n: int, leaving) -> list[int]:
     """The rows that stay out of n, in their new order: each leaver's place below the new
@@ -65,6 +67,13 @@ def spare_rows(a: np.ndarray, rows: int) -> np.ndarray | None:
     return buf if np.may_share_memory(a, buf[:1]) and not np.may_share_memory(a, buf[n : n + 1]) else None
 
 
+def checked_rows(rows) -> int | None:
+    """`rows` (the most rows a batch may come to hold) when it is None or an integer >= 1."""
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int | np.integer) or rows < 1):
+        raise InputError(f"rows: expected an integer >= 1 (the most rows the batch may hold) or None, got {rows!r}")
+    return rows
+
+
 def extend_rows(arrays: dict[str, np.ndarray], newcomers: list[dict[str, np.ndarray]],
                 ragged: dict[str, int], rows: int | None = None) -> dict[str, np.ndarray]:
     """Each (b, ...) array with the newcomers' rows after its own, zero-padded along its
@@ -74,7 +83,7 @@ def extend_rows(arrays: dict[str, np.ndarray], newcomers: list[dict[str, np.ndar
     many rows again, so that the next joins write in place."""
     n = next(iter(arrays.values())).shape[0]
     total = n + sum(next(iter(a.values())).shape[0] for a in newcomers)
-    room = max(total, rows) if rows else 2 * total
+    room = max(total, checked_rows(rows)) if rows is not None else 2 * total
     out = {}
     for name, a in arrays.items():
         axis = ragged.get(name)
