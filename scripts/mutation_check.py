@@ -460,6 +460,11 @@ FAULTS = (
           "or not isinstance(rows, int | np.integer) or rows < 1):",
           "or not isinstance(rows, int | np.integer) or rows < 0):",
           ("tests/test_reliability.py::test_messages_name_input_given_and_expected",)),
+    Fault("M125", "bench-serve: the batch's ceiling over one at a time taken as the rows a step, not over the step's cost",
+          "seqexport/bench/serve.py",
+          'floor["ceiling"] = held / floor["step_vs_1_row"]',
+          'floor["ceiling"] = held',
+          ("tests/test_serve_bench.py::test_bench_serve_runs_the_three_modes_on_the_same_requests",)),
 )
 
 

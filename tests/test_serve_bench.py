@@ -36,6 +36,11 @@ def test_bench_serve_runs_the_three_modes_on_the_same_requests(mamba_exports, tm
     assert floor["step_ms"] > 0 and floor["step_ms_1_row"] > 0
     assert floor["step_vs_1_row"] == floor["step_ms"] / floor["step_ms_1_row"]
     assert "step_floor" not in data["rows"]["1"] and "what per-token latency cannot go below" in result.stdout
+    # the batch's own ceiling: the rows it held a step, at the step's cost in one-row steps
+    row = data["rows"]["3"]
+    assert floor["ceiling"] == pytest.approx(row["continuous"]["rows_per_step"] / floor["step_vs_1_row"])
+    assert row["speedup_vs_ceiling"] == pytest.approx(row["speedup_vs_one_at_a_time"] / floor["ceiling"])
+    assert f"{floor['ceiling']:.2f}x; continuous reached {row['speedup_vs_ceiling']:.2f} of it" in result.stdout
 
 
 def test_bench_serve_over_http_counts_the_streamed_tokens(mamba_exports, tmp_path):

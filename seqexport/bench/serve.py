@@ -275,8 +275,14 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
         result |= _medians(measured, clients)
     for c in clients:  # the floor under each client count's per-token latency
         if c > 1:
-            rows = result["rows"][c]["continuous"].get("rows_per_step", rows_for(c))  # (over HTTP: as many as may run)
-            result["rows"][c]["step_floor"] = step_floor(model, prompts, round(rows))
+            row = result["rows"][c]
+            held = row["continuous"].get("rows_per_step")  # (over HTTP: unknown, as many as may run)
+            floor = row["step_floor"] = step_floor(model, prompts, round(held or rows_for(c)))
+            if held is not None:
+                # the batch's own ceiling over one at a time: `held` tokens a step, a step costing
+                # step_vs_1_row one-row steps (no encoder, no Python); how much of it the engine reached
+                floor["ceiling"] = held / floor["step_vs_1_row"]
+                row["speedup_vs_ceiling"] = row["speedup_vs_one_at_a_time"] / floor["ceiling"]
     return result
 
 
@@ -476,6 +482,9 @@ def format_table(result: dict) -> str:
             rows = result["rows"][c]["continuous"].get("rows_per_step")
             lines.append(f"{c:>7} clients: {f['rows']} rows{f' (the batch held {rows:.1f} a step)' if rows else ''} "
                          f"{f['step_ms']:.3f} ms vs 1 row {f['step_ms_1_row']:.3f} ms: {f['step_vs_1_row']:.2f}x")
+            if "ceiling" in f:
+                lines.append(f"{'':>7}   ceiling over one at a time (rows a step / that): {f['ceiling']:.2f}x; "
+                             f"continuous reached {result['rows'][c]['speedup_vs_ceiling']:.2f} of it")
     lines += _http_lines(result)
     for key, f in result.get("one_http_client", {}).items():
         lines.append(f"one HTTP client ({HTTP_NAMES[key]}): {f['tokens_per_s']:.0f} tok/s, first token p50 "
