@@ -152,6 +152,30 @@ def test_cancel_and_timeout_free_their_rows(mamba):
     assert engine.active_rows == 0 and engine.state_bytes == 0
 
 
+def test_a_listener_that_raises_frees_its_row_and_spares_the_others(mamba):
+    """A token listener that raises (a client gone, its event loop closed) ends its request
+    "cancelled" at the next round, not after max_new_tokens; the waiting request takes the row
+    and the request beside it gets generate()'s tokens."""
+    engine = Engine(mamba, max_rows=2)
+    long = rt.SearchOptions(max_new_tokens=200)
+    heard = []
+
+    def gone(req, token):
+        heard.append(token)
+        raise RuntimeError("the client's event loop is closed")
+
+    a = engine.submit([5, 6, 7], long, on_event=gone)
+    b = engine.submit([8, 9], rt.SearchOptions(max_new_tokens=12))
+    c = engine.submit([10], rt.SearchOptions(max_new_tokens=5))
+    engine.step()
+    engine.step()
+    assert a.finish_reason == "cancelled" and len(a.tokens) <= 2 and heard == a.tokens[:1]
+    engine.run_until_done()
+    assert b.tokens == rt.generate(mamba, [[8, 9]], rt.SearchOptions(max_new_tokens=12))[0]
+    assert c.tokens == rt.generate(mamba, [[10]], rt.SearchOptions(max_new_tokens=5))[0]
+    assert engine.steps < 30  # c ran in a's row, beside b: not after a's 200 tokens
+
+
 def test_waiting_requests_time_out_and_cancel_in_a_deep_queue(mamba):
     """The engine walks its queue for cancelled and timed-out requests only when one was
     cancelled or a deadline has passed: both still end waiting requests, deep in the queue,
@@ -471,6 +495,22 @@ def test_recurrent_rows_step_join_and_leave_in_the_same_buffers(family, request)
     assert [r.tokens for r in reqs] == alone(model, prompts, [rt.SearchOptions(max_new_tokens=n, eos_id=-1) for n in counts])
     assert all(np.array_equal(held.arrays[k], before[k]) for k in before)  # step() wrote elsewhere
     assert stepped.rows is None
+
+
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_an_older_state_advanced_again_is_not_read_from_the_newer_ones_buffers(family, request):
+    """`advance` steps a state in place only while it is the row buffers' newest view. A state
+    the batch has moved on from (its set not yet written again) gets buffers of its own: stepped
+    again it gives what stepping it gave the first time, not the newer state's step."""
+    model = request.getfixturevalue(family)
+    tokens = np.array([5, 9, 3])
+    _, first = model.advance(tokens, model.start(3), 8)  # the rows now live in buffers
+    want, _ = model.step(tokens + 1, first)  # (3, v): `first` stepped by the plain path
+    again, second = model.advance(tokens + 1, first, 8)
+    np.testing.assert_array_equal(again, want)
+    assert second.rows.holds(second) and not first.rows.holds(first)
+    late, _ = model.advance(tokens + 1, first, 8)
+    np.testing.assert_array_equal(late, want)
 
 
 def test_a_join_that_raises_loses_no_request(transformer, monkeypatch):

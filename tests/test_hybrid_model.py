@@ -184,6 +184,12 @@ def test_layouts_read_what_transformers_means(tmp_path):
     bamba = hybrid_config_from_json(_bamba().config.to_dict())
     assert bamba.layer_types == ["attention", "mamba2", "attention", "mamba2", "attention"]
     assert bamba.rotary_dim == 8 and bamba.mlp_in_layer and bamba.mlp_act == "silu_gated"
+    # a config.json with no rope_parameters (older transformers): BambaConfig's own 0.5 of the
+    # head, which transformers puts in when it reads that file
+    old = {k: v for k, v in _bamba().config.to_dict().items() if k != "rope_parameters"}
+    read_by_transformers = transformers.BambaConfig(**{k: v for k, v in old.items() if k != "model_type"})
+    assert read_by_transformers.rope_parameters["partial_rotary_factor"] == 0.5
+    assert hybrid_config_from_json(old).rotary_dim == 8 and hybrid_config_from_json(old).rope_theta == 10000.0
     granite = hybrid_config_from_json(_granite(False).config.to_dict())
     assert not granite.rope and granite.attention_multiplier == 0.2 and granite.logits_scaling == 2.5
     assert hybrid_config_from_json(_granite(True).config.to_dict()).rotary_dim == 16

@@ -145,6 +145,9 @@ def test_head_options(transformer_tiny, tmp_path):
     q = m["quantization"]
     assert q["kept_float"]["decoder"] == ["decoder.fc_out"] and not q["include_head"]
     assert (q["block_size"], q["accuracy_level"]) == (16, 1)
+    nbits = [nd for nd in graph(out, "decoder").graph.node if nd.op_type == "MatMulNBits"]
+    assert nbits and all({a.name: onnx.helper.get_attribute_value(a) for a in nd.attribute}.items()
+                         >= {"block_size": 16, "accuracy_level": 1}.items() for nd in nbits)  # the nodes, too
     assert m["weights"]["tensors"]["model.decoder.fc_out.weight.T"]["dtype"] == "float32"
     heads = [nd for nd in graph(out, "decoder").graph.node if nd.input[1:2] == ["model.decoder.fc_out.weight.T"]]
     assert [nd.op_type for nd in heads] == ["MatMul"]

@@ -104,6 +104,25 @@ def test_mamba_runtime_property(mb, batch, tokens):
         assert_same_as_row_by_row(out, lambda i: mb.step(tokens[i : i + 1], mb.start(1)))
 
 
+def test_token_ids_at_the_vocabulary_bounds_are_refused_in_short_and_long_rows(tf, mb):
+    """An id equal to the vocabulary size (one past the last) or -1 is refused by name, in a
+    decode step's one id (the quick check) as in a long prompt's (the numpy check); the last
+    id and 0 are taken. (Past the vocabulary, Mamba's padded embedding rows would give
+    numbers for an id the model does not have.)"""
+    for model, state in ((tf, lambda: tf.start(np.array([[5, 6, 7]]))), (mb, lambda: mb.start(1))):
+        v = model.vocab_size
+        for length in (1, 3, 80):
+            for bad in (v, -1):
+                ids = np.full((1, length), 2, np.int64)
+                ids[0, -1] = bad
+                with pytest.raises(InputError, match=rf"token id {bad} at \[0, {length - 1}\] is outside \[0, {v}\)"):
+                    model.step(ids, state())
+            ids = np.zeros((1, length), np.int64)
+            ids[0, -1] = v - 1
+            logits, _ = model.step(ids, state())
+            assert np.isfinite(logits).all()
+
+
 def test_messages_name_input_given_and_expected(tf, mb):
     state = tf.start(np.array([[5, 6, 7]]))
     with pytest.raises(InputError, match=r"token id 150 at \[0, 0\] is outside \[0, 100\)"):

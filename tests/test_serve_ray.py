@@ -275,6 +275,29 @@ def test_config_out_is_a_ray_serve_config_with_this_server(dates, tmp_path):
     assert bad.exit_code == 2 and "--autoscale 3:1" in bad.output
 
 
+def test_engine_options_reach_the_replica_config_and_its_engine(dates, tmp_path):
+    """Each engine option of `serve` travels into the replicas' config and from there into the
+    engine each replica builds (an option taken and then dropped on the way would only show as
+    a server that ignores it)."""
+    from seqexport.serve.app import ServeConfig, ServingHost
+
+    folder, _ = dates
+    path = tmp_path / "serve.yaml"
+    result = CliRunner().invoke(cli, ["serve", str(folder), "--config-out", str(path), "--max-rows", "5",
+                                      "--max-queue", "7", "--max-prompt-tokens", "100", "--max-state-mb", "1.5",
+                                      "--prefill-chunk", "8", "--start-batch", "2", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    args = yaml.safe_load(path.read_text())["applications"][0]["args"]
+    want = dict(max_rows=5, max_queue=7, max_prompt_tokens=100, max_state_bytes=int(1.5 * 2**20), prefill_chunk=8,
+                start_batch=2)
+    assert {k: args[k] for k in want} == want
+    host = ServingHost(ServeConfig(**{k: v for k, v in args.items() if k in ServeConfig.__dataclass_fields__}))
+    try:
+        assert {k: getattr(host.engine, k) for k in want} == want
+    finally:
+        host.close()
+
+
 @pytest.mark.slow  # a Ray cluster, then a server on it: about a minute
 def test_serve_joins_a_running_ray_cluster(dates, tmp_path, monkeypatch):
     """`seqexport serve --address` against a real Ray cluster (a head started here with `ray

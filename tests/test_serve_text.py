@@ -38,3 +38,10 @@ def test_text_before_a_stop_string_is_sent_and_a_broken_prefix_is_released():
     pieces, rest, stopped, _ = run("2021-03-05", ["-04"])  # "-0" held, then "-03" is no stop
     assert "".join(pieces) + rest == "2021-03-05" and not stopped
     assert pieces[5] == "" and pieces[6] == "-03"  # held back while it could still become "-04"
+
+
+def test_of_two_stop_strings_completed_by_one_token_the_text_ends_before_the_earlier():
+    """"-03" and "3" both complete with the token "3": the text ends where "-03" begins (the
+    first stop string in the text), with nothing of either sent."""
+    pieces, rest, stopped, pushed = run("2021-03-05", ["3", "-03"])
+    assert "".join(pieces) + rest == "2021" and stopped and pushed == 7

@@ -7,11 +7,18 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from seqexport.cli import cli
+from seqexport.manifest import graph_specs, read_manifest
 from seqexport.parity.checks import free_case
 from seqexport.parity.validate import validate
 from tests.damage import damaged_copy
+
+
+def rt_specs(folder):
+    return graph_specs(read_manifest(folder, verify=False))
 
 
 def test_transformer_export_passes(transformer_tiny, tmp_path):
@@ -37,6 +44,10 @@ def test_mamba_exports_pass(mamba_exports, lowering):
     report = validate(folder, steps=6, write_summary=False)
     assert report.passed, report.table()
     assert report.check_passed("teacher_forced") and report.check_passed("free_running")
+    # the decode's final state is compared too, every state tensor of it (not only the logits)
+    teacher = next(c for c in report.cases if c.check == "teacher_forced")
+    states = {t.name for t in rt_specs(folder)["step"].state_inputs}
+    assert {o.name for o in teacher.outputs if o.name.startswith("final ")} == {f"final {n}" for n in states}
 
 
 def test_damaged_transformer_decoder_fails_and_names_the_layer(transformer_tiny, tmp_path):
@@ -67,6 +78,9 @@ def test_damaged_mamba_prefill_fails_and_names_the_layer(mamba_exports, tmp_path
     assert any(o.name == "logits" and not o.passed for o in failing[0].outputs)
     assert failing[0].divergence.layer == "backbone.layers.1"
     assert failing[0].divergence.module.startswith("backbone.layers.1")
+    # the prefill's state is off too: the teacher-forced decode's final state says so
+    teacher = next(c for c in report.cases if c.check == "teacher_forced")
+    assert any(o.name.startswith("final ") and not o.passed for o in teacher.outputs)
 
 
 def test_altered_file_is_refused_before_comparing(transformer_tiny, tmp_path):
@@ -91,6 +105,23 @@ def test_changed_checkpoint_is_an_error_unless_named(transformer_tiny, tmp_path)
     assert result.exit_code == 2 and "changed since export" in result.output
     result = CliRunner().invoke(cli, ["validate", str(copy), "--steps", "3", "--checkpoint", str(copy / "checkpoint")])
     assert result.exit_code == 0, result.output
+
+
+def test_changed_checkpoint_weights_are_noticed_too(transformer_tiny, tmp_path):
+    """The checkpoint's digest covers its weights file, not only config.json: one weight
+    changed after export is refused as a changed checkpoint."""
+    _, folder = transformer_tiny
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    weights = copy / "checkpoint" / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(k for k, t in tensors.items() if t.is_floating_point())
+    tensors[name] = tensors[name] + 1e-3
+    with safe_open(str(weights), "pt") as f:
+        metadata = f.metadata()
+    save_file(tensors, str(weights), metadata=metadata)
+    result = CliRunner().invoke(cli, ["validate", str(copy), "--steps", "3"])
+    assert result.exit_code == 2 and "changed since export" in result.output, result.output
 
 
 class FixedLogits:
