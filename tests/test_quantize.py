@@ -243,3 +243,14 @@ def test_int8_free_running_judges_each_pick_on_its_own_prefix():
     assert not wrong.passed and wrong.label == "row 0: 8/12 int8 picks are eager's"
     assert int8_free_case(0, decode(set()), judge, prompt, options, QuantRule()).note.endswith("12/12 tokens equal "
                                                                                              "eager's own greedy decode")
+
+
+def test_cli_mode_and_per_channel_reach_the_quantiser(transformer_tiny, tmp_path):
+    """`seqexport quantize --mode static --per-channel`: the copy is calibrated and has a scale
+    per output channel, as the same call in Python makes it (the flags are not lost on the way)."""
+    _, folder = transformer_tiny
+    out = tmp_path / "int8"
+    result = CliRunner().invoke(cli, ["quantize", str(folder), "--out", str(out), "--mode", "static", "--per-channel"])
+    assert result.exit_code == 0, result.output
+    q = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert q["mode"] == "static" and q["per_channel"] and q["calibration_feeds"]["decoder"] > 0

@@ -181,3 +181,26 @@ def test_rows_at_different_positions_share_one_call(sessions):
     for r, n in enumerate(positions):
         ref = eager_logits(model, src[r : r + 1], tgt[r : r + 1, : n + 1])[0, -1]
         np.testing.assert_allclose(logits[r, 0], ref, atol=ATOL, rtol=0)
+
+
+def test_export_cli_opset_and_seed_reach_the_graphs(transformer_tiny, tmp_path):
+    """`seqexport export transformer --preset tiny --opset 20 --seed 3`: every graph imports
+    opset 20 (the manifest says so too) and holds the weights of seed 3's preset, not seed 0's."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from seqexport.cli import cli
+
+    out = tmp_path / "t20"
+    result = CliRunner().invoke(cli, ["export", "transformer", "--preset", "tiny", "--opset", "20", "--seed", "3",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["opset"] == 20
+    for entry in manifest["graphs"].values():
+        model = onnx.load(str(out / entry["file"]), load_external_data=False)
+        assert {o.domain: o.version for o in model.opset_import}[""] == 20, entry["file"]
+    seed3 = load_file(out / "checkpoint" / "model.safetensors")
+    seed0 = load_file(transformer_tiny[1] / "checkpoint" / "model.safetensors")
+    name = next(k for k in seed3 if k in seed0 and seed3[k].numel() > 100)
+    assert not torch.equal(seed3[name], seed0[name])

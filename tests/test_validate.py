@@ -246,3 +246,31 @@ def test_a_checkpoint_of_another_shape_is_refused_before_any_graph_runs(transfor
     assert result.exit_code == 2
     assert "does not match the export" in result.output and "tgt_vocab_size 272 (the export has 100)" in result.output
     assert "Gather" not in result.output
+
+
+def test_cli_options_reach_the_checks(transformer_tiny, tmp_path):
+    """--batch and --seed shape and draw the decodes' inputs (the same seed the same figures,
+    another seed others); --atol lets a damaged export's differences pass, as it says."""
+    _, folder = transformer_tiny
+    runs = iter(range(100))
+
+    def run(target, *args):
+        path = tmp_path / f"report{next(runs)}.json"
+        result = CliRunner().invoke(cli, ["validate", str(target), "--steps", "3", *args, "--report", str(path)])
+        return result.exit_code, json.loads(path.read_text())
+
+    def teacher(report):
+        return report["checks"]["teacher_forced"]["cases"][0]
+
+    code, a = run(folder, "--batch", "3", "--seed", "7")
+    assert code == 0 and (a["batch"], a["seed"]) == (3, 7)
+    assert "batch 3" in teacher(a)["label"] and teacher(a)["outputs"][0]["shape"][0] == 3
+    assert all(len(c["label"]) for c in a["checks"]["free_running"]["cases"])
+    _, same = run(folder, "--batch", "3", "--seed", "7")
+    _, other = run(folder, "--batch", "3", "--seed", "8")
+    assert teacher(same)["outputs"][0]["max_abs"] == teacher(a)["outputs"][0]["max_abs"]
+    assert teacher(other)["outputs"][0]["max_abs"] != teacher(a)["outputs"][0]["max_abs"]
+    bad = damaged_copy(folder, tmp_path, "decoder", "model.decoder.layers.1.ffn.fc1.bias")
+    assert run(bad)[0] == 1
+    code, loose = run(bad, "--atol", "1e9")
+    assert code == 0 and loose["atol"] == 1e9 and loose["passed"]
