@@ -75,7 +75,7 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
 
 
 def verify_file(folder: Path, graph: str, file: str, sha: str, size: int) -> None:
-    what = "shared weights" if graph == "weights" else f"graph {graph!r}"
+    what = {"weights": "shared weights", "tokenizer": "tokenizer"}.get(graph, f"graph {graph!r}")
     path = folder / file
     if not path.is_file():
         raise ArtifactError(f"{what}: file {path} is missing")

@@ -123,3 +123,16 @@ def test_a_missing_map_file(opaque, tmp_path):
     result = CliRunner().invoke(cli, ["validate", str(folder), "--reference", str(ckpt), "--io-map",
                                       str(tmp_path / "none.json")])
     one_line_exit_2(result, "cannot read it")
+
+
+def test_a_state_tensor_the_reference_has_no_counterpart_for_fails(opaque, tmp_path):
+    """A map placing a state tensor at a layer the reference does not have: nothing to compare
+    it with is a failure naming the tensor, not a tensor left out of the check."""
+    ckpt, folder = opaque
+    mapping = io_map()
+    mapping["step"]["state"][3]["layer"] = 7  # the reference has 2 layers
+    result = run(folder, ckpt, tmp_path, mapping)
+    assert result.exit_code == 1, result.output
+    assert "the reference has no state to compare state1_ssm_in (layer 7 ssm) with (it holds layers [0, 1], " \
+           "parts ['conv', 'ssm'])" in result.output, result.output
+    assert "final state1_ssm_in" in result.output and "final state0_ssm_in" not in result.output

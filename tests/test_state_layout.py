@@ -141,3 +141,16 @@ def test_a_source_cut_after_a_leave_keeps_the_spare_rows_later_newcomers_are_wri
     np.testing.assert_array_equal(joined.arrays[MASK], [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
     np.testing.assert_array_equal(joined.arrays[SRC_KEY][2, :, :2], new.arrays[SRC_KEY][0])
     assert not joined.arrays[SRC_KEY][2, :, 2:].any()  # the newcomer's columns past its source read as padding
+
+
+def test_join_pads_shorter_sources_with_hidden_zero_columns():
+    """States of different source lengths joined: each row's source columns past its own are
+    zeros and its mask hides them (padding must never be attended), its own columns unchanged."""
+    layout = StateLayout.of(transformer_specs(TF)["decoder"])
+    short, long = encoded(layout, [3], 1), encoded(layout, [12, 5], 2)
+    joined = layout.join([short, long])
+    np.testing.assert_array_equal(joined.arrays[MASK], (np.arange(12) < np.array([[3], [12], [5]])).astype(np.int64))
+    for name in layout.masks[MASK]:
+        np.testing.assert_array_equal(joined.arrays[name][0, :, :3], short.arrays[name][0])
+        assert not joined.arrays[name][0, :, 3:].any(), name
+        np.testing.assert_array_equal(joined.arrays[name][1:], long.arrays[name])

@@ -55,9 +55,11 @@ def teacher_forced(model, ref, rng, steps: int, batch: int, atol, rtol, quant: Q
     outs = per_position(got, ref_logits, atol, rtol)
     cache = ref.cache(tokens, src)
     layers = {}  # layer -> whether all its state tensors passed
+    unmatched = []  # state tensors the reference has nothing to compare with: each fails (NaN)
     for name, role in model.roles.items():
         if (role.layer, role.part) not in cache:
             outs.append(compare(f"final {name}", ctx.state[name], np.full_like(ctx.state[name], np.nan), atol, rtol))
+            unmatched.append(f"{name} (layer {role.layer} {role.part})")
             continue
         a, b = role.as_compared(ctx.state[name], cache[(role.layer, role.part)])
         c = compare(f"final {name}", a, b, atol, rtol)
@@ -65,7 +67,8 @@ def teacher_forced(model, ref, rng, steps: int, batch: int, atol, rtol, quant: Q
         layers[role.layer] = layers.get(role.layer, True) and c.passed
     label = f"{tokens.shape[1]} tokens in calls {chunks}, batch {batch}"
     case = Case("teacher_forced", label, outs)
-    notes = []
+    notes = [f"the reference has no state to compare {', '.join(unmatched)} with (it holds layers "
+             f"{sorted({layer for layer, _ in cache})}, parts {sorted({part for _, part in cache})})"] if unmatched else []
     # where it diverges (a quantised copy's elements differ everywhere: its rule says enough)
     bad = None if quant else next((o for o in outs if not o.passed and o.name.startswith("logits position")), None)
     if bad is not None:  # a Comparison is falsy when it failed
