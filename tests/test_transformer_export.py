@@ -7,8 +7,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
 from seqexport.models.transformer import generate_mask, padding_mask
 
+from seqexport.cli import cli
 from seqexport.families.transformer import specs as S
 
 ATOL = 1e-4
@@ -186,11 +189,6 @@ def test_rows_at_different_positions_share_one_call(sessions):
 def test_export_cli_opset_and_seed_reach_the_graphs(transformer_tiny, tmp_path):
     """`seqexport export transformer --preset tiny --opset 20 --seed 3`: every graph imports
     opset 20 (the manifest says so too) and holds the weights of seed 3's preset, not seed 0's."""
-    from click.testing import CliRunner
-    from safetensors.torch import load_file
-
-    from seqexport.cli import cli
-
     out = tmp_path / "t20"
     result = CliRunner().invoke(cli, ["export", "transformer", "--preset", "tiny", "--opset", "20", "--seed", "3",
                                       "--out", str(out)])

@@ -17,10 +17,6 @@ from seqexport.parity.validate import validate
 from tests.damage import damaged_copy
 
 
-def rt_specs(folder):
-    return graph_specs(read_manifest(folder, verify=False))
-
-
 def test_transformer_export_passes(transformer_tiny, tmp_path):
     _, folder = transformer_tiny
     report_path = tmp_path / "report.json"
@@ -46,7 +42,7 @@ def test_mamba_exports_pass(mamba_exports, lowering):
     assert report.check_passed("teacher_forced") and report.check_passed("free_running")
     # the decode's final state is compared too, every state tensor of it (not only the logits)
     teacher = next(c for c in report.cases if c.check == "teacher_forced")
-    states = {t.name for t in rt_specs(folder)["step"].state_inputs}
+    states = {t.name for t in graph_specs(read_manifest(folder, verify=False))["step"].state_inputs}
     assert {o.name for o in teacher.outputs if o.name.startswith("final ")} == {f"final {n}" for n in states}
 
 
