@@ -188,6 +188,20 @@ def test_marian_with_a_perturbed_past_decoder_fails(optimum_exports, tmp_path):
     print("perturbed marian", figures(report))
 
 
+
+def test_a_later_calls_layer_is_named_by_its_own_positions(optimum_exports, tmp_path):
+    """decoder_with_past's layer-1 fc1 moved: the decode first diverges on call 1 (positions 3
+    onwards); the graph's layer 0 still agrees with the reference's layer 0 *at those positions*,
+    so layer 1 is the one named."""
+    ckpt, folder = optimum_exports["marian"]
+    split = tmp_path / "split"
+    shutil.copytree(folder, split, ignore=shutil.ignore_patterns("decoder_model_merged.onnx"))
+    bad = perturbed(split, tmp_path, "decoder_with_past_model.onnx", "/model/decoder/layers.1/fc1/")
+    result, _ = validate(bad, ckpt, tmp_path)
+    assert result.exit_code == 1, result.output
+    assert "first diverging position 3: call 1" in result.output
+    assert "first diverging layer: model.decoder.layers.1 " in result.output
+
 def test_llama_with_a_perturbed_weight_fails(optimum_exports, tmp_path):
     ckpt, folder = optimum_exports["llama"]
     bad = perturbed(folder, tmp_path, "model.onnx", "/model/layers.1/mlp/down_proj/")

@@ -3,6 +3,7 @@
 generates, decoded by the same tokenizer, and stops at the checkpoint's eos."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -11,8 +12,10 @@ from click.testing import CliRunner
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import seqexport.runtime as rt
+from seqexport.checkpoints.tokenizers import special_ids
 from seqexport.cli import cli
 from seqexport.errors import ArtifactError
+from seqexport.runtime.tokenizer import HFTokenizer
 from seqexport.training.dates import make_split
 
 VOCAB = 320
@@ -91,6 +94,28 @@ def test_a_changed_tokenizer_file_is_refused(checkpoint, tmp_path):
     with pytest.raises(ArtifactError, match=r"^tokenizer: sha256 of .*tokenizer.json is .*\(file altered\)"):
         rt.load(out)
 
+
+
+def test_special_ids_take_the_first_listed_eos_and_must_lie_in_the_vocabulary(checkpoint, tmp_path):
+    """generation_config.json may list several eos ids: the first is the record's (the others are
+    named in the docs as not stopping a decode); an id at the vocabulary's size is refused at
+    export, naming it, before anything is traced."""
+    folder, tok, eos, _ = checkpoint
+    listed = tmp_path / "listed"
+    shutil.copytree(folder, listed)
+    (listed / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 3], "bos_token_id": 0}))
+    assert special_ids(listed, HFTokenizer(listed / "tokenizer.json"))["eos_id"] == eos
+    runner = CliRunner()
+    for vocab_id, code in ((VOCAB, 2), (VOCAB - 1, 0)):
+        (listed / "generation_config.json").write_text(json.dumps({"eos_token_id": vocab_id}))
+        out = tmp_path / f"onnx-{vocab_id}"
+        result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(listed), "--out", str(out)])
+        assert result.exit_code == code, result.output
+        if code:
+            assert f"eos_id {vocab_id} of {listed} lies outside the vocabulary [0, {VOCAB})" in result.output
+            assert not out.exists()
+        else:
+            assert json.loads((out / "manifest.json").read_text())["tokenizer"]["eos_id"] == VOCAB - 1
 
 def test_streamed_text_never_splits_a_character(checkpoint):
     from seqexport.runtime.tokenizer import HFTokenizer, TextStream

@@ -254,6 +254,29 @@ def test_layout_defaults_and_detection():
     assert not is_mamba2_config({"d_model": 64, "n_layer": 2, "ssm_cfg": {"layer": "Mamba1"}})
 
 
+
+def test_a_transformers_config_json_missing_keys_reads_as_mamba2config_does():
+    """A config.json holding only what the layout requires: every omitted key takes the value
+    transformers' own Mamba2Config gives it (n_groups 8, state_size 128, ...), not ours."""
+    given = {"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100,
+             "num_heads": 8, "head_dim": 16}
+    theirs = transformers.Mamba2Config(**{k: v for k, v in given.items() if k != "model_type"})
+    ours = mamba2_config_from_json(given)
+    assert (ours.ngroups, ours.d_state, ours.d_conv, ours.chunk_size, ours.bias, ours.conv_bias) == (
+        theirs.n_groups, theirs.state_size, theirs.conv_kernel, theirs.chunk_size, theirs.use_bias,
+        theirs.use_conv_bias)
+    assert (ours.rms_norm_eps, ours.tie_embeddings, ours.nheads, ours.headdim) == (
+        theirs.layer_norm_epsilon, theirs.tie_word_embeddings, theirs.num_heads, theirs.head_dim)
+
+
+def test_a_tied_config_with_a_different_head_is_refused():
+    config = Mamba2Config(n_layer=1, tie_embeddings=True)
+    sd = dict(Mamba2LM(config).state_dict())
+    assert torch.equal(convert_state_dict(sd, config)["lm_head.weight"], sd["backbone.embedding.weight"])
+    untied = {**sd, "lm_head.weight": sd["backbone.embedding.weight"] + 1e-3}
+    with pytest.raises(ValueError, match="'lm_head.weight' differs from 'backbone.embedding.weight'"):
+        convert_state_dict(untied, config)
+
 def test_convert_state_dict_refusals():
     config = Mamba2Config(n_layer=1)
     sd = {k: v for k, v in Mamba2LM(config).state_dict().items()}

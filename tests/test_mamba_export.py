@@ -126,3 +126,21 @@ def test_prefill_state_equals_stepped_state(graphs):
     for t in range(length):
         _, state = g.run(g.step, ids[:, t : t + 1], state)
     assert_states_close(pre_state, state)
+
+
+@pytest.mark.parametrize("length", [5, 2 * UNROLLED_LEN + 3])
+def test_the_runtime_takes_any_prompt_length_through_an_unrolled_export(mamba_exports, length):
+    """An unrolled prefill graph takes exactly UNROLLED_LEN tokens: the runtime feeds whole pieces
+    of that length through it and the rest a token at a time through the step graph. Every
+    position's logits and the final state equal the eager model's one full forward."""
+    import seqexport.runtime as rt
+
+    ckpt, folder = mamba_exports("unrolled")
+    model = rt.load(folder, provider="cpu")
+    ids = np.random.default_rng(length).integers(0, ckpt.config.vocab_size, (2, length))
+    logits, state = model.step(ids, model.start(2))  # (2, length, v)
+    ref_logits, ref_state = eager(ckpt.model, ids)
+    np.testing.assert_allclose(logits, ref_logits, atol=ATOL, rtol=0)
+    assert state.length == length
+    assert_states_close([(state.arrays[S.past_conv(i)], state.arrays[S.past_ssm(i)])
+                         for i in range(ckpt.config.n_layer)], ref_state)

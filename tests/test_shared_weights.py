@@ -13,8 +13,8 @@ import torch
 import seqexport.runtime as rt
 from seqexport.checkpoints.io import load_checkpoint
 from seqexport.checkpoints.presets import build_preset
-from seqexport.errors import ArtifactError
-from seqexport.export.weights import WEIGHTS_FILE
+from seqexport.errors import ArtifactError, ExportError
+from seqexport.export.weights import ALIGN, WEIGHTS_FILE, Weights, share_weights
 from seqexport.families.transformer.export import export_transformer
 from seqexport.parity.validate import validate
 
@@ -184,3 +184,46 @@ def test_a_malformed_weights_entry_is_refused_naming_the_field(exports, tmp_path
     (out / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match=f"field '{field}'"):
         rt.load(out)
+
+
+@pytest.mark.parametrize("family", ["transformer", "mamba"])
+def test_every_stored_tensor_starts_on_an_aligned_offset(exports, family):
+    """The kernels that read the mapped file load whole vectors: each tensor starts at a multiple
+    of 64 bytes, and the bytes before it are the zero padding."""
+    _, folder = exports[family]
+    m = json.loads((folder / "manifest.json").read_text())
+    raw = (folder / WEIGHTS_FILE).read_bytes()
+    spans = sorted((t["offset"], t["offset"] + t["length"]) for t in m["weights"]["tensors"].values())
+    assert len(spans) > 4
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start % ALIGN == 0 and 0 <= start - end < ALIGN, (end, start)
+        assert raw[end:start] == bytes(start - end)
+
+
+def _graph_reading(name: str, value: np.ndarray) -> onnx.ModelProto:
+    """A one-node graph y = x + <name>."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(value.shape))
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(value.shape))
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Add", ["x", name], ["y"])], "g", [x], [y],
+                                   [onnx.numpy_helper.from_array(value, name)])
+    return onnx.helper.make_model(graph)
+
+
+def test_one_name_never_stands_for_two_values():
+    a = np.arange(512, dtype=np.float32).reshape(16, 32)
+    b = a + 1
+    weights = Weights()
+    weights.add("w", a)
+    assert weights.add("w", a.copy()) == weights.index["w"]  # the same bytes again: stored once
+    with pytest.raises(ExportError, match="different values under the initializer name 'w'"):
+        weights.add("w", b)
+    # a parameter two graphs hold with different values is refused (a module traced twice apart)
+    models = {"prefill": _graph_reading("w", a), "step": _graph_reading("w", b)}
+    with pytest.raises(ExportError, match="graph 'step': parameter 'w' differs from another graph's"):
+        share_weights(models, {"prefill": {"w": a}, "step": {"w": b}})
+    # a derived constant torch named alike in both graphs is kept apart under the graph's name
+    models = {"prefill": _graph_reading("val_3", a), "step": _graph_reading("val_3", b)}
+    shared = share_weights(models, {"prefill": {}, "step": {}})
+    assert set(shared.index) == {"val_3", "step.val_3"}
+    np.testing.assert_array_equal(shared.arrays["step.val_3"], b)
+    assert models["step"].graph.node[0].input[1] == "step.val_3"

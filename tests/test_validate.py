@@ -60,7 +60,9 @@ def test_damaged_transformer_decoder_fails_and_names_the_layer(transformer_tiny,
     failing = [c for c in report["checks"]["graphs"]["cases"] if not c["passed"]]
     assert failing and all(c["label"].startswith("decoder") for c in failing)  # the encoder is untouched
     div = failing[0]["divergence"]
-    assert div["layer"] == "decoder.layers.1" and div["module"].startswith("decoder.layers.1.ffn")
+    # the damaged Linear itself: modules are compared in graph order, the first to differ named
+    assert div["layer"] == "decoder.layers.1" and div["module"] == "decoder.layers.1.ffn.fc1"
+    assert div["module_type"] == "Linear"
     assert not report["checks"]["teacher_forced"]["passed"]
 
 

@@ -23,7 +23,7 @@ import seqexport.runtime as rt
 from seqexport import families
 from seqexport.checkpoints import bundled
 from seqexport.cli import cli
-from seqexport.errors import UsageError
+from seqexport.errors import InputError, UsageError
 from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.training.dates import make_split
 from seqexport.web import browser
@@ -334,3 +334,19 @@ def test_site_build_refuses_bad_input_and_writes_nothing_half(site, tmp_path):
     result = run(some, "--out", tmp_path / "empty", "--overwrite")
     assert result.exit_code == 0 and (tmp_path / "empty" / "ort" / "ort.webgpu.min.mjs").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary folder left
+
+
+def test_a_prompt_the_site_lets_through_is_one_the_python_runtime_takes(site):
+    """site.json's prompt bound: a prompt of exactly `max_prompt_tokens` ids runs in the Python
+    runtime (a positional table bounds it below the page's default), one more does not where the
+    model has such a table."""
+    site_folder, exports = site
+    for family, folder in exports.items():
+        record = site_record(site, family)
+        model = rt.load(folder, provider="cpu")
+        n = record["max_prompt_tokens"]
+        assert 1 <= n <= 2048
+        assert len(rt.generate(model, [[5] * n], rt.SearchOptions(max_new_tokens=1))[0]) <= 1
+        if record["max_new_tokens_limit"]:
+            with pytest.raises(InputError):
+                rt.generate(model, [[5] * (n + 1)], rt.SearchOptions(max_new_tokens=1))
