@@ -99,8 +99,8 @@ def test_a_changed_tokenizer_file_is_refused(checkpoint, tmp_path):
 def test_special_ids_take_the_first_listed_eos_and_must_lie_in_the_vocabulary(checkpoint, tmp_path):
     """generation_config.json may list several eos ids: the first is the record's (the others are
     named in the docs as not stopping a decode); an id at the vocabulary's size is refused at
-    export, naming it, before anything is traced."""
-    folder, tok, eos, _ = checkpoint
+    export, naming it, and nothing is written; the vocabulary's last id is taken."""
+    folder, _, eos, _ = checkpoint
     listed = tmp_path / "listed"
     shutil.copytree(folder, listed)
     (listed / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 3], "bos_token_id": 0}))

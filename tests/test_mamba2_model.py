@@ -254,7 +254,6 @@ def test_layout_defaults_and_detection():
     assert not is_mamba2_config({"d_model": 64, "n_layer": 2, "ssm_cfg": {"layer": "Mamba1"}})
 
 
-
 def test_a_transformers_config_json_missing_keys_reads_as_mamba2config_does():
     """A config.json holding only what the layout requires: every omitted key takes the value
     transformers' own Mamba2Config gives it (n_groups 8, state_size 128, ...), not ours."""
@@ -276,6 +275,7 @@ def test_a_tied_config_with_a_different_head_is_refused():
     untied = {**sd, "lm_head.weight": sd["backbone.embedding.weight"] + 1e-3}
     with pytest.raises(ValueError, match="'lm_head.weight' differs from 'backbone.embedding.weight'"):
         convert_state_dict(untied, config)
+
 
 def test_convert_state_dict_refusals():
     config = Mamba2Config(n_layer=1)

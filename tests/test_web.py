@@ -340,7 +340,7 @@ def test_a_prompt_the_site_lets_through_is_one_the_python_runtime_takes(site):
     """site.json's prompt bound: a prompt of exactly `max_prompt_tokens` ids runs in the Python
     runtime (a positional table bounds it below the page's default), one more does not where the
     model has such a table."""
-    site_folder, exports = site
+    _, exports = site
     for family, folder in exports.items():
         record = site_record(site, family)
         model = rt.load(folder, provider="cpu")
