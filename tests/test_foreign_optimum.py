@@ -163,13 +163,18 @@ def test_llama_passes_in_mixed_chunks(optimum_exports, tmp_path):
     print("llama", figures(report))
 
 
-def test_marian_with_a_perturbed_past_decoder_fails(optimum_exports, tmp_path):
-    """decoder_with_past's layer-0 fc1 moved: the first call (decoder_model.onnx) is right, the
-    second is not — position 3, call 1; layer 0's K/V are made before fc1, layer 1's after."""
+def perturbed_past_decoder(optimum_exports, tmp_path, layer: int):
+    """(checkpoint, the Marian export without its merged decoder, decoder_with_past's fc1 of
+    `layer` moved)."""
     ckpt, folder = optimum_exports["marian"]
     split = tmp_path / "split"
     shutil.copytree(folder, split, ignore=shutil.ignore_patterns("decoder_model_merged.onnx"))
-    bad = perturbed(split, tmp_path, "decoder_with_past_model.onnx", "/model/decoder/layers.0/fc1/")
+    return ckpt, perturbed(split, tmp_path, "decoder_with_past_model.onnx", f"/model/decoder/layers.{layer}/fc1/")
+
+def test_marian_with_a_perturbed_past_decoder_fails(optimum_exports, tmp_path):
+    """decoder_with_past's layer-0 fc1 moved: the first call (decoder_model.onnx) is right, the
+    second is not — position 3, call 1; layer 0's K/V are made before fc1, layer 1's after."""
+    ckpt, bad = perturbed_past_decoder(optimum_exports, tmp_path, layer=0)
     result, report = validate(bad, ckpt, tmp_path)
     assert result.exit_code == 1, result.output
     tf = report["checks"]["teacher_forced"]
@@ -188,15 +193,11 @@ def test_marian_with_a_perturbed_past_decoder_fails(optimum_exports, tmp_path):
     print("perturbed marian", figures(report))
 
 
-
 def test_a_later_calls_layer_is_named_by_its_own_positions(optimum_exports, tmp_path):
     """decoder_with_past's layer-1 fc1 moved: the decode first diverges on call 1 (positions 3
     onwards); the graph's layer 0 still agrees with the reference's layer 0 *at those positions*,
     so layer 1 is the one named."""
-    ckpt, folder = optimum_exports["marian"]
-    split = tmp_path / "split"
-    shutil.copytree(folder, split, ignore=shutil.ignore_patterns("decoder_model_merged.onnx"))
-    bad = perturbed(split, tmp_path, "decoder_with_past_model.onnx", "/model/decoder/layers.1/fc1/")
+    ckpt, bad = perturbed_past_decoder(optimum_exports, tmp_path, layer=1)
     result, _ = validate(bad, ckpt, tmp_path)
     assert result.exit_code == 1, result.output
     assert "first diverging position 3: call 1" in result.output
