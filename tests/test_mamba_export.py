@@ -6,6 +6,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import seqexport.runtime as rt
 from seqexport.families.mamba import specs as S
 from tests.conftest import UNROLLED_LEN
 
@@ -133,8 +134,6 @@ def test_the_runtime_takes_any_prompt_length_through_an_unrolled_export(mamba_ex
     """An unrolled prefill graph takes exactly UNROLLED_LEN tokens: the runtime feeds whole pieces
     of that length through it and the rest a token at a time through the step graph. Every
     position's logits and the final state equal the eager model's one full forward."""
-    import seqexport.runtime as rt
-
     ckpt, folder = mamba_exports("unrolled")
     model = rt.load(folder, provider="cpu")
     ids = np.random.default_rng(length).integers(0, ckpt.config.vocab_size, (2, length))

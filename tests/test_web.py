@@ -27,7 +27,7 @@ from seqexport.errors import InputError, UsageError
 from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.training.dates import make_split
 from seqexport.web import browser
-from seqexport.web.site import find_node_modules
+from seqexport.web.site import MAX_PROMPT_TOKENS, find_node_modules
 
 N = 50  # held-out prompts per model
 MAX_NEW = 32  # `seqexport generate`'s default
@@ -345,7 +345,7 @@ def test_a_prompt_the_site_lets_through_is_one_the_python_runtime_takes(site):
         record = site_record(site, family)
         model = rt.load(folder, provider="cpu")
         n = record["max_prompt_tokens"]
-        assert 1 <= n <= 2048
+        assert 1 <= n <= MAX_PROMPT_TOKENS
         assert len(rt.generate(model, [[5] * n], rt.SearchOptions(max_new_tokens=1))[0]) <= 1
         if record["max_new_tokens_limit"]:
             with pytest.raises(InputError):
