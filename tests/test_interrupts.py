@@ -149,6 +149,11 @@ def test_broken_pipe_is_silent(tmp_path, transformer_tiny):
     proc = subprocess.run(f"{sys.executable} -m seqexport.cli inspect {folder} | head -1", shell=True,
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout.count("\n") == 1 and proc.stderr == "", proc.stderr
+    # a reader gone before the first write (`true` reads nothing): silent too, and the command's
+    # own exit status is 141 (128 + SIGPIPE) as Unix tools end, not click's 1; pipefail shows it
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m seqexport.cli inspect {folder} | true"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 141 and proc.stderr == "", (proc.returncode, proc.stderr)
 
 
 def test_sigterm_is_exit_143_and_cleans_up(tmp_path):

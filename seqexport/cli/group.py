@@ -7,6 +7,11 @@ import click
 from seqexport.errors import SeqexportError, UsageError
 
 
+class PipeClosed(Exception):
+    """The reader of stdout went away (e.g. `| head`). Not an OSError: click's `main` would turn
+    that into a silent exit 1; `cli.main` ends with 141, as Unix tools do."""
+
+
 class _Group(click.Group):
     """Turns our typed errors into one line + exit 2 for every subcommand."""
 
@@ -14,7 +19,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
-            raise
+            raise PipeClosed() from None
         except (SeqexportError, OSError) as e:  # OSError: a path the user named
             if ctx.params.get("debug") or (ctx.parent and ctx.parent.params.get("debug")):
                 raise

@@ -7,7 +7,7 @@ import threading
 
 import click
 
-from seqexport.cli.group import cli
+from seqexport.cli.group import PipeClosed, cli
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader went away (e.g. `| head`), as Unix tools end
@@ -53,7 +53,7 @@ def main():
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         click.echo(f"error: {e.format_message()}{hint}", err=True)
         code = e.exit_code
-    except BrokenPipeError:
+    except (BrokenPipeError, PipeClosed):
         # the reader is gone: nothing more to say to it, and nothing for Python to flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = BROKEN_PIPE
