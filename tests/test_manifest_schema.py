@@ -97,3 +97,28 @@ def test_malformed_manifest_is_refused_naming_the_field(transformer_tiny, tmp_pa
         assert result.exit_code == 2, result.output
         assert result.output.count("\n") == 1 and result.output.startswith("error: "), result.output
         assert "Traceback" not in result.output
+
+
+def test_a_file_leading_outside_the_folder_or_a_weight_past_the_file_is_refused(transformer_tiny, tmp_path):
+    """Two forms the hash check alone would let through: a graph file that is a link to a copy
+    outside the folder (same bytes, same sha256), and a weight whose stored place runs past the
+    end of the weights file (the file itself untouched)."""
+    folder = tmp_path / "linked"
+    shutil.copytree(transformer_tiny[1], folder)
+    outside = tmp_path / "elsewhere.onnx"
+    shutil.move(folder / "decoder.onnx", outside)
+    (folder / "decoder.onnx").symlink_to(outside)
+    with pytest.raises(ArtifactError, match="'graphs.decoder.file' is 'decoder.onnx'; expected a file name inside"):
+        rt.load(folder)
+
+    folder = tmp_path / "past-the-end"
+    shutil.copytree(transformer_tiny[1], folder)
+    path = folder / "manifest.json"
+    m = json.loads(path.read_text())
+    stored = next(iter(m["weights"]["tensors"].values()))
+    stored["offset"] = m["weights"]["bytes"] - stored["length"] // 2  # its length as its dims say
+    path.write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="'weights.tensors' is .*; expected an object: name -> "):
+        rt.load(folder, verify=False)
+    result = CliRunner().invoke(cli, ["inspect", str(folder)])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and "Traceback" not in result.output

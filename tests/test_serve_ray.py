@@ -269,7 +269,10 @@ def test_config_out_is_a_ray_serve_config_with_this_server(dates, tmp_path):
     (app,) = schema.applications
     assert app.import_path == "seqexport.serve.ray_app:build" and app.args["folder"] == str(folder.resolve())
     assert app.args["max_rows"] == 12 and config["http_options"]["host"] == "0.0.0.0"
-    assert config["applications"][0]["deployments"][0]["autoscaling_config"]["max_replicas"] == 3
+    deployment = config["applications"][0]["deployments"][0]
+    assert deployment["autoscaling_config"]["max_replicas"] == 3
+    # a replica takes a full batch at once (Ray Serve's default of 5 ongoing requests would cap it)
+    assert deployment["max_ongoing_requests"] >= 12
     assert build(app.args) is not None  # the builder Ray's `serve deploy` imports takes these args
     bad = CliRunner().invoke(cli, ["serve", str(folder), "--config-out", str(path), "--autoscale", "3:1"])
     assert bad.exit_code == 2 and "--autoscale 3:1" in bad.output
