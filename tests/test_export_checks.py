@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from seqexport.errors import ExportError
-from seqexport.export.common import _name_dims_as_spec
+from seqexport.export.common import _name_dims_as_spec, _stop_inside
 from seqexport.specs import GraphSpec, TensorSpec
 
 
@@ -60,3 +60,20 @@ def test_io_named_unlike_the_spec_is_refused():
                      outputs=(TensorSpec("y", "float32", ("batch", 3)),))
     with pytest.raises(ExportError, match=r"exported I/O \['x'\] differ from the spec \['input_ids'\]"):
         _name_dims_as_spec(model, spec)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(143)], ids=["ctrl-c", "sigterm"])
+def test_a_stop_that_torch_onnx_wrapped_in_its_own_error_is_found(stop):
+    """Ctrl-C raises KeyboardInterrupt and SIGTERM (cli.main) SystemExit: torch.onnx may wrap
+    either in its export error; the export raises the stop again, not an ExportError."""
+    try:
+        try:
+            raise stop
+        except BaseException as inner:
+            raise RuntimeError("torch.onnx: failed to export the model") from inner
+    except RuntimeError as wrapped:
+        assert _stop_inside(wrapped) is stop
+    looped = ValueError("a")
+    looped.__context__ = ValueError("b")
+    looped.__context__.__context__ = looped  # a cycle of contexts ends the walk
+    assert _stop_inside(looped) is None

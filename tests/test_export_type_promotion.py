@@ -74,3 +74,18 @@ def test_mixed_dtypes_still_get_their_casts():
     assert "Cast" in {node.op_type for node in model.graph.node}
     check_runs_as_eager(Mixed().eval(), model)
 
+
+
+class HalfAndFloat(torch.nn.Module):
+    """A float16 tensor added to a float32 one (the result float32): one float width to the other,
+    the cast the pass must still insert."""
+
+    def forward(self, x, n):  # x: (b, l, 8) float32, n: (b,) int64
+        return x.half() + x, n + 1
+
+
+def test_two_float_widths_still_get_their_cast():
+    stats: dict = {}
+    model = export(HalfAndFloat().eval(), skip=True, stats=stats)
+    assert stats == {"promoted": 1}
+    check_runs_as_eager(HalfAndFloat().eval(), model)

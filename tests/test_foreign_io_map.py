@@ -87,6 +87,7 @@ def test_inspect_shows_the_map(opaque, tmp_path):
     (io_map(file="other.onnx"), ["graph file 'other.onnx' is not in"]),
     (io_map(inputs={"input_ids": "tokens", "colour": "x"}), ["input role 'colour'"]),
     (io_map(max_tokens=0), ["max_tokens: expected a positive integer"]),
+    (io_map(chunk_rows=0), ["chunk_rows: expected a positive integer or null, got 0"]),
     (io_map(dims=["batch"]), ["dims: expected an object of symbolic axis -> size"]),
     ({"architecture": "decoder", "step": {"file": "model.onnx", "inputs": {"input_ids": "tokens"},
                                           "outputs": {"logits": "scores"},

@@ -144,6 +144,15 @@ def test_marian_merged_decoder_passes(optimum_exports, tmp_path):
     print("marian merged", outs)
 
 
+def test_the_tolerance_given_is_the_one_judged_by(optimum_exports, tmp_path):
+    """--atol/--rtol reach a foreign artifact's checks: at 0 the correct Marian fails on float
+    rounding alone (ONNX Runtime and torch add in other orders), and the report says 0."""
+    ckpt, folder = optimum_exports["marian"]
+    result, report = validate(folder, ckpt, tmp_path, "--atol", "0", "--rtol", "0")
+    assert result.exit_code == 1, result.output
+    assert report["atol"] == 0 and report["rtol"] == 0 and not report["passed"]
+
+
 def test_marian_separate_decoders_pass(optimum_exports, tmp_path):
     ckpt, folder = optimum_exports["marian"]
     split = tmp_path / "marian-split"

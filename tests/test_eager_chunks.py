@@ -1,0 +1,25 @@
+"""The eager model behind the runtime's step API (the one eager decoder bench, the demo and
+training evaluation drive): with its cache, a prompt fed in chunks — each chunk from the state the
+last one left — gives the logits the no-cache reference gives over the whole prompt at once."""
+
+import numpy as np
+import pytest
+import torch
+
+from seqexport import families
+from seqexport.checkpoints import build_preset
+
+
+@pytest.mark.parametrize("family", ["mamba", "mamba2", "rwkv", "hybrid"])
+def test_a_prompt_fed_in_chunks_equals_the_whole_prompt_at_once(family):
+    torch.manual_seed(0)
+    ckpt = build_preset(family, "tiny", seed=0)
+    eager = families.get(family).eager.Eager
+    cached, reference = eager(ckpt.model, cache=True), eager(ckpt.model, cache=False)
+    ids = np.random.default_rng(0).integers(1, ckpt.model.config.vocab_size, (2, 11))  # (b, l)
+    state, got = cached.start(2), []
+    for chunk in (ids[:, :4], ids[:, 4:5], ids[:, 5:]):  # several tokens, one, several: from a used state
+        logits, state = cached.step(chunk, state)
+        got.append(logits.reshape(2, chunk.shape[1], -1))  # one token comes back (b, v)
+    want, _ = reference.step(ids, reference.start(2))  # (b, l, v)
+    np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=1e-4, atol=1e-4)
