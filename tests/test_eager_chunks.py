@@ -23,3 +23,19 @@ def test_a_prompt_fed_in_chunks_equals_the_whole_prompt_at_once(family):
         got.append(logits.reshape(2, chunk.shape[1], -1))  # one token comes back (b, v)
     want, _ = reference.step(ids, reference.start(2))  # (b, l, v)
     np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["mamba", "mamba2", "rwkv", "hybrid"])
+def test_prompts_of_unequal_length_begin_together_as_each_alone(family):
+    """`begin` on the eager model with prompts of 1, 3 and 7 tokens (right-padded where the family
+    prefills rows together): each row's logits are the reference's after that prompt alone."""
+    torch.manual_seed(0)
+    ckpt = build_preset(family, "tiny", seed=0)
+    eager = families.get(family).eager.Eager
+    cached, reference = eager(ckpt.model, cache=True), eager(ckpt.model, cache=False)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, ckpt.model.config.vocab_size, n).tolist() for n in (3, 7, 1)]
+    logits, _ = cached.begin(prompts)  # (k, v)
+    for row, prompt in zip(logits, prompts, strict=True):
+        want, _ = reference.step(np.array([prompt]), reference.start(1))  # (1, l, v)
+        np.testing.assert_allclose(row, want[0, -1], rtol=1e-4, atol=1e-4)

@@ -241,6 +241,57 @@ def test_webgpu_backend_keeps_the_state_on_the_device(request):
             assert state.get("where") and set(state["where"].values()) == {"gpu-buffer"}, state
 
 
+BRANCH_AND_GROW = """
+const [longIds, n, shortIds, k, branch, done] = arguments;
+(async () => {
+  const m = window.seqexportPage.model;
+  const argmax = (l) => { let b = 0; for (let i = 1; i < l.length; i++) if (l[i] > l[b]) b = i; return b; };
+  const greedy = async (logits, state, count) => {
+    const out = [];
+    for (let i = 0; i < count; i++) { const t = argmax(logits); out.push(t); ({ logits, state } = await m.step(t, state)); }
+    return { out, logits, state };
+  };
+  const long = await m.start(longIds);
+  const grown = await greedy(long.logits, long.state, n);  // past the cache buffer's first 64 slots
+  const root = await m.start(shortIds);
+  const line = await greedy(root.logits, root.state, k);  // in the buffer the prompt's state holds
+  const b = await m.step(branch, root.state);  // the prompt's state stepped again: a branch
+  const other = await greedy(b.logits, b.state, 5);
+  const more = await greedy(line.logits, line.state, 3);  // the first line goes on as it was
+  return { grown: grown.out, line: line.out, branch: other.out, more: more.out, moreLogits: Array.from(more.logits) };
+})().then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_a_branch_and_a_grown_cache_in_the_page_match_the_python_runtime(page):
+    """The page's model API on the hybrid (an attention KV cache beside Mamba-2 state): a decode
+    that outgrows the cache's first buffer (its rows copied into a larger one); and a prompt's
+    state stepped again with another token after a line went on from it (the branch must copy,
+    not write into the buffer that line still reads), then that line continued. Each equals the
+    Python runtime's greedy decode of the same tokens."""
+    url, driver, site = page
+    model = rt.load(site[1]["hybrid"], provider="cpu")
+    long_ids = model.encode("5 March 2021, 6 March 2021, 7 March 2021 = ")
+    n = 70 - len(long_ids)  # 70 positions: the page's buffer starts with 64 slots
+    short_ids, k = model.encode("5 March 2021"), 4
+    assert len(long_ids) > 30 and n > 20 and len(short_ids) + k + 3 < 64
+
+    def greedy(prompt, count):
+        return rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=count, eos_id=-1))[0]
+
+    line = greedy(short_ids, k + 3)
+    branch = (line[0] + 1) % model.vocab_size
+    assert browser.open_page(driver, url, "hybrid") == "ready"
+    got = driver.execute_async_script(BRANCH_AND_GROW, long_ids, n, short_ids, k, branch)
+    assert "error" not in got, got
+    assert got["grown"] == greedy(long_ids, n)
+    assert got["line"] == line[:k] and got["more"] == line[k:]
+    assert got["branch"] == greedy(short_ids + [branch], 5)
+    # and the logits after the line's last token, not just their argmax
+    want, _ = model.begin([short_ids + line])  # (1, v)
+    np.testing.assert_allclose(got["moreLogits"], want[0], rtol=1e-3, atol=1e-3)
+
+
 JS_UNITS = """
 const [hfJson, rwkvText, texts, seeds, done] = arguments;
 (async () => {

@@ -60,16 +60,6 @@ class EagerHybrid(HybridSteps):
         """As the runtime's, by kind; the reference's token lists concatenate (rows of one length)."""
         return super().join(states) if self.cache else State.concat(states)
 
-    def prefill_rows(self, ids: np.ndarray, mask: np.ndarray, state: State):
-        """Rows of unequal length, each alone (the eager reference of the runtime's ragged prefill)."""
-        logits, states = [], []
-        for row, m in zip(ids, mask, strict=True):
-            n = int(m.sum())
-            out, st = self.step(row[None, :n], self.start(1), last_only=True)
-            logits.append(out[:, -1])
-            states.append(st)
-        return np.concatenate(logits), self.join(states)
-
     def _cached(self, ids: np.ndarray, state: State):
         arrays, writer, counts = self.layout.writable(state, ids.shape[1])
         layers = [tuple(self._t(arrays[n]) for n in layer_inputs(k, i)) for i, k in enumerate(self.config.layer_types)]
