@@ -820,6 +820,15 @@ FAULTS = (
           ("tests/test_interrupts.py::test_sigterm_is_exit_143_and_cleans_up",)),
     Fault("M215", "CLI: a closed pipe exits 1, not 141", "seqexport/cli/main.py", "        code = BROKEN_PIPE\n",
           "        code = 1\n", ("tests/test_interrupts.py::test_broken_pipe_is_silent",)),
+    Fault("M216", "web page: unchecking \"stop at eos\" still stops at eos", "seqexport/web/static/app.mjs",
+          '  if (!$("stop-at-eos").checked) options.eosId = -1; // an eos that never matches\n', "",
+          ("tests/test_web.py::test_unchecking_stop_at_eos_decodes_past_it_as_the_python_runtime",)),
+    Fault("M217", "Optimum adapter: a merged seq2seq decoder's with-past branch fed several tokens a call",
+          "seqexport/foreign/adapters/optimum.py", "step = replace(first, max_tokens=1) if encoder else first",
+          "step = first", ("tests/test_foreign_optimum.py::test_marian_merged_decoder_passes",)),
+    Fault("M218", "hybrid eager: the Mamba-2 layers' state written as appended, the attention cache as replaced",
+          "seqexport/families/hybrid/eager.py", '(appended if kind == "attention" else replaced)[name] = _np(t)',
+          '(appended if kind == "mamba2" else replaced)[name] = _np(t)', ("tests/test_eager_chunks.py",)),
 )
 
 

@@ -130,6 +130,18 @@ def test_seeded_sampling_matches_the_python_runtime(page, family):
     assert got == want
 
 
+def test_unchecking_stop_at_eos_decodes_past_it_as_the_python_runtime(page):
+    url, driver, site = page
+    family = BUNDLED[0]
+    model = rt.load(site[1][family], provider="cpu")
+    ids = model.encode("5 March 2021")
+    stopped = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=MAX_NEW))[0]
+    assert len(stopped) < MAX_NEW  # this decode ends at eos: the box matters
+    want = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=MAX_NEW, eos_id=-1))[0]
+    assert browser.open_page(driver, url, family) == "ready"
+    got = browser.run_prompt(driver, "5 March 2021", maxNewTokens=MAX_NEW, stopAtEos=False)
+    assert got["message"] is None and got["run"]["tokens"] == want
+
 def test_bad_input_shows_a_message_and_the_page_keeps_working(page):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
