@@ -1,6 +1,7 @@
 """What `export_graph` checks of a graph torch.onnx made, before anything is saved: its inputs
 and outputs against the spec (names, dtypes, ranks) and every input axis the spec calls
-symbolic still symbolic (a second export of one module in a process has come out static)."""
+symbolic still symbolic (a second export of one module in a process has come out static); and
+a Ctrl-C or SIGTERM that torch.onnx wrapped in its own error is found, to be raised again."""
 
 import onnx
 import pytest
