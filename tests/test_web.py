@@ -270,7 +270,8 @@ const [longIds, n, shortIds, k, branch, done] = arguments;
   const b = await m.step(branch, root.state);  // the prompt's state stepped again: a branch
   const other = await greedy(b.logits, b.state, 5);
   const more = await greedy(line.logits, line.state, 3);  // the first line goes on as it was
-  return { grown: grown.out, line: line.out, branch: other.out, more: more.out, moreLogits: Array.from(more.logits) };
+  return { grown: grown.out, grownLogits: Array.from(grown.logits), line: line.out, branch: other.out, more: more.out,
+           moreLogits: Array.from(more.logits) };
 })().then(done, (e) => done({ error: String(e) }));
 """
 
@@ -296,10 +297,13 @@ def test_a_branch_and_a_grown_cache_in_the_page_match_the_python_runtime(page):
     assert browser.open_page(driver, url, "hybrid") == "ready"
     got = driver.execute_async_script(BRANCH_AND_GROW, long_ids, n, short_ids, k, branch)
     assert "error" not in got, got
-    assert got["grown"] == greedy(long_ids, n)
+    grown = greedy(long_ids, n)
+    assert got["grown"] == grown
+    # the logits after the grown line's last token, not just their argmax (every slot is read)
+    want, _ = model.begin([long_ids + grown])  # (1, v)
+    np.testing.assert_allclose(got["grownLogits"], want[0], rtol=1e-3, atol=1e-3)
     assert got["line"] == line[:k] and got["more"] == line[k:]
     assert got["branch"] == greedy(short_ids + [branch], 5)
-    # and the logits after the line's last token, not just their argmax
     want, _ = model.begin([short_ids + line])  # (1, v)
     np.testing.assert_allclose(got["moreLogits"], want[0], rtol=1e-3, atol=1e-3)
 
