@@ -919,5 +919,6 @@ def main() -> int:
     print(f"\n{killed}/{len(rows)} faults killed")
     return 0 if killed == len(rows) else 1
 
+
 if __name__ == "__main__":
     sys.exit(main())

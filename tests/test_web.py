@@ -142,6 +142,7 @@ def test_unchecking_stop_at_eos_decodes_past_it_as_the_python_runtime(page):
     got = browser.run_prompt(driver, "5 March 2021", maxNewTokens=MAX_NEW, stopAtEos=False)
     assert got["message"] is None and got["run"]["tokens"] == want
 
+
 def test_bad_input_shows_a_message_and_the_page_keeps_working(page):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
