@@ -277,13 +277,19 @@ def run_bench_serve(folder, clients=(1, 4, 16, 64), n_requests: int = 64, max_to
         if c > 1:
             row = result["rows"][c]
             held = row["continuous"].get("rows_per_step")  # (over HTTP: unknown, as many as may run)
-            floor = row["step_floor"] = step_floor(model, prompts, round(held or rows_for(c)))
+            row["step_floor"] = step_floor(model, prompts, round(held or rows_for(c)))
             if held is not None:
-                # the batch's own ceiling over one at a time: `held` tokens a step, a step costing
-                # step_vs_1_row one-row steps (no encoder, no Python); how much of it the engine reached
-                floor["ceiling"] = held / floor["step_vs_1_row"]
-                row["speedup_vs_ceiling"] = row["speedup_vs_one_at_a_time"] / floor["ceiling"]
+                with_ceiling(row)
     return result
+
+
+def with_ceiling(row: dict) -> None:
+    """The batch's own ceiling over one at a time, into `row` (a client count's figures with its
+    `step_floor`): `rows_per_step` tokens a step, a step costing `step_vs_1_row` one-row steps (no
+    encoder, no Python); and how much of it the engine reached."""
+    floor = row["step_floor"]
+    floor["ceiling"] = row["continuous"]["rows_per_step"] / floor["step_vs_1_row"]
+    row["speedup_vs_ceiling"] = row["speedup_vs_one_at_a_time"] / floor["ceiling"]
 
 
 def _side_by_side(http) -> bool:
