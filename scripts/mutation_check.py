@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 208 faults: about three hours on 2 cores with one job, 45 minutes with --jobs 2).
+Not part of CI (all 216 faults: about three hours on 2 cores with one job, 45 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -593,7 +593,7 @@ FAULTS = (
           ("tests/test_cli_boundary.py", "tests/test_beam_recurrent.py", "tests/test_hf_tokenizer.py")),
     Fault("M152", "generate CLI: --eos-id dropped (the tokenizer's eos, or none)",
           "seqexport/cli/generate.py",
-          "                 eos_id=eos_id, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)",
+          "                 eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)",
           "                 eos_id=None, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)",
           ("tests/test_cli_boundary.py", "tests/test_hf_tokenizer.py")),
     Fault("M153", "quantize CLI: --mode static and --per-channel dropped (a dynamic, per-tensor copy)",
@@ -688,8 +688,8 @@ FAULTS = (
           "                if stop_at_eos:\n                    continue", ("tests/test_rwkv_tokenizer.py",
                                                                            "tests/test_rwkv_bundled.py")),
     Fault("M176", "checkpoint tokenizer: of several eos ids in generation_config.json, the last taken",
-          "seqexport/checkpoints/tokenizers.py", "value = value[0] if value else None",
-          "value = value[-1] if value else None", ("tests/test_hf_tokenizer.py", "tests/test_hf_workflow.py")),
+          "seqexport/checkpoints/tokenizers.py", "return ids[0] if ids else None",
+          "return ids[-1] if ids else None", ("tests/test_hf_tokenizer.py", "tests/test_hf_workflow.py")),
     Fault("M177", "checkpoint tokenizer: a special id equal to the vocabulary size let through",
           "seqexport/checkpoints/tokenizers.py", "not 0 <= record[key] < limit", "not 0 <= record[key] <= limit",
           ("tests/test_hf_tokenizer.py", "tests/test_hf_workflow.py")),
@@ -829,6 +829,38 @@ FAULTS = (
     Fault("M218", "hybrid eager: the Mamba-2 layers' state written as appended, the attention cache as replaced",
           "seqexport/families/hybrid/eager.py", '(appended if kind == "attention" else replaced)[name] = _np(t)',
           '(appended if kind == "mamba2" else replaced)[name] = _np(t)', ("tests/test_eager_chunks.py",)),
+    Fault("M219", "generate: a row stops at the first of the tokenizer's eos ids only",
+          "seqexport/runtime/generate.py",
+          "ended = np.isin(tokens, self.eos) & ~self._done", "ended = np.isin(tokens, self.eos[:1]) & ~self._done",
+          ("tests/test_hf_tokenizer.py",)),
+    Fault("M220", "engine: a request stops at the first of its eos ids only",
+          "seqexport/runtime/engine/request.py",
+          "        if token in self._eos:", "        if token in self._eos[:1]:",
+          ("tests/test_hf_tokenizer.py",)),
+    Fault("M221", "checkpoint tokenizer: only the first of the config's eos ids kept in the record",
+          "seqexport/checkpoints/tokenizers.py",
+          'out["eos_ids"] = listed', 'out["eos_ids"] = listed[:1]',
+          ("tests/test_hf_tokenizer.py",)),
+    Fault("M222", "HF tokenizer: decoded text stops at the record's eos_id only, not at the others listed",
+          "seqexport/runtime/tokenizer.py",
+          "if i in self.eos_ids), len(ids))", "if i == self.eos_id), len(ids))",
+          ("tests/test_hf_tokenizer.py", "tests/test_web.py")),
+    Fault("M223", "generate --text: the streamed text shows the second listed eos",
+          "seqexport/cli/generate.py",
+          "        if t < 0 or t in eos:", "        if t < 0 or t in eos[:1]:",
+          ("tests/test_hf_tokenizer.py",)),
+    Fault("M224", "tokenizer record: eos_ids not starting with the eos_id accepted",
+          "seqexport/runtime/tokenizer.py",
+          '    if listed[0] != record.get("eos_id"):', '    if False:',
+          ("tests/test_hf_tokenizer.py",)),
+    Fault("M225", "the page's HF tokenizer: decoded text stops at the eos_id only, not at the others listed",
+          "seqexport/web/static/tokenizers.mjs",
+          "ids.findIndex((id) => this.eosIds.includes(id))", "ids.findIndex((id) => id === this.eosId)",
+          ("tests/test_web.py::test_js_tokenizers_and_random_draws_match_python",)),
+    Fault("M226", "the page's generate: a row stops at the first of several eos ids only",
+          "seqexport/web/static/seqexport.mjs",
+          "        if (o.eosIds.includes(token)) return;", "        if (o.eosIds[0] === token) return;",
+          ("tests/test_web.py::test_the_pages_model_stops_at_any_of_several_eos_ids_as_the_python_runtime",)),
 )
 
 

@@ -39,7 +39,7 @@ option_values = {
     "seed": st.one_of(st.integers(0, 2**32), scalars),
     "num_beams": st.one_of(st.integers(1, 3), scalars),
     "length_penalty": st.one_of(st.floats(-1, 2), scalars),
-    "eos_id": st.one_of(st.integers(-1, 120), scalars),
+    "eos_id": st.one_of(st.integers(-1, 120), scalars, st.lists(st.one_of(st.integers(-1, 120), scalars), max_size=3)),
     "start_id": st.one_of(st.integers(0, 120), scalars),
 }
 options = st.fixed_dictionaries({}, optional=option_values)

@@ -143,6 +143,28 @@ def test_unchecking_stop_at_eos_decodes_past_it_as_the_python_runtime(page):
     assert got["message"] is None and got["run"]["tokens"] == want
 
 
+EOS_LIST = """
+const [ids, eosIds, n, done] = arguments;
+window.seqexportPage.model.generateIds(ids, { maxNewTokens: n, eosId: eosIds }).then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_the_pages_model_stops_at_any_of_several_eos_ids_as_the_python_runtime(page):
+    """generateIds with a list of eos ids (a checkpoint's end of text and end of turn): the
+    decode ends at the listed id it meets, the other never coming."""
+    url, driver, site = page
+    family = BUNDLED[0]
+    model = rt.load(site[1][family], provider="cpu")
+    ids = model.encode("5 March 2021")
+    free = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=MAX_NEW, eos_id=-1))[0]
+    k = next(i for i in range(2, len(free)) if free[i] not in free[:i])
+    eos_ids = [next(t for t in range(model.vocab_size) if t not in free), free[k]]
+    want = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=MAX_NEW, eos_id=eos_ids))[0]
+    assert want == free[:k]
+    assert browser.open_page(driver, url, family) == "ready"
+    assert driver.execute_async_script(EOS_LIST, ids, eos_ids, MAX_NEW) == want
+
+
 def test_bad_input_shows_a_message_and_the_page_keeps_working(page):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -310,12 +332,14 @@ def test_a_branch_and_a_grown_cache_in_the_page_match_the_python_runtime(page):
 
 
 JS_UNITS = """
-const [hfJson, rwkvText, texts, seeds, done] = arguments;
+const [hfJson, rwkvText, texts, seeds, eosIds, endedIds, done] = arguments;
 (async () => {
   const tk = await import("./tokenizers.mjs");
   const { PCG64 } = await import("./sampling.mjs");
   const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
+  const { searchOptions } = await import("./seqexport.mjs");
   const hf = new tk.HFTokenizer(Tokenizer, JSON.parse(hfJson), { eos_id: 0 });
+  const listed = new tk.HFTokenizer(Tokenizer, JSON.parse(hfJson), { eos_id: 0, eos_ids: eosIds });
   const rwkv = new tk.RwkvWorldTokenizer(rwkvText);
   const stream = (tok, ids) => { const s = new tk.TextStream(tok); return ids.map((i) => s.push(i)); };
   const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
@@ -327,6 +351,8 @@ const [hfJson, rwkvText, texts, seeds, done] = arguments;
     rwkvVocab: vocab,
     bytePieces: texts.map((t) => stream(byte, byte.encode(t))),
     random: seeds.map((s) => { const r = new PCG64(s); return [r.random(), r.random(), r.random()]; }),
+    listed: { eosIds: listed.eosIds, stops: searchOptions({}, listed).eosIds, text: listed.decode(endedIds),
+              whole: listed.decode(endedIds, { stopAtEos: false }) },
   };
 })().then(done, (e) => done({ error: String(e) }));
 """
@@ -339,6 +365,7 @@ def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from seqexport.families.rwkv.tokenizer import RwkvWorldTokenizer
+    from seqexport.runtime.tokenizer import HFTokenizer
 
     url, driver, _ = page
     texts = ["Friday, 5 März 2021 — 日本語 🎉", "Straße über 1984-05-09", "tabs\tand\nnew lines ", "a" * 30 + "😀😀"]
@@ -351,8 +378,12 @@ def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
     vocab_path = Path(families.get("rwkv").runtime.__file__).parent / "vocab" / "rwkv_vocab_v20230424.txt"
     rwkv = RwkvWorldTokenizer(vocab_path)
     seeds = [0, 1, 2**40 + 7]
+    ended = hf.encode(texts[1]).ids
+    k = next(i for i in range(2, len(ended)) if ended[i] not in ended[:i])
+    eos_ids = [0, ended[k]]  # a text that meets the second listed eos at its k-th token
     driver.get(url)
-    got = driver.execute_async_script(JS_UNITS, hf.to_str(), vocab_path.read_text(encoding="utf-8"), texts, seeds)
+    got = driver.execute_async_script(JS_UNITS, hf.to_str(), vocab_path.read_text(encoding="utf-8"), texts, seeds,
+                                      eos_ids, ended)
     assert "error" not in got, got
     for t, g in zip(texts, got["hf"]):
         ids = hf.encode(t).ids
@@ -365,6 +396,12 @@ def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
         assert "".join(pieces) == t and "\ufffd" not in "".join(pieces)
         assert all(p == "" or p in t for p in pieces)
     assert got["random"] == [np.random.default_rng(s).random(3).tolist() for s in seeds]
+    # a record listing several eos ids: each ends a decoded text and a generation, as in Python
+    hf.save(str(tmp_path / "tokenizer.json"))
+    ours = HFTokenizer(tmp_path / "tokenizer.json", eos_id=0, eos_ids=eos_ids)
+    assert got["listed"]["eosIds"] == got["listed"]["stops"] == eos_ids
+    assert got["listed"]["text"] == ours.decode(ended) == hf.decode(ended[:k])
+    assert got["listed"]["whole"] == ours.decode(ended, stop_at_eos=False)
 
 
 def test_site_build_refuses_bad_input_and_writes_nothing_half(site, tmp_path):

@@ -4,6 +4,9 @@ Ours: config.json's "tokenizer" record (the byte tokenizer and its prompt framin
 Face checkpoint: tokenizer.json beside the weights, copied into the artifact, with bos / eos /
 pad / decoder-start ids from generation_config.json, then config.json, then
 tokenizer_config.json and special_tokens_map.json (token strings looked up in the vocabulary).
+Where the config lists several eos ids (Llama 3's end of text and end of turn), the first is
+the record's `eos_id` and all of them its `eos_ids`: a decode stops at any, as transformers'
+`generate` does.
 """
 
 import json
@@ -45,6 +48,10 @@ def checkpoint_tokenizer(ckpt: Checkpoint, vocab_size: int | None = None) -> dic
     for key in IDS:
         if record[key] is not None and not 0 <= record[key] < limit:
             raise CheckpointError(f"{key} {record[key]} of {path.parent} lies outside the vocabulary [0, {limit})")
+    for eos in record.get("eos_ids", ()):
+        if not 0 <= eos < limit:
+            raise CheckpointError(f"eos id {eos} of {path.parent} (one of {record['eos_ids']}) lies outside "
+                                  f"the vocabulary [0, {limit})")
     return record
 
 
@@ -60,9 +67,15 @@ def _json(path: Path) -> dict:
 
 def _first_id(value):
     """An id, or the first of a list of ids (generation_config may list several eos ids)."""
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    ids = _ids(value)
+    return ids[0] if ids else None
+
+
+def _ids(value) -> list[int]:
+    """A config's id or list of ids as a list of ids, each once, in order (not ids: left out)."""
+    listed = value if isinstance(value, list) else [value]
+    ids = [v for v in listed if isinstance(v, int) and not isinstance(v, bool)]
+    return list(dict.fromkeys(ids))
 
 
 def special_ids(folder: Path, tok: HFTokenizer) -> dict:
@@ -79,4 +92,8 @@ def special_ids(folder: Path, tok: HFTokenizer) -> dict:
                     found = tok.token_id(token)
                     break
         out[key] = found
+    # every eos id of the config that gave the eos, when it lists several (the first is eos_id)
+    listed = next((_ids(c[IDS["eos_id"][0]]) for c in configs if _first_id(c.get(IDS["eos_id"][0])) is not None), [])
+    if len(listed) > 1:
+        out["eos_ids"] = listed
     return out

@@ -24,7 +24,8 @@ from seqexport.errors import UsageError
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
               help="Beam search width (every family; 1: greedy).")
-@click.option("--eos-id", type=click.IntRange(min=0), help="Stop a row at this token [the tokenizer's eos].")
+@click.option("--eos-id", type=click.IntRange(min=0), multiple=True,
+              help="Stop a row at this token (repeat for several) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
 def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id, provider):
@@ -36,7 +37,7 @@ def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_
     defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
     search = {k: defaults[k] if v is None else v for k, v in sampling.items()}
     run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=not greedy, num_beams=beams,
-                 eos_id=eos_id, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)
+                 eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)
 
 
 def parse_ids(s: str) -> list[int]:
@@ -57,7 +58,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
     for i, t in enumerate(texts):
         if not t.strip():
             raise UsageError(f"--text #{i + 1} is empty; expected a prompt")
-    from seqexport.runtime.generate import SearchOptions, generate
+    from seqexport.runtime.generate import SearchOptions, eos_for, generate
     from seqexport.runtime.models import load
 
     options = SearchOptions(**search)  # checked before the model loads
@@ -73,9 +74,8 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
         prompts = [parse_ids(s) for s in ids]
     # rows already end where generation stopped them (eos excluded; --eos-id may differ)
     show = (lambda seq: tok.decode(seq, stop_at_eos=False)) if tok else (lambda seq: " ".join(map(str, seq)))
-    eos = options.eos_id if options.eos_id is not None else (tok.eos_id if tok else None)
     if len(prompts) == 1 and options.num_beams == 1:
-        result = generate(model, prompts, options, on_token=_streamer(tok, eos, out))
+        result = generate(model, prompts, options, on_token=_streamer(tok, eos_for(model, options), out))
         out.write("\n")
         return result
     result = generate(model, prompts, options)
@@ -84,7 +84,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
     return result
 
 
-def _streamer(tok, eos: int | None, out):
+def _streamer(tok, eos: tuple[int, ...], out):
     """generate()'s on_token for one row: writes what each new token adds (text, or ids)."""
     from seqexport.runtime.tokenizer import TextStream
 
@@ -92,7 +92,7 @@ def _streamer(tok, eos: int | None, out):
 
     def on_token(tokens: np.ndarray):  # (1,)
         t = int(tokens[0])
-        if t < 0 or t == eos:
+        if t < 0 or t in eos:
             return
         out.write(text.push(t) if text else f"{t} ")
         out.flush()

@@ -35,7 +35,8 @@ class SearchOptions:
     seed: int | None = None  # sampling: seed of the random generator (reproducible)
     num_beams: int = 1  # beam search width; 1 = greedy
     length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
-    eos_id: int | None = None  # stop a row at this token (default: the tokenizer's eos)
+    # stop a row at this token, or at any of these (default: the tokenizer's eos_ids; -1 or (): never)
+    eos_id: int | tuple[int, ...] | None = None
     start_id: int | None = None  # transformer decoder start (default: tokenizer bos, else 1)
 
     def __post_init__(self):
@@ -49,9 +50,14 @@ class SearchOptions:
             _integer("seed", self.seed, 0)
         _integer("num_beams", self.num_beams, 1)
         _real("length_penalty", self.length_penalty, "finite", lambda v: True)
-        for name in ("eos_id", "start_id"):
-            if getattr(self, name) is not None:
-                _integer(name, getattr(self, name), -1)  # -1: an eos that never matches
+        if self.start_id is not None:
+            _integer("start_id", self.start_id, -1)
+        if isinstance(self.eos_id, list | tuple):
+            object.__setattr__(self, "eos_id", tuple(self.eos_id))  # frozen: hashable, as given
+            for i, value in enumerate(self.eos_id):
+                _integer(f"eos_id[{i}]", value, -1)
+        elif self.eos_id is not None:
+            _integer("eos_id", self.eos_id, -1)  # -1: an eos that never matches
         if self.num_beams > 1 and self.do_sample:
             raise UsageError("beam search and sampling cannot be combined")
 
@@ -76,11 +82,12 @@ def _real(name: str, value, rule: str, ok) -> None:
         raise UsageError(f"{name} must be {rule}, got {value}")
 
 
-def eos_for(model, options: SearchOptions) -> int | None:
-    """The token that ends a row: the options' eos_id, else the tokenizer's (None: none)."""
+def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
+    """The tokens that end a row: the options' eos_id(s), else the tokenizer's eos_ids (a
+    checkpoint may list several, e.g. end of text and end of turn); () for none."""
     if options.eos_id is not None:
-        return options.eos_id
-    return model.tokenizer.eos_id if model.tokenizer else None
+        return options.eos_id if isinstance(options.eos_id, tuple) else (options.eos_id,)
+    return tuple(model.tokenizer.eos_ids) if model.tokenizer else ()
 
 
 def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> np.ndarray:
@@ -183,7 +190,7 @@ class Generator:
                                 "run `seqexport validate` on this export")
         tokens = pick_tokens(self._logits, self.options, self.rng).astype(np.int64)
         tokens[self._done] = -1
-        ended = tokens == self.eos if self.eos is not None else np.zeros_like(self._done)
+        ended = np.isin(tokens, self.eos) & ~self._done  # (b,); finished rows' -1 is no eos
         for i in np.flatnonzero(~self._done & ~ended):
             self.sequences[i].append(int(tokens[i]))
         self._done |= ended
@@ -223,7 +230,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _next_beams(first: int, best: np.ndarray, total: np.ndarray, v: int, k: int, eos: int | None, last: bool,
+def _next_beams(first: int, best: np.ndarray, total: np.ndarray, v: int, k: int, eos: tuple, last: bool,
                 seqs: list[list[int]], finished: list | None, lp: float) -> list[tuple[int, int, float]]:
     """One source row's k beams for the next step, as (beam row, token, score), from its 2k best
     (beam, token) candidates `best` (flat indices into `total`, (k * v,)); beams starting at row
@@ -236,10 +243,11 @@ def _next_beams(first: int, best: np.ndarray, total: np.ndarray, v: int, k: int,
         if not np.isfinite(score):
             continue
         src = first + beam
-        if tok == eos or last:
+        ends = tok in eos
+        if ends or last:
             if rank < k and finished is not None:
-                hyp = seqs[src] + ([] if tok == eos else [tok])
-                finished.append((score / (len(hyp) + (tok == eos)) ** lp, hyp))
+                hyp = seqs[src] + ([] if ends else [tok])
+                finished.append((score / (len(hyp) + ends) ** lp, hyp))
             continue
         chosen.append((src, tok, score))
         if len(chosen) == k:

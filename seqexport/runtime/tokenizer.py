@@ -13,7 +13,9 @@ Two kinds, told apart by the record's "type":
   configs at export time.
 
 Every tokenizer has `vocab_size`, `bos_id`, `eos_id`, `pad_id` (None where the model has
-none), `start_id` (the transformer decoder's first token), `encode`, `decode`, `to_dict`.
+none), `eos_ids` (every token that ends a text: the eos and, where the checkpoint lists
+several, the others, e.g. a chat model's end of turn; empty where none), `start_id` (the
+transformer decoder's first token), `encode`, `decode`, `to_dict`.
 """
 
 from dataclasses import dataclass
@@ -28,9 +30,12 @@ TYPES = ("byte", "hf")  # and each family's own (`Family.tokenizer_types`, e.g. 
 class Tokenizer(Protocol):
     vocab_size: int
     bos_id: int | None
-    eos_id: int | None
+    eos_id: int | None  # the eos a framed prompt ends with
     pad_id: int | None
     frames_prompts: bool  # True: a prompt is framed by the family's (bos, suffix, eos) rule
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]: ...  # every token that ends a text, eos_id first
 
     @property
     def start_id(self) -> int | None: ...
@@ -53,6 +58,10 @@ class ByteTokenizer:
     @property
     def start_id(self) -> int:
         return self.bos_id
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (self.eos_id,)
 
     @property
     def vocab_size(self) -> int:
@@ -113,7 +122,7 @@ class HFTokenizer:
     frames_prompts = False
 
     def __init__(self, path: str | Path, bos_id=None, eos_id=None, pad_id=None, decoder_start_id=None,
-                 file: str = "tokenizer.json"):
+                 file: str = "tokenizer.json", eos_ids=None):
         try:
             from tokenizers import Tokenizer as RustTokenizer
         except ImportError:
@@ -126,6 +135,10 @@ class HFTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.decoder_start_id = decoder_start_id
+        # every id that ends a text (a checkpoint may list several: Llama 3's end of text and
+        # end of turn), eos_id first
+        listed = tuple(eos_ids or ())
+        self.eos_ids = listed if listed else (() if eos_id is None else (eos_id,))
 
     @property
     def start_id(self) -> int | None:
@@ -141,15 +154,16 @@ class HFTokenizer:
 
     def decode(self, ids, stop_at_eos: bool = True) -> str:
         ids = [int(i) for i in ids]
-        if stop_at_eos and self.eos_id is not None and self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
+        if stop_at_eos:
+            ids = ids[: next((n for n, i in enumerate(ids) if i in self.eos_ids), len(ids))]
         return self._tok.decode(ids, skip_special_tokens=True)
 
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
     def to_dict(self) -> dict:
-        return {"type": "hf", "file": self.file, "bos_id": self.bos_id, "eos_id": self.eos_id,
+        several = {"eos_ids": list(self.eos_ids)} if len(self.eos_ids) > 1 else {}
+        return {"type": "hf", "file": self.file, "bos_id": self.bos_id, "eos_id": self.eos_id, **several,
                 "pad_id": self.pad_id, "decoder_start_id": self.decoder_start_id, "vocab_size": self.vocab_size}
 
 
@@ -174,7 +188,7 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
         if owner is not None:
             return owner.part("tokenizer").from_record(record, folder)
         ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
-        return HFTokenizer(Path(folder) / record["file"], file=record["file"], **ids)
+        return HFTokenizer(Path(folder) / record["file"], file=record["file"], eos_ids=_eos_ids(record), **ids)
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"tokenizer record {record!r} is malformed: {e}") from None
 
@@ -184,6 +198,22 @@ def _optional_id(record: dict, key: str) -> int | None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
         raise ValueError(f"{key} must be a token id (integer >= 0) or null, got {v!r}")
     return v
+
+
+def _eos_ids(record: dict) -> list[int] | None:
+    """The record's "eos_ids" (several ids that end a text; absent in artifacts from before it,
+    and where there is one): a list of ids holding the record's eos_id first."""
+    listed = record.get("eos_ids")
+    if listed is None:
+        return None
+    if not isinstance(listed, list) or not listed:
+        raise ValueError(f"eos_ids must be a non-empty list of token ids, got {listed!r}")
+    for v in listed:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"eos_ids must hold token ids (integers >= 0), got {v!r} in {listed}")
+    if listed[0] != record.get("eos_id"):
+        raise ValueError(f"eos_ids {listed} must start with the eos_id {record.get('eos_id')!r}")
+    return listed
 
 
 def encode_prompt(tok: "Tokenizer", default_frame: dict, text: str, record: dict | None = None) -> list[int]:

@@ -56,6 +56,10 @@ class RwkvWorldTokenizer:
     def start_id(self) -> int | None:
         return None
 
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return () if self.eos_id is None else (self.eos_id,)
+
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         src, ids, i = text.encode("utf-8"), [], 0
         while i < len(src):

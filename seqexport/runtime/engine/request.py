@@ -49,7 +49,7 @@ class Request:
         self._picked = 0  # tokens picked so far, eos included (generate()'s step count)
         self._next = -1  # the token the next decode step feeds once _pending is empty
         self._pending: list[int] = []  # tokens still to feed before the first pick, last first
-        self._eos: int | None = None  # set by the engine
+        self._eos: tuple[int, ...] = ()  # the ids that end it, set by the engine
         self._cancelled = False
         self._engine_flag: list | None = None  # the engine's "a request was cancelled" flag
         # the engine's wake-ups: `done` is set by the engine at its next hand-off (just before a
@@ -81,7 +81,7 @@ class Request:
         """A picked token, by generate()'s rule: eos ends the request (not kept), else the token
         is kept and shown, then a stop string or the length limit ends it. True: a token was kept."""
         self._picked += 1
-        if token == self._eos:
+        if token in self._eos:
             self.finish("stop")
             return False
         self.tokens.append(token)

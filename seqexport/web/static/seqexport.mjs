@@ -352,7 +352,7 @@ export class Model {
   /**
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
-   * doSample, temperature, topK, topP, seed, eosId, startId.
+   * doSample, temperature, topK, topP, seed, eosId (an id or a list of ids; -1: never), startId.
    */
   async *generate(promptIds, options = {}) {
     const o = searchOptions(options, this.tokenizer);
@@ -366,7 +366,7 @@ export class Model {
         if (!logits.every(Number.isFinite))
           throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
         const token = pickToken(logits, o, rng);
-        if (token === o.eosId) return;
+        if (o.eosIds.includes(token)) return;
         yield { token, text: stream ? stream.push(token) : `${token} `, ms, first: n === 0 };
         if (n + 1 < o.maxNewTokens) {
           const previous = state;
@@ -425,8 +425,12 @@ function randomSeed() {
 export function searchOptions(options, tokenizer) {
   const o = {
     maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, seed: null,
-    eosId: tokenizer?.eosId ?? null, startId: null, ...options,
+    eosId: tokenizer?.eosIds ?? null, startId: null, ...options,
   };
+  // the ids that end a row, as eos_for() gives them: one id, a list, or none
+  o.eosIds = o.eosId == null ? [] : Array.isArray(o.eosId) ? [...o.eosId] : [o.eosId];
+  for (const id of o.eosIds)
+    if (!Number.isInteger(id) || id < -1) throw new ModelError(`eosId must be a token id (or -1: never), got ${id}`);
   const integer = (name, least) => {
     if (!Number.isInteger(o[name]) || o[name] < least) throw new ModelError(`${name} must be an integer >= ${least}, got ${o[name]}`);
   };

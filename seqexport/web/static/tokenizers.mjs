@@ -3,7 +3,8 @@
 //   "byte": UTF-8 bytes shifted past three special ids (the bundled models)
 //   "rwkv": the RWKV World tokenizer (greedy longest match over its vocabulary file)
 //   "hf":   a Hugging Face tokenizer.json, through @huggingface/tokenizers (tokenizers.js)
-// Every tokenizer has vocabSize, bosId, eosId, padId (null where none), startId, framesPrompts,
+// Every tokenizer has vocabSize, bosId, eosId, padId (null where none), eosIds (every id that
+// ends a text, eosId first: a checkpoint may list several), startId, framesPrompts,
 // encode(text, {addBos, addEos}), decode(ids, {stopAtEos}); byte-level ones also tokenBytes(id).
 
 const utf8 = new TextEncoder();
@@ -18,6 +19,7 @@ export class ByteTokenizer {
     this.padId = record.pad_id ?? 0;
     this.bosId = record.bos_id ?? 1;
     this.eosId = record.eos_id ?? 2;
+    this.eosIds = [this.eosId];
     this.offset = record.offset ?? 3;
     this.vocabSize = this.offset + 256;
     if (record.vocab_size !== undefined && record.vocab_size !== this.vocabSize)
@@ -126,6 +128,7 @@ export class RwkvWorldTokenizer {
   constructor(vocabText, record = {}) {
     this.vocabSize = record.vocab_size ?? 65536;
     this.eosId = record.eos_id === undefined ? 0 : record.eos_id;
+    this.eosIds = this.eosId === null ? [] : [this.eosId];
     this.bosId = null;
     this.padId = null;
     this.startId = null;
@@ -189,6 +192,7 @@ export class HFTokenizer {
     this.vocabSize = record.vocab_size ?? this.tok.get_vocab(true).size;
     this.bosId = record.bos_id ?? null;
     this.eosId = record.eos_id ?? null;
+    this.eosIds = record.eos_ids ?? (this.eosId === null ? [] : [this.eosId]);
     this.padId = record.pad_id ?? null;
     this.startId = record.decoder_start_id ?? this.bosId;
     this.framesPrompts = false;
@@ -203,7 +207,8 @@ export class HFTokenizer {
 
   decode(ids, { stopAtEos = true } = {}) {
     ids = [...ids];
-    if (stopAtEos && this.eosId !== null && ids.includes(this.eosId)) ids = ids.slice(0, ids.indexOf(this.eosId));
+    const end = stopAtEos ? ids.findIndex((id) => this.eosIds.includes(id)) : -1;
+    if (end >= 0) ids = ids.slice(0, end);
     return this.tok.decode(ids, { skip_special_tokens: true });
   }
 }
