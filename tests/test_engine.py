@@ -513,6 +513,28 @@ def test_an_older_state_advanced_again_is_not_read_from_the_newer_ones_buffers(f
     np.testing.assert_array_equal(late, want)
 
 
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_a_state_whose_rows_were_written_since_is_refused_not_read(family, request):
+    """Two steps on, the batch writes the set an old state lies in; a leave moves rows in place
+    under the state before it. Advancing, joining or cutting such a state is refused, naming
+    why, not decoded from what is there now."""
+    model = request.getfixturevalue(family)
+    tokens = np.array([5, 9, 3])
+    _, first = model.advance(tokens, model.start(3), 8)
+    _, second = model.advance(tokens + 1, first, 8)
+    _, third = model.advance(tokens + 2, second, 8)  # written into the set `first` lies in
+    for use in (lambda: model.advance(tokens, first, 8), lambda: model.extend(first, [model.start(1)], 8),
+                lambda: model.extend(third, [first], 8), lambda: model.retain(first, [0, 1])):
+        with pytest.raises(UsageError, match="moved on past this state"):
+            use()
+    want, _ = model.step(tokens[[2, 1]], third.numpy().select([2, 1]))  # (2, v)
+    kept = model.retain(third, [2, 1])  # row 2 moved in place into row 0 under `third`
+    got, _ = model.advance(tokens[[2, 1]], kept, 8)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(UsageError, match="moved on past this state"):
+        model.advance(tokens, third, 8)
+
+
 def test_a_join_that_raises_loses_no_request(transformer, monkeypatch):
     """A newcomer's rows failing to join the running batch (here: the model's extend raising, as
     an allocation can) fails the requests of that round, and only those: none is left waiting

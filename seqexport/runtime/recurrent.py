@@ -7,7 +7,7 @@ from functools import cached_property
 
 import numpy as np
 
-from seqexport.errors import InputError
+from seqexport.errors import InputError, UsageError
 from seqexport.runtime.base import State, retain_rows
 from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.row_buffers import RowBuffers
@@ -110,7 +110,7 @@ class BufferedRows:
     def advance(self, tokens, state: State, capacity: int) -> tuple[np.ndarray, State]:
         """`step(tokens (b,), state)` for the engine, which consumes `state`: the logits (b, v)
         are valid until the next `advance`; room for `capacity` rows is made once."""
-        buffers = state.rows
+        buffers = _intact(state)
         if buffers is None or not buffers.holds(state):
             if not self._bufferable:
                 return self.step(tokens, state)
@@ -127,7 +127,9 @@ class BufferedRows:
         return logits[:, 0], state
 
     def extend(self, state: State, newcomers: list[State], rows: int | None = None) -> State:
-        buffers = state.rows
+        buffers = _intact(state)
+        for s in newcomers:
+            _intact(s)
         if buffers is not None and buffers.holds(state):
             joined = buffers.append(state, newcomers)
             if joined is not None:
@@ -135,9 +137,10 @@ class BufferedRows:
         return super().extend(state, newcomers, rows)
 
     def retain(self, state: State, rows: list[int]) -> State:
-        buffers = state.rows
+        buffers = _intact(state)
         if buffers is None or not buffers.holds(state):
             return super().retain(state, rows)
+        buffers.moving()
         if retain_rows(state.arrays, rows) is None:  # rows moved in place, else a copy goes back in
             return buffers.load(self.take(state, rows))
         return buffers.view(len(rows), state.length)
@@ -151,3 +154,14 @@ class BufferedRows:
                 and set(spec.input_names) == states | {INPUT_IDS}
                 and set(spec.output_names) == {out for out, _ in spec.feeds} | {LOGITS}
                 and len(logits) == 3 and logits[1] == 1 and isinstance(logits[2], int))
+
+
+def _intact(state: State):
+    """The row buffers `state` lies in (None: its own arrays); UsageError for a state whose rows
+    have been written since (a step of the batch two steps on, a join or a leave): what it held
+    is gone, and reading it would decode garbage."""
+    buffers = state.rows
+    if buffers is not None and not buffers.intact(state):
+        raise UsageError("state: the engine's row buffers have moved on past this state (advance consumes "
+                         "the state it steps); step or copy a state (state.numpy()) before advancing past it")
+    return buffers

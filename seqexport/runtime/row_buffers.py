@@ -10,7 +10,8 @@ states copies the whole batch (0.6 ms a join on the bundled Mamba at 16 clients)
 Only the engine steps such a state (`BufferedRows.advance`): it consumes each state it
 steps, so the set a step overwrites is never read again. `step()` never uses these buffers:
 a caller may keep an old state and step it again (a branch), which double buffering would
-have overwritten under it. CPU provider only (with CUDA the state stays on the device).
+have overwritten under it. A state whose set has been written since it was made (`intact`)
+is refused, never read. CPU provider only (with CUDA the state stays on the device).
 """
 
 import numpy as np
@@ -34,6 +35,7 @@ class RowBuffers:
         self.sets = [{inp: np.zeros((capacity, *like[inp].shape[1:]), like[inp].dtype) for _, inp in pairs}
                      for _ in range(2)]
         self.current = 0  # the set holding the batch's state now
+        self.written = [0, 0]  # how many times each set has been written (`intact`)
         self.ids = np.zeros((capacity, 1), np.int64)  # (cap, 1)
         self.logits = np.zeros((capacity, *logits[0]), logits[1])  # (cap, 1, v)
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
@@ -44,12 +46,23 @@ class RowBuffers:
         and `extend` may write around): the engine's running batch."""
         return state.rows is self and state.arrays is self._views
 
+    def intact(self, state: State) -> bool:
+        """Whether the rows of `state`, a view of these buffers, still hold what they held when
+        it was made (False: a later step, load or move wrote its set)."""
+        mark = state.rows_mark
+        return mark is not None and self.written[mark[0]] == mark[1]
+
+    def moving(self) -> None:
+        """The current set's rows are about to move in place: views made before are stale."""
+        self.written[self.current] += 1
+
     def view(self, rows: int, length: int) -> State:
         self._views = {k: a[:rows] for k, a in self.sets[self.current].items()}
-        return State(self._views, length, rows=self)
+        return State(self._views, length, rows=self, rows_mark=(self.current, self.written[self.current]))
 
     def load(self, state: State) -> State:
         """`state`'s rows copied into the current set (a batch that just formed)."""
+        self.moving()
         for k, a in self.sets[self.current].items():
             a[: state.batch_size] = state.arrays[k]
         return self.view(state.batch_size, state.length)
@@ -72,6 +85,7 @@ class RowBuffers:
         binding = self._bindings.get((self.current, rows))
         if binding is None:
             binding = self._bindings[(self.current, rows)] = self._bind(rows)
+        self.written[self.current ^ 1] += 1
         self.session._sess.run_with_iobinding(binding._iobinding, None)
         self.current ^= 1
         return self.logits[:rows], self.view(rows, length)

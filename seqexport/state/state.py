@@ -33,6 +33,8 @@ class State:
     # The engine's running batch of a recurrent model (seqexport.runtime.row_buffers): the
     # buffers these arrays are the first rows of.
     rows: object = field(default=None, repr=False, compare=False)
+    # with `rows`: (the set of buffers these arrays lie in, how many times it had been written)
+    rows_mark: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
