@@ -93,7 +93,7 @@ def special_ids(folder: Path, tok: HFTokenizer) -> dict:
                     break
         out[key] = found
     # every eos id of the config that gave the eos, when it lists several (the first is eos_id)
-    listed = next((_ids(c[IDS["eos_id"][0]]) for c in configs if _first_id(c.get(IDS["eos_id"][0])) is not None), [])
+    listed = next((_ids(c["eos_token_id"]) for c in configs if _first_id(c.get("eos_token_id")) is not None), [])
     if len(listed) > 1:
         out["eos_ids"] = listed
     return out

@@ -158,8 +158,8 @@ class BufferedRows:
 
 def _intact(state: State):
     """The row buffers `state` lies in (None: its own arrays); UsageError for a state whose rows
-    have been written since (a step of the batch two steps on, a join or a leave): what it held
-    is gone, and reading it would decode garbage."""
+    have been written since (the batch stepped twice past it, or a leave moved rows under it):
+    what it held is gone, and reading it would decode garbage."""
     buffers = state.rows
     if buffers is not None and not buffers.intact(state):
         raise UsageError("state: the engine's row buffers have moved on past this state (advance consumes "
