@@ -65,10 +65,10 @@ def _json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _first_id(value):
-    """An id, or the first of a list of ids (generation_config may list several eos ids)."""
-    ids = _ids(value)
-    return ids[0] if ids else None
+def _config_ids(configs: list[dict], key: str) -> list[int]:
+    """The ids the first config that has any gives for `key` (generation_config may list
+    several eos ids); [] where none does."""
+    return next((ids for c in configs if (ids := _ids(c.get(key)))), [])
 
 
 def _ids(value) -> list[int]:
@@ -83,7 +83,7 @@ def special_ids(folder: Path, tok: HFTokenizer) -> dict:
     token_maps = [_json(folder / "tokenizer_config.json"), _json(folder / "special_tokens_map.json")]
     out = {}
     for key, (id_key, token_key) in IDS.items():
-        found = next((_first_id(c[id_key]) for c in configs if _first_id(c.get(id_key)) is not None), None)
+        found = next(iter(_config_ids(configs, id_key)), None)
         if found is None and token_key:
             for m in token_maps:
                 token = m.get(token_key)
@@ -92,8 +92,7 @@ def special_ids(folder: Path, tok: HFTokenizer) -> dict:
                     found = tok.token_id(token)
                     break
         out[key] = found
-    # every eos id of the config that gave the eos, when it lists several (the first is eos_id)
-    listed = next((_ids(c["eos_token_id"]) for c in configs if _first_id(c.get("eos_token_id")) is not None), [])
+    listed = _config_ids(configs, "eos_token_id")  # the first is eos_id
     if len(listed) > 1:
         out["eos_ids"] = listed
     return out

@@ -153,6 +153,7 @@ class Generator:
             raise UsageError("Generator does greedy or sampling; use generate(..., num_beams=N) for beam search")
         self.rng = np.random.default_rng(self.options.seed)
         self.eos = eos_for(model, self.options)
+        self._eos_ids = np.array(self.eos, np.int64)  # (k,): compared with each step's picks
         self.state: State | None = None
         self.sequences: list[list[int]] = []
         self._logits = None
@@ -190,7 +191,8 @@ class Generator:
                                 "run `seqexport validate` on this export")
         tokens = pick_tokens(self._logits, self.options, self.rng).astype(np.int64)
         tokens[self._done] = -1
-        ended = np.isin(tokens, self.eos) & ~self._done  # (b,); finished rows' -1 is no eos
+        # (b, k) -> (b,): a comparison, not np.isin (which costs ~10 us a decode step)
+        ended = (tokens[:, None] == self._eos_ids).any(-1) & ~self._done  # finished rows' -1 is no eos
         for i in np.flatnonzero(~self._done & ~ended):
             self.sequences[i].append(int(tokens[i]))
         self._done |= ended

@@ -193,9 +193,13 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
         raise ArtifactError(f"tokenizer record {record!r} is malformed: {e}") from None
 
 
+def _is_token_id(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def _optional_id(record: dict, key: str) -> int | None:
     v = record.get(key)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+    if v is not None and not _is_token_id(v):
         raise ValueError(f"{key} must be a token id (integer >= 0) or null, got {v!r}")
     return v
 
@@ -209,7 +213,7 @@ def _eos_ids(record: dict) -> list[int] | None:
     if not isinstance(listed, list) or not listed:
         raise ValueError(f"eos_ids must be a non-empty list of token ids, got {listed!r}")
     for v in listed:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        if not _is_token_id(v):
             raise ValueError(f"eos_ids must hold token ids (integers >= 0), got {v!r} in {listed}")
     if listed[0] != record.get("eos_id"):
         raise ValueError(f"eos_ids {listed} must start with the eos_id {record.get('eos_id')!r}")
