@@ -13,7 +13,7 @@ import pytest
 
 import seqexport.runtime as rt
 from seqexport.errors import InputError, UsageError
-from seqexport.runtime.engine import Engine, QueueFull, pinning
+from seqexport.runtime.engine import Engine, QueueFull
 from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.state.rows import swap_remove_order
 from seqexport.training.dates import make_split
@@ -624,70 +624,26 @@ def test_a_row_whose_logits_turn_nan_fails_alone(transformer, monkeypatch):
     assert [r.tokens for _, r in rest] == alone(transformer, [p for p, _ in rest], [greedy] * 2)
 
 
-TWO_CPUS = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-                              reason="needs two CPUs this process may use")
-
-
-@TWO_CPUS
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs this process may use")
 def test_pinned_threads_run_on_their_own_cpus_and_give_generate_tokens(transformer):
     """pin_threads: the engine thread on the process's first CPU, the starter on the others
-    (read from the running threads themselves); by default the engine thread on every CPU and
-    the starter on all but the one the engine last stepped on; with starter_apart=False no
-    thread is restricted. Tokens as generate() gives them alone in each; the caller's thread
-    keeps its CPUs."""
+    (read from the running threads themselves); tokens as generate() gives them alone; the
+    caller's thread keeps its CPUs. Without it, no thread is pinned."""
     cpus = sorted(os.sched_getaffinity(0))
     prompts = random_prompts(12, transformer.config["src_vocab_size"], seed=5)
     options = [rt.SearchOptions(max_new_tokens=10, eos_id=-1)] * len(prompts)
-    for how in ("pinned", "apart", "free"):
-        engine = Engine(transformer, max_rows=4, pin_threads=how == "pinned", starter_apart=how == "apart").start()
+    for pin, engine_cpus, starter_cpus in ((True, {cpus[0]}, set(cpus[1:])), (False, set(cpus), set(cpus))):
+        engine = Engine(transformer, max_rows=4, pin_threads=pin).start()
         try:
             reqs = [engine.submit(p, o) for p, o in zip(prompts, options)]
             assert all(r.wait(60) for r in reqs)
-            engine_cpus = {cpus[0]} if how == "pinned" else set(cpus)
-            if how == "apart":
-                assert engine._apart.engine_cpu in cpus  # noted by the engine thread as it stepped
-                starter_cpus = set(cpus) - {engine._apart.engine_cpu}
-            else:
-                starter_cpus = set(cpus[1:]) if how == "pinned" else set(cpus)
             assert os.sched_getaffinity(engine._thread.native_id) == engine_cpus
             assert os.sched_getaffinity(engine._starter.native_id) == starter_cpus
         finally:
             engine.close()
         assert [r.tokens for r in reqs] == alone(transformer, prompts, options)
         assert sorted(os.sched_getaffinity(0)) == cpus
-
-
-def _in_a_thread(fn):
-    out = []
-    thread = threading.Thread(target=lambda: out.append(fn()))
-    thread.start()
-    thread.join()
-    return out[0]
-
-
-@TWO_CPUS
-def test_the_starter_keeps_off_the_cpu_the_engine_thread_says_it_runs_on():
-    """current_cpu() is the CPU the calling thread runs on (a thread held to one CPU reads that
-    one); keep_off() moves the calling thread onto every CPU it could use but the engine's
-    last, again when the engine's CPU changes."""
-    cpus = sorted(os.sched_getaffinity(0))
-
-    def held_to(cpu):
-        os.sched_setaffinity(0, {cpu})
-        return pinning.current_cpu()
-
-    assert [_in_a_thread(lambda c=c: held_to(c)) for c in (cpus[0], cpus[-1])] == [cpus[0], cpus[-1]]
-
-    def moves():
-        apart, seen = pinning.StarterApart(), []
-        for cpu in (cpus[0], cpus[0], cpus[-1]):
-            apart.engine_cpu = cpu
-            apart.keep_off()
-            seen.append(os.sched_getaffinity(0))
-        return seen
-
-    assert _in_a_thread(moves) == [set(cpus) - {cpus[0]}] * 2 + [set(cpus) - {cpus[-1]}]
-    assert sorted(os.sched_getaffinity(0)) == cpus  # the caller's thread untouched
 
 
 def test_serve_refuses_pinned_threads_with_several_replicas(transformer_tiny):

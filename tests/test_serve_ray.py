@@ -288,12 +288,11 @@ def test_engine_options_reach_the_replica_config_and_its_engine(dates, tmp_path)
     path = tmp_path / "serve.yaml"
     result = CliRunner().invoke(cli, ["serve", str(folder), "--config-out", str(path), "--max-rows", "5",
                                       "--max-queue", "7", "--max-prompt-tokens", "100", "--max-state-mb", "1.5",
-                                      "--prefill-chunk", "8", "--start-batch", "2", "--threads", "1",
-                                      "--no-starter-apart"])
+                                      "--prefill-chunk", "8", "--start-batch", "2", "--threads", "1"])
     assert result.exit_code == 0, result.output
     args = yaml.safe_load(path.read_text())["applications"][0]["args"]
     want = dict(max_rows=5, max_queue=7, max_prompt_tokens=100, max_state_bytes=int(1.5 * 2**20), prefill_chunk=8,
-                start_batch=2, starter_apart=False)
+                start_batch=2)
     assert {k: args[k] for k in want} == want
     host = ServingHost(ServeConfig(**{k: v for k, v in args.items() if k in ServeConfig.__dataclass_fields__}))
     try:

@@ -196,8 +196,6 @@ def _http_server(folder, mode: str, max_rows: int, n_requests: int, provider: st
             args += ["--" + name.replace("_", "-"), str(engine_options[name])]
     if engine_options.get("pin_threads"):
         args.append("--pin-threads")
-    if engine_options.get("starter_apart") is False:
-        args.append("--no-starter-apart")
     server = ServerProcess(folder, *args, ready_timeout=180)
     server.start()
     try:

@@ -37,9 +37,6 @@ def engine_options(f):
         click.option("--pin-threads", is_flag=True,
                      help="Keep the engine thread on the first CPU this process may use and the starter thread on "
                           "the others (Linux; one engine a machine: not with several replicas)."),
-        click.option("--starter-apart/--no-starter-apart", default=True, show_default=True,
-                     help="Keep the starter thread off the CPU the engine thread last stepped on, nothing "
-                          "pinned (Linux, two CPUs or more; elsewhere, and with --pin-threads, it does nothing)."),
     ]):
         f = opt(f)
     return f

@@ -56,7 +56,6 @@ class ServeConfig:
     start_batch: int = 4  # waiting requests the starter prefills in one run (Engine; ragged prefill)
     request_timeout: float = 300.0  # seconds from submit to the last token (504 after)
     pin_threads: bool = False  # the engine thread on one CPU, the starter on the others (Engine)
-    starter_apart: bool = True  # the starter off the CPU the engine thread last stepped on (Engine)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,7 +73,7 @@ class ServingHost:
                              max_state_bytes=config.max_state_bytes,
                              max_prompt_tokens=config.max_prompt_tokens, prefill_chunk=config.prefill_chunk,
                              start_batch=config.start_batch, on_round=self.outbox.flush,
-                             pin_threads=config.pin_threads, starter_apart=config.starter_apart).start()
+                             pin_threads=config.pin_threads).start()
         self.metrics = ServerMetrics(self.engine)
         self.name = config.model_name or Path(config.folder).resolve().name
         self.created = int(time.time())

@@ -8,8 +8,7 @@
     batch      RunningBatch, the executor: the running rows and their state, begin / feed /
                one batched step / picks, rows joining and leaving through the model
     starter    Starter, the thread that begins waiting requests beside the batched step
-    pinning    where the engine and starter threads run: the starter off the engine's CPU
-               (the default), or each pinned to CPUs of its own (`pin_threads`)
+    pinning    the engine and starter threads on CPUs of their own (`pin_threads`)
     engine     Engine: the engine thread and the round that ties the queues to the batch
                (expire, leave, admit, decode)
 

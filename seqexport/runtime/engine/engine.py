@@ -11,7 +11,7 @@ from seqexport.errors import UsageError
 from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.engine import scheduler
 from seqexport.runtime.engine.batch import RunningBatch
-from seqexport.runtime.engine.pinning import StarterApart, cannot_pin, pin, thread_cpus
+from seqexport.runtime.engine.pinning import cannot_pin, pin, thread_cpus
 from seqexport.runtime.engine.queues import Queues
 from seqexport.runtime.engine.request import Request, checked_prompt
 from seqexport.runtime.engine.starter import Starter
@@ -24,8 +24,7 @@ class Engine:
     def __init__(self, model: RuntimeModel, max_rows: int = 16, max_queue: int = 256,
                  max_state_bytes: int | None = None, max_prompt_tokens: int | None = None,
                  prefill_chunk: int = 64, start_ahead: int | None = None, start_batch: int = 4,
-                 on_round: Callable[[], None] | None = None, pin_threads: bool = False,
-                 starter_apart: bool = True):
+                 on_round: Callable[[], None] | None = None, pin_threads: bool = False):
         start_ahead = max_rows if start_ahead is None else start_ahead
         for name, v, least in (("max_rows", max_rows, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 0),
                                ("start_ahead", start_ahead, 0), ("start_batch", start_batch, 1)):
@@ -43,12 +42,11 @@ class Engine:
         self.start_batch = start_batch  # requests the starter begins in one prefill run (ragged_prefill)
         # called on the engine thread after each round's events (a server hands them on at once)
         self.on_round = on_round
-        # the engine thread on the first CPU this process may use, the starter on the others; else
-        # (by default, where it can be had) the starter off the engine thread's last CPU: `pinning`
-        self.pin_threads, self.starter_apart = pin_threads, starter_apart
-        self._apart: StarterApart | None = None
+        # the engine thread on the first CPU this process may use, the starter on the others
+        # (`start`): see `pinning.thread_cpus`
+        self.pin_threads = pin_threads
         self.batch = RunningBatch(model, max_rows, prefill_chunk)
-        self.batch.before_run = self._before_step
+        self.batch.before_run = self._hand_off  # the batched step lets the GIL go: wake others then
         self._limits = scheduler.Limits(max_rows, max_state_bytes, model.continuous_batching)
         self._queues = Queues(max_queue)
         # threads to wake at the next hand-off (`_hand_off`): finished requests' `done` events,
@@ -137,10 +135,7 @@ class Engine:
                                             daemon=True)
             self._thread.start()
             if self.start_ahead and self.model.continuous_batching and self.prefill_chunk:
-                apart = self.starter_apart and not self.pin_threads and StarterApart.possible()
-                self._apart = StarterApart() if apart else None
-                self._starter = Starter(self.model, self._queues, self.start_ahead, self.start_batch, starter_cpus,
-                                        self._apart)
+                self._starter = Starter(self.model, self._queues, self.start_ahead, self.start_batch, starter_cpus)
                 self._starter.start()
         return self
 
@@ -153,7 +148,7 @@ class Engine:
         for thread in (self._thread, self._starter):
             if thread is not None:
                 thread.join()
-        self._thread = self._starter = self._apart = None
+        self._thread = self._starter = None
         for req in [*self.batch.requests(), *q.drain()]:
             req.finish("cancelled")
         self._hand_off()
@@ -181,12 +176,6 @@ class Engine:
         before the next batched step, which lets the GIL go, so the woken clients' Python runs
         beside that step rather than against this thread's joins, leaves and picks.)"""
         self._round()
-        self._hand_off()
-
-    def _before_step(self) -> None:
-        """Just before a batched step (it lets the GIL go): note our CPU for the starter; wake others."""
-        if self._apart is not None:
-            self._apart.note_engine()
         self._hand_off()
 
     def _hand_off(self) -> None:

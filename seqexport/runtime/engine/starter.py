@@ -5,7 +5,7 @@ import threading
 
 from seqexport.runtime.base import RuntimeModel
 from seqexport.runtime.engine import scheduler
-from seqexport.runtime.engine.pinning import StarterApart, pin
+from seqexport.runtime.engine.pinning import pin
 from seqexport.runtime.engine.queues import Queues
 from seqexport.runtime.engine.request import Begun, Request
 
@@ -14,11 +14,10 @@ class Starter(threading.Thread):
     """`begin_rows` (a graph: a transformer's encoder) or else `begin` (the prompt's prefill
     and first logits) for waiting requests, at most `start_ahead` ready at once; up to
     `start_batch` of them in one `begin` when the model prefills rows of unequal length
-    together (`ragged_prefill`). Runs until the queues are stopping. With `apart`, each begin
-    runs off the CPU the engine thread last stepped on."""
+    together (`ragged_prefill`). Runs until the queues are stopping."""
 
     def __init__(self, model: RuntimeModel, queues: Queues, start_ahead: int, start_batch: int,
-                 cpus: set[int] | None, apart: StarterApart | None = None):
+                 cpus: set[int] | None):
         super().__init__(name="seqexport-starter", daemon=True)
         self.model = model
         self.queues = queues
@@ -26,7 +25,6 @@ class Starter(threading.Thread):
         self.prefills = not model.begin_rows_runs_a_graph
         self.group_size = start_batch if self.prefills and model.ragged_prefill else 1  # requests a begin() takes
         self.cpus = cpus
-        self.apart = apart
 
     def run(self) -> None:
         pin(self.cpus)
@@ -42,8 +40,6 @@ class Starter(threading.Thread):
                 while len(group) < room and q.waiting and scheduler.pads_little(group, q.waiting[0]):
                     group.append(q.waiting.popleft())
                 q.held = group
-            if self.apart is not None:
-                self.apart.keep_off()
             results = self.begin([r for r in group if not r.finished])
             with q.cond:
                 q.held = []
