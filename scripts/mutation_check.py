@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 218 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 220 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -869,6 +869,13 @@ FAULTS = (
           "seqexport/runtime/row_buffers.py",
           "        self.written[self.current ^ 1] += 1\n", "",
           ("tests/test_engine.py::test_a_state_whose_rows_were_written_since_is_refused_not_read",)),
+    Fault("M229", "tokenizer record: eos_ids a byte (or RWKV World) tokenizer would ignore let through",
+          "seqexport/runtime/tokenizer.py",
+          "        if listed is not None and tuple(listed) != tuple(tok.eos_ids):\n", "        if False:\n",
+          ("tests/test_manifest_schema.py::test_a_byte_tokenizer_record_it_would_misread_is_refused",)),
+    Fault("M230", "byte tokenizer record: its ids read through int() (an eos_id of 2.7 taken as 2)",
+          "seqexport/runtime/tokenizer.py", "tok = cls(**{k: _token_id(d, k) for k", "tok = cls(**{k: int(d[k]) for k",
+          ("tests/test_manifest_schema.py::test_a_byte_tokenizer_record_it_would_misread_is_refused",)),
 )
 
 

@@ -61,6 +61,18 @@ def _append_to_nowhere(m):
     m["graphs"]["decoder"]["appends"][0][1] = "past_key_values.99.decoder.key"
 
 
+def _byte_eos_ids(m):
+    m["tokenizer"]["eos_ids"] = [m["tokenizer"]["eos_id"], 5]  # a byte tokenizer has one eos
+
+
+def _byte_eos_ids_malformed(m):
+    m["tokenizer"]["eos_ids"] = [m["tokenizer"]["eos_id"], "x"]
+
+
+def _byte_eos_id_fraction(m):
+    m["tokenizer"]["eos_id"] = 2.7
+
+
 CASES = {
     "missing sha256": (_drop_sha, "'graphs.decoder.sha256' is missing; expected 64 lowercase hex digits"),
     "graphs as a list": (_graphs_as_list, "'graphs' is [{"),
@@ -97,6 +109,32 @@ def test_malformed_manifest_is_refused_naming_the_field(transformer_tiny, tmp_pa
         assert result.exit_code == 2, result.output
         assert result.output.count("\n") == 1 and result.output.startswith("error: "), result.output
         assert "Traceback" not in result.output
+
+
+BYTE_RECORDS = {
+    "eos_ids beyond its eos": (_byte_eos_ids, "eos_ids [2, 5]: a 'byte' tokenizer ends a text at (2,) only"),
+    "eos_ids malformed": (_byte_eos_ids_malformed, "eos_ids must hold token ids (integers >= 0), got 'x'"),
+    "eos_id a fraction": (_byte_eos_id_fraction, "eos_id must be a token id (integer >= 0), got 2.7"),
+}
+
+
+@pytest.mark.parametrize("case", list(BYTE_RECORDS))
+def test_a_byte_tokenizer_record_it_would_misread_is_refused(bundled_exports, tmp_path, case):
+    """A byte tokenizer keeps one eos: an `eos_ids` listing more (or malformed) was loaded and
+    ignored, a decode running on past the ids the record names; an eos_id of 2.7 was read as 2.
+    Now each is one line naming the field, from the runtime and the CLI (exit 2)."""
+    edit, message = BYTE_RECORDS[case]
+    folder = tmp_path / "a"
+    shutil.copytree(bundled_exports("transformer")[1], folder)
+    path = folder / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+    with pytest.raises(ArtifactError) as err:
+        rt.load(folder, verify=False)
+    assert message in str(err.value)
+    result = CliRunner().invoke(cli, ["generate", str(folder), "--text", "5 March 2021"])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
 
 
 def test_a_file_leading_outside_the_folder_or_a_weight_past_the_file_is_refused(transformer_tiny, tmp_path):

@@ -104,7 +104,7 @@ class ByteTokenizer:
         if not isinstance(d, dict) or d.get("type") != "byte":
             found = d.get("type") if isinstance(d, dict) else type(d).__name__
             raise ValueError(f"unknown tokenizer type {found!r}; expected 'byte'")
-        tok = cls(**{k: int(d[k]) for k in ("pad_id", "bos_id", "eos_id", "offset") if k in d})
+        tok = cls(**{k: _token_id(d, k) for k in ("pad_id", "bos_id", "eos_id", "offset") if k in d})
         if "vocab_size" in d and int(d["vocab_size"]) != tok.vocab_size:
             raise ValueError(
                 f"tokenizer vocab_size {d['vocab_size']!r} does not match offset {tok.offset} + 256"
@@ -181,20 +181,37 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
         known = [*TYPES, *(t for f in families.REGISTRY.values() for t in f.tokenizer_types)]
         raise ArtifactError(f"unknown tokenizer type {found!r}; expected one of {known}")
     try:
-        if record["type"] == "byte":
-            return ByteTokenizer.from_dict(record)
-        if folder is None:
-            raise ArtifactError(f"a {record['type']!r} tokenizer record needs the folder holding its file")
-        if owner is not None:
-            return owner.part("tokenizer").from_record(record, folder)
-        ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
-        return HFTokenizer(Path(folder) / record["file"], file=record["file"], eos_ids=_eos_ids(record), **ids)
+        tok = _from_record(record, owner, folder)
+        listed = _eos_ids(record)
+        # (a byte or RWKV World tokenizer keeps one eos: more listed would be ignored, not stopped at)
+        if listed is not None and tuple(listed) != tuple(tok.eos_ids):
+            raise ValueError(f"eos_ids {listed}: a {record['type']!r} tokenizer ends a text at {tuple(tok.eos_ids)} "
+                             "only; give the others with --eos-id (SearchOptions(eos_id=...))")
+        return tok
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"tokenizer record {record!r} is malformed: {e}") from None
 
 
+def _from_record(record: dict, owner, folder) -> "Tokenizer":
+    if record["type"] == "byte":
+        return ByteTokenizer.from_dict(record)
+    if folder is None:
+        raise ArtifactError(f"a {record['type']!r} tokenizer record needs the folder holding its file")
+    if owner is not None:
+        return owner.part("tokenizer").from_record(record, folder)
+    ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
+    return HFTokenizer(Path(folder) / record["file"], file=record["file"], eos_ids=_eos_ids(record), **ids)
+
+
 def _is_token_id(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _token_id(record: dict, key: str) -> int:
+    v = record[key]
+    if not _is_token_id(v):
+        raise ValueError(f"{key} must be a token id (integer >= 0), got {v!r}")
+    return v
 
 
 def _optional_id(record: dict, key: str) -> int | None:
