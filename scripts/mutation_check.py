@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 220 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 221 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -876,6 +876,11 @@ FAULTS = (
     Fault("M230", "byte tokenizer record: its ids read through int() (an eos_id of 2.7 taken as 2)",
           "seqexport/runtime/tokenizer.py", "tok = cls(**{k: _token_id(d, k) for k", "tok = cls(**{k: int(d[k]) for k",
           ("tests/test_manifest_schema.py::test_a_byte_tokenizer_record_it_would_misread_is_refused",)),
+    Fault("M231", "RWKV World tokenizer record: an eos_id that is no token id kept (a decode never stops)",
+          "seqexport/families/rwkv/tokenizer.py",
+          "        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab):\n",
+          "        if False:\n",
+          ("tests/test_rwkv_tokenizer.py::test_a_record_the_runtime_would_misread_is_refused_naming_the_field",)),
 )
 
 

@@ -4,6 +4,7 @@ through the runtime's tokenizer interface (the record an export writes, streamin
 import pytest
 
 from seqexport import families
+from seqexport.errors import ArtifactError
 from seqexport.families.rwkv.tokenizer import RwkvWorldTokenizer
 from seqexport.runtime.tokenizer import TextStream, load_tokenizer
 
@@ -53,3 +54,20 @@ def test_record_loads_through_the_runtime_interface_and_streams(toks, tmp_path):
     stream = TextStream(tok)
     pieces = [stream.push(i) for i in tok.encode(text)]
     assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("eos_id", "0", "eos_id must be a token id in [0, 65536) or null, got '0'"),
+    ("eos_id", 65536, "eos_id must be a token id in [0, 65536) or null, got 65536"),
+    ("vocab_size", 65536.5, "vocab_size must be an integer >= 1, got 65536.5"),
+    ("eos_ids", [0, 7], "eos_ids [0, 7]: a 'rwkv' tokenizer ends a text at (0,) only"),
+])
+def test_a_record_the_runtime_would_misread_is_refused_naming_the_field(toks, tmp_path, field, value, message):
+    """An eos_id of "0" was kept as a string that no token equals (a decode never stopped), a
+    fractional vocab_size cut to an integer, an eos_ids beyond the one eos ignored."""
+    _, _, vocab = toks
+    record = {k: v for k, v in families.get("rwkv").default_tokenizer({"vocab_size": 65536}).items() if k != "source"}
+    (tmp_path / record["file"]).write_bytes(vocab.read_bytes())
+    with pytest.raises(ArtifactError) as err:
+        load_tokenizer(record | {field: value}, tmp_path)
+    assert message in str(err.value)

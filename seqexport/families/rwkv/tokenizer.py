@@ -92,8 +92,15 @@ class RwkvWorldTokenizer:
 
     @classmethod
     def from_record(cls, record: dict, folder: str | Path) -> "RwkvWorldTokenizer":
+        """ValueError for a vocab_size or eos_id that is not a whole number in range (a string
+        eos_id was kept and never matched a token: a decode that never stopped)."""
+        vocab, eos = record["vocab_size"], record.get("eos_id")
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise ValueError(f"vocab_size must be an integer >= 1, got {vocab!r}")
+        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab):
+            raise ValueError(f"eos_id must be a token id in [0, {vocab}) or null, got {eos!r}")
         try:
-            return cls(Path(folder) / record["file"], int(record["vocab_size"]), record.get("eos_id"), record["file"])
+            return cls(Path(folder) / record["file"], vocab, eos, record["file"])
         except OSError as e:
             raise ArtifactError(f"cannot read the RWKV vocabulary {e.filename}: {e.strerror}") from None
 
