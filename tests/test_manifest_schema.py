@@ -89,18 +89,23 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_malformed_manifest_is_refused_naming_the_field(transformer_tiny, tmp_path, case):
-    edit, message = CASES[case]
-    folder = tmp_path / "a"
-    shutil.copytree(transformer_tiny[1], folder)
-    path = folder / "manifest.json"
+def _edited_copy(source, dest, edit, message):
+    """A copy of the `source` export with its manifest passed through `edit`; loading it must
+    raise an ArtifactError holding `message`."""
+    shutil.copytree(source, dest)
+    path = dest / "manifest.json"
     m = json.loads(path.read_text())
     edit(m)
     path.write_text(json.dumps(m))
     with pytest.raises(ArtifactError) as err:
-        rt.load(folder, verify=False)
+        rt.load(dest, verify=False)
     assert message in str(err.value)
+    return dest
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_manifest_is_refused_naming_the_field(transformer_tiny, tmp_path, case):
+    folder = _edited_copy(transformer_tiny[1], tmp_path / "a", *CASES[case])
     commands = [["generate", str(folder), "--ids", "5 6"]]
     if case != "unknown tokenizer":  # inspect shows the record; loading the tokenizer refuses it
         commands.append(["inspect", str(folder)])
@@ -124,15 +129,7 @@ def test_a_byte_tokenizer_record_it_would_misread_is_refused(bundled_exports, tm
     ignored, a decode running on past the ids the record names; an eos_id of 2.7 was read as 2.
     Now each is one line naming the field, from the runtime and the CLI (exit 2)."""
     edit, message = BYTE_RECORDS[case]
-    folder = tmp_path / "a"
-    shutil.copytree(bundled_exports("transformer")[1], folder)
-    path = folder / "manifest.json"
-    m = json.loads(path.read_text())
-    edit(m)
-    path.write_text(json.dumps(m))
-    with pytest.raises(ArtifactError) as err:
-        rt.load(folder, verify=False)
-    assert message in str(err.value)
+    folder = _edited_copy(bundled_exports("transformer")[1], tmp_path / "a", edit, message)
     result = CliRunner().invoke(cli, ["generate", str(folder), "--text", "5 March 2021"])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
 
