@@ -105,7 +105,7 @@ class ByteTokenizer:
             found = d.get("type") if isinstance(d, dict) else type(d).__name__
             raise ValueError(f"unknown tokenizer type {found!r}; expected 'byte'")
         tok = cls(**{k: _token_id(d, k) for k in ("pad_id", "bos_id", "eos_id", "offset") if k in d})
-        if "vocab_size" in d and int(d["vocab_size"]) != tok.vocab_size:
+        if "vocab_size" in d and _token_id(d, "vocab_size") != tok.vocab_size:
             raise ValueError(
                 f"tokenizer vocab_size {d['vocab_size']!r} does not match offset {tok.offset} + 256"
             )
@@ -181,8 +181,8 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
         known = [*TYPES, *(t for f in families.REGISTRY.values() for t in f.tokenizer_types)]
         raise ArtifactError(f"unknown tokenizer type {found!r}; expected one of {known}")
     try:
-        tok = _from_record(record, owner, folder)
         listed = _eos_ids(record)
+        tok = _from_record(record, owner, folder, listed)
         # (a byte or RWKV World tokenizer keeps one eos: more listed would be ignored, not stopped at)
         if listed is not None and tuple(listed) != tuple(tok.eos_ids):
             raise ValueError(f"eos_ids {listed}: a {record['type']!r} tokenizer ends a text at {tuple(tok.eos_ids)} "
@@ -192,7 +192,7 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
         raise ArtifactError(f"tokenizer record {record!r} is malformed: {e}") from None
 
 
-def _from_record(record: dict, owner, folder) -> "Tokenizer":
+def _from_record(record: dict, owner, folder, eos_ids: list[int] | None) -> "Tokenizer":
     if record["type"] == "byte":
         return ByteTokenizer.from_dict(record)
     if folder is None:
@@ -200,7 +200,7 @@ def _from_record(record: dict, owner, folder) -> "Tokenizer":
     if owner is not None:
         return owner.part("tokenizer").from_record(record, folder)
     ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
-    return HFTokenizer(Path(folder) / record["file"], file=record["file"], eos_ids=_eos_ids(record), **ids)
+    return HFTokenizer(Path(folder) / record["file"], file=record["file"], eos_ids=eos_ids, **ids)
 
 
 def _is_token_id(v) -> bool:
