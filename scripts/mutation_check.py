@@ -878,7 +878,7 @@ FAULTS = (
           ("tests/test_manifest_schema.py::test_a_byte_tokenizer_record_it_would_misread_is_refused",)),
     Fault("M231", "RWKV World tokenizer record: an eos_id that is no token id kept (a decode never stops)",
           "seqexport/families/rwkv/tokenizer.py",
-          "        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab):\n",
+          "        if eos is not None and not (is_token_id(eos) and eos < vocab):\n",
           "        if False:\n",
           ("tests/test_rwkv_tokenizer.py::test_a_record_the_runtime_would_misread_is_refused_naming_the_field",)),
 )

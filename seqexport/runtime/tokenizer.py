@@ -203,20 +203,21 @@ def _from_record(record: dict, owner, folder, eos_ids: list[int] | None) -> "Tok
     return HFTokenizer(Path(folder) / record["file"], file=record["file"], eos_ids=eos_ids, **ids)
 
 
-def _is_token_id(v) -> bool:
+def is_token_id(v) -> bool:
+    """An integer >= 0 (not a bool, a float or a string): what a record's token ids must be."""
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _token_id(record: dict, key: str) -> int:
     v = record[key]
-    if not _is_token_id(v):
+    if not is_token_id(v):
         raise ValueError(f"{key} must be a token id (integer >= 0), got {v!r}")
     return v
 
 
 def _optional_id(record: dict, key: str) -> int | None:
     v = record.get(key)
-    if v is not None and not _is_token_id(v):
+    if v is not None and not is_token_id(v):
         raise ValueError(f"{key} must be a token id (integer >= 0) or null, got {v!r}")
     return v
 
@@ -230,7 +231,7 @@ def _eos_ids(record: dict) -> list[int] | None:
     if not isinstance(listed, list) or not listed:
         raise ValueError(f"eos_ids must be a non-empty list of token ids, got {listed!r}")
     for v in listed:
-        if not _is_token_id(v):
+        if not is_token_id(v):
             raise ValueError(f"eos_ids must hold token ids (integers >= 0), got {v!r} in {listed}")
     if listed[0] != record.get("eos_id"):
         raise ValueError(f"eos_ids {listed} must start with the eos_id {record.get('eos_id')!r}")

@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 from seqexport.errors import ArtifactError
+from seqexport.runtime.tokenizer import is_token_id
 
 VOCAB_SIZE = 65536  # the models' embedding rows (ids above the vocabulary's are never made)
 EOS_ID = 0
@@ -95,9 +96,9 @@ class RwkvWorldTokenizer:
         """ValueError for a vocab_size or eos_id that is not a whole number in range (a string
         eos_id was kept and never matched a token: a decode that never stopped)."""
         vocab, eos = record["vocab_size"], record.get("eos_id")
-        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        if not is_token_id(vocab) or vocab < 1:
             raise ValueError(f"vocab_size must be an integer >= 1, got {vocab!r}")
-        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < vocab):
+        if eos is not None and not (is_token_id(eos) and eos < vocab):
             raise ValueError(f"eos_id must be a token id in [0, {vocab}) or null, got {eos!r}")
         try:
             return cls(Path(folder) / record["file"], vocab, eos, record["file"])
