@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 221 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 224 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -881,6 +881,16 @@ FAULTS = (
           "        if eos is not None and not (is_token_id(eos) and eos < vocab):\n",
           "        if False:\n",
           ("tests/test_rwkv_tokenizer.py::test_a_record_the_runtime_would_misread_is_refused_naming_the_field",)),
+    Fault("M232", "an eos_id past the vocabulary taken (a decode that never stops, silently)",
+          "seqexport/runtime/generate.py", "            if e >= model.vocab_size:\n", "            if False:\n",
+          ("tests/test_reliability.py::test_an_eos_id_the_model_cannot_pick_is_refused_by_every_decoder",)),
+    Fault("M233", "browser runtime: an eosId past the vocabulary taken (a decode that never stops)",
+          "seqexport/web/static/seqexport.mjs", "const unpickable = o.eosIds.find((id) => id >= this.vocabSize);",
+          "const unpickable = undefined;",
+          ("tests/test_web.py::test_the_pages_model_stops_at_any_of_several_eos_ids_as_the_python_runtime",)),
+    Fault("M234", "generate --ids past the vocabulary named by the graph's input, not the option",
+          "seqexport/cli/generate.py", "            if x >= vocab_size:\n", "            if False:\n",
+          ("tests/test_reliability.py::test_cli_generate_input_errors",)),
 )
 
 

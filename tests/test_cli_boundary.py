@@ -61,7 +61,7 @@ def test_generate_beams_and_eos_id_reach_the_search(transformer_tiny):
     assert beam != greedy  # a search that fell back to greedy would print greedy's rows
     args = [a for p in prompts for a in ("--ids", " ".join(map(str, p)))]
     result = CliRunner().invoke(cli, ["generate", str(folder), *args, "--beams", "3", "--max-new-tokens", "8",
-                                      "--eos-id", "99999"])
+                                      "--eos-id", "-1"])
     assert result.exit_code == 0, result.output
     assert [list(map(int, line.split())) for line in result.stdout.splitlines()] == beam
     stop = greedy[0][3]  # a token greedy decoding gives the first prompt
@@ -86,6 +86,6 @@ def test_generate_sampling_flags_reach_the_search(transformer_tiny):
     args = [a for p in prompts for a in ("--ids", " ".join(map(str, p)))]
     args += [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     result = CliRunner().invoke(cli, ["generate", str(folder), *args, "--sample", "--max-new-tokens", "10",
-                                      "--eos-id", "99999"])
+                                      "--eos-id", "-1"])
     assert result.exit_code == 0, result.output
     assert [list(map(int, line.split())) for line in result.stdout.splitlines()] == want

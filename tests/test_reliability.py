@@ -123,6 +123,24 @@ def test_token_ids_at_the_vocabulary_bounds_are_refused_in_short_and_long_rows(t
             assert np.isfinite(logits).all()
 
 
+def test_an_eos_id_the_model_cannot_pick_is_refused_by_every_decoder(tf, mb):
+    """An eos id at or past the vocabulary could never end a row (the decode would run to
+    max_new_tokens, silently): generate(), beam search and the engine refuse it by name;
+    -1 (never) and the last id are taken."""
+    for model, prompt in ((tf, [5, 6, 7]), (mb, [1, 2])):
+        v = model.vocab_size
+        for eos in (v, (3, v + 5)):
+            bad = v if eos == v else v + 5
+            message = rf"eos_id {bad} is not a token id of this model: expected -1 \(never\) or an id in \[0, {v}\)"
+            for beams in (1, 2):
+                with pytest.raises(UsageError, match=message):
+                    rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=2, eos_id=eos, num_beams=beams))
+            with pytest.raises(UsageError, match=message):  # refused before it queues: no start needed
+                rt.Engine(model, max_rows=2).submit(prompt, rt.SearchOptions(max_new_tokens=2, eos_id=eos))
+        for eos in (-1, v - 1):
+            assert len(rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=2, eos_id=eos))[0]) <= 2
+
+
 def test_messages_name_input_given_and_expected(tf, mb):
     state = tf.start(np.array([[5, 6, 7]]))
     with pytest.raises(InputError, match=r"token id 150 at \[0, 0\] is outside \[0, 100\)"):
@@ -344,8 +362,16 @@ def test_cli_errors_are_one_line_exit_2(args, message):
 
 def test_cli_generate_input_errors(transformer_tiny):
     folder = str(transformer_tiny[1])
-    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 2 999"])
-    assert result.exit_code == 2 and "token id 999 at [0, 2] is outside [0, 100)" in result.output
+    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 2", "--ids", "1 2 999"])
+    assert result.exit_code == 2 and "--ids #2: token id 999 is outside this model's vocabulary [0, 100)" in result.output
+    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 -2"])
+    assert result.exit_code == 2 and "token id -2 is negative" in result.output
+    # an eos the model cannot pick would never end a row: refused, -1 (never) kept
+    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 2", "--eos-id", "100"])
+    assert result.exit_code == 2 and "eos_id 100 is not a token id of this model" in result.output, result.output
+    result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 2", "--eos-id", "99", "--eos-id", "-1",
+                                      "--max-new-tokens", "3"])
+    assert result.exit_code == 0, result.output
     result = CliRunner().invoke(cli, ["generate", folder, "--text", "hello"])
     assert result.exit_code == 2 and "has no tokenizer" in result.output
     result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 x"])

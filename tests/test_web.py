@@ -163,6 +163,10 @@ def test_the_pages_model_stops_at_any_of_several_eos_ids_as_the_python_runtime(p
     assert want == free[:k]
     assert browser.open_page(driver, url, family) == "ready"
     assert driver.execute_async_script(EOS_LIST, ids, eos_ids, MAX_NEW) == want
+    # an eos the model cannot pick would never end a row: refused by name, as eos_for() refuses it
+    v = model.vocab_size
+    got = driver.execute_async_script(EOS_LIST, ids, [eos_ids[0], v], MAX_NEW)
+    assert f"eosId {v} is not a token id of this model: expected -1 (never) or an id in [0, {v})" in got["error"]
 
 
 def test_bad_input_shows_a_message_and_the_page_keeps_working(page):

@@ -24,8 +24,8 @@ from seqexport.errors import UsageError
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
 @click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
               help="Beam search width (every family; 1: greedy).")
-@click.option("--eos-id", type=click.IntRange(min=0), multiple=True,
-              help="Stop a row at this token (repeat for several) [the tokenizer's eos ids].")
+@click.option("--eos-id", type=click.IntRange(min=-1), multiple=True,
+              help="Stop a row at this token (repeat for several; -1: never) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
 def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id, provider):
@@ -47,7 +47,17 @@ def parse_ids(s: str) -> list[int]:
         raise UsageError(f"--ids {s!r}: expected integers separated by spaces") from None
     if not ids:
         raise UsageError(f"--ids {s!r}: expected at least one token id")
+    if min(ids) < 0:
+        raise UsageError(f"--ids {s!r}: token id {min(ids)} is negative; expected ids >= 0")
     return ids
+
+
+def _check_in_vocabulary(prompts: list[list[int]], vocab_size: int) -> None:
+    """--ids beyond the model's vocabulary, named by the option (the graph would name its input)."""
+    for i, row in enumerate(prompts):
+        for x in row:
+            if x >= vocab_size:
+                raise UsageError(f"--ids #{i + 1}: token id {x} is outside this model's vocabulary [0, {vocab_size})")
 
 
 def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **search) -> list[list[int]]:
@@ -62,6 +72,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
     from seqexport.runtime.models import load
 
     options = SearchOptions(**search)  # checked before the model loads
+    prompts = [parse_ids(s) for s in ids]
     model = load(folder, provider=provider)
     if log:
         log(f"{model.family} from {folder} on {model.provider}")
@@ -71,7 +82,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
             raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
         prompts = [model.encode(t) for t in texts]
     else:
-        prompts = [parse_ids(s) for s in ids]
+        _check_in_vocabulary(prompts, model.vocab_size)
     # rows already end where generation stopped them (eos excluded; --eos-id may differ)
     show = (lambda seq: tok.decode(seq, stop_at_eos=False)) if tok else (lambda seq: " ".join(map(str, seq)))
     if len(prompts) == 1 and options.num_beams == 1:

@@ -86,7 +86,12 @@ def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
     """The tokens that end a row: the options' eos_id(s), else the tokenizer's eos_ids (a
     checkpoint may list several, e.g. end of text and end of turn); () for none."""
     if options.eos_id is not None:
-        return options.eos_id if isinstance(options.eos_id, tuple) else (options.eos_id,)
+        eos = options.eos_id if isinstance(options.eos_id, tuple) else (options.eos_id,)
+        for e in eos:  # an id the model cannot pick would never end a row: a decode to max_new_tokens
+            if e >= model.vocab_size:
+                raise UsageError(f"eos_id {e} is not a token id of this model: expected -1 (never) "
+                                 f"or an id in [0, {model.vocab_size})")
+        return eos
     return tuple(model.tokenizer.eos_ids) if model.tokenizer else ()
 
 

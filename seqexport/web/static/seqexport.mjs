@@ -356,6 +356,10 @@ export class Model {
    */
   async *generate(promptIds, options = {}) {
     const o = searchOptions(options, this.tokenizer);
+    // an eos the model cannot pick would never end a row (as eos_for() refuses it)
+    const unpickable = o.eosIds.find((id) => id >= this.vocabSize);
+    if (unpickable !== undefined)
+      throw new ModelError(`eosId ${unpickable} is not a token id of this model: expected -1 (never) or an id in [0, ${this.vocabSize})`);
     if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
     const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
