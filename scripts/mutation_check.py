@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 224 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 225 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -891,6 +891,10 @@ FAULTS = (
     Fault("M234", "generate --ids past the vocabulary named by the graph's input, not the option",
           "seqexport/cli/generate.py", "            if x >= vocab_size:\n", "            if False:\n",
           ("tests/test_reliability.py::test_cli_generate_input_errors",)),
+    Fault("M235", "serve --no-ray: a port in use left to uvicorn (\"serving ... on\", its log line, exit 3)",
+          "seqexport/serve/run.py", "        raise _bind_error(host, port, e) from None\n\n\ndef _bind_error",
+          "        raise\n\n\ndef _bind_error",
+          ("tests/test_serve.py::test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_exit_2_before_serving",)),
 )
 
 

@@ -286,3 +286,21 @@ def test_hybrid_rows_joining_and_leaving_get_their_generate_tokens(bundled_expor
     for case, answer in zip(todo, answers):
         expect = reference(model, case["ids"], case["max_tokens"], case["ignore_eos"], case["seed"], case["temperature"])
         assert answer.choices[0].model_extra["token_ids"] == expect, case
+
+
+@pytest.mark.parametrize("how", [["--no-ray"], []], ids=["no-ray", "ray"])
+def test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_exit_2_before_serving(dates, how):
+    """Before: `--no-ray` printed "serving ... on" and then uvicorn's own log line, exit 3."""
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host, why in (("127.0.0.1", "Address already in use"), ("no-such-host.invalid", "not known")):
+            run = subprocess.run([sys.executable, "-m", "seqexport.cli", "serve", str(dates[0]), *how,
+                                  "--host", host, "--port", str(port)], capture_output=True, text=True, timeout=120)
+            assert run.returncode == 2, run.stderr
+            assert run.stderr.startswith(f"error: --host {host} --port {port}: ") and why.lower() in run.stderr.lower(), run.stderr
+            assert run.stderr.count("\n") == 1 and not run.stdout, run.stderr  # nothing said about serving

@@ -16,13 +16,38 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
 
     from seqexport.serve.app import ServingHost, build_app
 
-    serving = ServingHost(config, manifest)  # the manifest `serve` checked: its files are hashed once
+    sock = _listening(host, port)  # before the model loads: a port in use fails at once, in one line
     try:
-        log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
-            f"on http://{host}:{port} (no Ray)")
-        uvicorn.run(build_app(serving), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        serving = ServingHost(config, manifest)  # the manifest `serve` checked: its files are hashed once
+        try:
+            log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
+                f"on http://{host}:{port} (no Ray)")
+            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning",
+                                                   timeout_graceful_shutdown=5))
+            try:
+                server.run(sockets=[sock])
+            except KeyboardInterrupt:  # uvicorn raises the signal it shut down on again, as uvicorn.run
+                pass
+        finally:
+            serving.close()
     finally:
-        serving.close()
+        sock.close()
+
+
+def _listening(host: str, port: int):
+    """A socket listening on host:port, or UsageError naming them (a port in use, a host that
+    does not resolve) instead of uvicorn's log line and exit 3 after "serving … on"."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        raise _bind_error(host, port, e) from None
+
+
+def _bind_error(host: str, port: int, e: OSError) -> UsageError:
+    return UsageError(f"--host {host} --port {port}: {e.strerror or e}")
 
 
 # The embedded default's Ray, set in its environment before Ray is imported (its processes
@@ -93,4 +118,4 @@ def _front(host: str, port: int):
         return Front(folder, host, port).start()
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
-        raise UsageError(f"--host {host} --port {port}: {e.strerror or e}") from None
+        raise _bind_error(host, port, e) from None
