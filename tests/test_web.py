@@ -435,6 +435,20 @@ def test_site_build_refuses_bad_input_and_writes_nothing_half(site, tmp_path):
     result = run(altered, "--out", tmp_path / "s2")
     assert result.exit_code == 2 and "altered" in result.output and not (tmp_path / "s2").exists()
 
+    # an example the page would refuse when clicked (empty, or past the prompt limit) is refused here
+    model = rt.load(some, provider="cpu")
+    long = "5 March 2021 " * 4
+    n = len(model.encode(long))
+    for example, message in ((" ", "--example #2 is empty"),
+                             (long, f"--example #2 {long!r} is {n} tokens for {some.name}; its page takes at most {n - 1}")):
+        result = run(some, "--out", tmp_path / "s3", "--max-prompt-tokens", n - 1, "--example", "5 March 2021",
+                     "--example", example)
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert not (tmp_path / "s3").exists()
+    result = run(some, "--out", tmp_path / "s3", "--max-prompt-tokens", n, "--example", long, "--no-webgpu")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "s3" / "site.json").read_text())["models"][0]["examples"] == [long]
+
     (tmp_path / "empty").mkdir()  # an empty folder is written into; a site is replaced with --overwrite
     result = run(some, "--out", tmp_path / "empty", "--no-webgpu")
     assert result.exit_code == 0, result.output

@@ -121,19 +121,32 @@ def describe_model(folder: Path, name: str, max_prompt_tokens: int, examples) ->
     model = load(folder, provider="cpu", verify=False, manifest=manifest)  # the graphs load in ORT
     limit = model.max_new_tokens_limit
     files = export_files(folder, manifest)
+    # a positional table bounds the prompt too (a transformer's source, an LM's context)
+    prompt_limit = min(max_prompt_tokens, limit) if limit else max_prompt_tokens
     record = {
         "name": name,
         "family": manifest["family"],
         "path": f"models/{name}/",
         "prompt_frame": model.prompt_frame,
-        # a positional table bounds the prompt too (a transformer's source, an LM's context)
-        "max_prompt_tokens": min(max_prompt_tokens, limit) if limit else max_prompt_tokens,
+        "max_prompt_tokens": prompt_limit,
         "max_new_tokens_limit": limit,
         "tokenizer": (manifest.get("tokenizer") or {}).get("type"),
         "bytes": sum((folder / f).stat().st_size for f in files),
-        "examples": list(examples),
+        "examples": _checked_examples(model, name, examples, prompt_limit),
     }
     return record, files
+
+
+def _checked_examples(model, name: str, examples, max_prompt_tokens: int) -> list[str]:
+    """The --example prompts, each one the page will take: not empty, and (where the model has
+    a tokenizer) no longer than its prompt limit; UsageError naming the first that is not."""
+    for i, text in enumerate(examples, 1):
+        if not text.strip():
+            raise UsageError(f"--example #{i} is empty; expected a prompt the page offers")
+        if model.tokenizer is not None and (n := len(model.encode(text))) > max_prompt_tokens:
+            raise UsageError(f"--example #{i} {text!r} is {n} tokens for {name}; its page takes at most "
+                             f"{max_prompt_tokens} (--max-prompt-tokens)")
+    return list(examples)
 
 
 def _check_out(out: Path, folders: list[Path], overwrite: bool) -> bool:
