@@ -451,6 +451,15 @@ def test_the_starter_begins_newcomers_beside_the_batch(family, request):
     assert all(r.done.is_set() for r in waiting)
     assert {r.finish_reason for r in waiting} <= {"length", "cancelled"} and waiting[-1].finish_reason == "cancelled"
     assert not engine.has_work()
+    # a request submitted to the closed engine would never run nor end: refused; start() takes them again
+    with pytest.raises(UsageError, match=r"the engine is closed: start\(\) it again before submitting"):
+        engine.submit(prompts[0], greedy)
+    assert not engine.has_work()
+    engine.start()
+    try:
+        assert engine.submit(prompts[0], greedy).wait(60)
+    finally:
+        engine.close()
 
 
 def test_start_ahead_zero_begins_newcomers_inline(transformer):

@@ -6,6 +6,7 @@ import threading
 import time
 from collections import deque
 
+from seqexport.errors import UsageError
 from seqexport.runtime.engine.request import Begun, QueueFull, Request
 
 
@@ -33,6 +34,8 @@ class Queues:
 
     def add(self, req: Request) -> None:
         with self.cond:
+            if self.stopping:  # nothing would run it, nor end it: a caller waiting on it would wait forever
+                raise UsageError("the engine is closed: start() it again before submitting")
             if len(self) >= self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} requests are waiting (max_queue {self.max_queue})")
             self.waiting.append(req)
