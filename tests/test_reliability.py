@@ -141,6 +141,23 @@ def test_an_eos_id_the_model_cannot_pick_is_refused_by_every_decoder(tf, mb):
             assert len(rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=2, eos_id=eos))[0]) <= 2
 
 
+def test_a_thread_count_that_is_not_one_is_the_callers_error_not_the_graphs(transformer_tiny, monkeypatch):
+    """threads=2.5 or SEQEXPORT_THREADS=abc read "ONNX Runtime cannot load <graph>" (an
+    ArtifactError, as if the file were at fault): now a UsageError naming the value."""
+    folder = transformer_tiny[1]
+    for threads in (-3, 2.5, "2", True):
+        with pytest.raises(UsageError, match=rf"threads: expected an integer >= 0 or None .*got {re.escape(repr(threads))}$"):
+            rt.load(folder, provider="cpu", threads=threads)
+    for env in ("abc", "-1", "2.0"):
+        monkeypatch.setenv("SEQEXPORT_THREADS", env)
+        with pytest.raises(UsageError, match=rf"SEQEXPORT_THREADS='{re.escape(env)}': expected a whole number >= 0"):
+            rt.load(folder, provider="cpu")
+        assert rt.load(folder, provider="cpu", threads=1).vocab_size == 100  # an explicit count needs no variable
+    monkeypatch.setenv("SEQEXPORT_THREADS", "1")
+    graph = next(iter(rt.load(folder, provider="cpu").graphs.values()))
+    assert graph.session.get_session_options().intra_op_num_threads == 1
+
+
 def test_messages_name_input_given_and_expected(tf, mb):
     state = tf.start(np.array([[5, 6, 7]]))
     with pytest.raises(InputError, match=r"token id 150 at \[0, 0\] is outside \[0, 100\)"):

@@ -7,7 +7,6 @@ with the other runtimes' runners (`seqexport.runtime.runners`).
 """
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import onnxruntime as ort
 
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.checked_graph import CheckedGraph
+from seqexport.runtime.runners import thread_count
 from seqexport.specs import GraphSpec
 from seqexport.state.arrays import NP_DTYPES, ORT_TYPES, shape_and_dtype, to_numpy  # noqa: F401 (re-exported)
 
@@ -148,7 +148,7 @@ def session_options(threads: int | None = None, shared: dict | None = None,
     # Memory patterns are planned per input shape; a decode changes past_len every step, so
     # ORT would re-plan each time (measured: a 33-step tiny decode took 2x as long with them).
     opts.enable_mem_pattern = False
-    threads = threads or int(os.environ.get("SEQEXPORT_THREADS", "0"))
+    threads = thread_count(threads)
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -175,6 +175,7 @@ class Graph(CheckedGraph):
                  shared: SharedWeights | None = None):
         super().__init__(path, spec)
         providers = providers_for(provider)
+        threads = thread_count(threads)  # a bad value is the caller's, not the graph's
         try:
             weights = shared.for_graph(self.path) if shared is not None else None
             prepack = shared.prepack(self.path, one_token(spec)) if shared is not None else True

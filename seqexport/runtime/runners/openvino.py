@@ -8,7 +8,6 @@ against the manifest's index). An operation OpenVINO cannot convert (an ONNX Run
 op of the `com.microsoft` domain, say) is refused when the graph is opened, by name.
 """
 
-import os
 import re
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.checked_graph import CheckedGraph
+from seqexport.runtime.runners import thread_count
 from seqexport.specs import GraphSpec
 from seqexport.state.arrays import NP_DTYPES, to_numpy
 
@@ -65,7 +65,7 @@ def compile_onnx(path: Path, label: str, threads: int | None = None):
     """An ONNX file compiled for OpenVINO's CPU; `label` (e.g. "graph 'step'") starts its errors.
     Any ONNX file, ours or another tool's: the runner of a foreign graph can use it too."""
     config = dict(CONFIG)
-    threads = threads or int(os.environ.get("SEQEXPORT_THREADS", "0"))
+    threads = thread_count(threads)
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     try:
