@@ -8,7 +8,7 @@ import seqexport.runtime as rt
 from seqexport.cli import cli
 
 CASES = {
-    "ids beyond int64": (["--ids", "99999999999999999999999"], "beyond int64"),
+    "ids beyond int64": (["--ids", "99999999999999999999999"], "token id 99999999999999999999999 is outside this model's vocabulary"),
     "negative seed": (["--text", "5 March 2021", "--sample", "--seed", "-1"], "--seed"),
     "float top-k": (["--ids", "5 6", "--sample", "--top-k", "2.5"], "--top-k"),
     "past the positional table": (["--ids", "5 6", "--max-new-tokens", "600"],

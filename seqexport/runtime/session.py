@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.checked_graph import CheckedGraph
-from seqexport.runtime.runners import thread_count
+from seqexport.runtime.threads import thread_count
 from seqexport.specs import GraphSpec
 from seqexport.state.arrays import NP_DTYPES, ORT_TYPES, shape_and_dtype, to_numpy  # noqa: F401 (re-exported)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.checked_graph import CheckedGraph
-from seqexport.runtime.runners import thread_count
+from seqexport.runtime.threads import thread_count
 from seqexport.specs import GraphSpec
 from seqexport.state.arrays import NP_DTYPES, to_numpy
 
