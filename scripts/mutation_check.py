@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 228 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 233 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -908,6 +908,23 @@ FAULTS = (
           "seqexport/runtime/session.py", "        threads = thread_count(threads)  # a bad value is the caller's",
           "        pass  # a bad value is the caller's",
           ("tests/test_reliability.py::test_a_thread_count_that_is_not_one_is_the_callers_error_not_the_graphs",)),
+    Fault("M239", "the manifest's graph I/O not compared with the graph file's (KeyError 'logits' in a step)",
+          "seqexport/runtime/session.py", "        _check_io_matches(spec, path, self.session)\n", "",
+          ("tests/test_manifest_schema.py::test_a_manifest_that_disagrees_with_its_graphs_is_refused_on_load",)),
+    Fault("M240", "the shared weights' index dims not compared with the graph's initializers",
+          "seqexport/runtime/session.py", "            if (list(t.dims), dtype) != (list(entry[\"dims\"]), entry[\"dtype\"]):",
+          "            if False:",
+          ("tests/test_manifest_schema.py::test_a_manifest_that_disagrees_with_its_graphs_is_refused_on_load",)),
+    Fault("M241", "a graph with a lengths input and no appends taken (its K/V read as static state: StopIteration)",
+          "seqexport/manifest_schema.py", "    if lengths and not entry.get(\"appends\"):", "    if False:",
+          ("tests/test_manifest_schema.py::test_malformed_manifest_is_refused_naming_the_field",)),
+    Fault("M242", "a manifest field's value hashed before its type is checked (TypeError: unhashable)",
+          "seqexport/manifest_schema.py", "    return lambda v: isinstance(v, str) and v in options",
+          "    return lambda v: v in options",
+          ("tests/test_manifest_schema.py::test_malformed_manifest_is_refused_naming_the_field",)),
+    Fault("M243", "a tokenizer record's prompt frame not checked (TypeError at the first encode)",
+          "seqexport/runtime/tokenizer.py", "        _check_prompt_frame(record.get(\"prompt\"))\n", "",
+          ("tests/test_manifest_schema.py::test_a_byte_tokenizer_record_it_would_misread_is_refused",)),
 )
 
 

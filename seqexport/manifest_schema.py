@@ -49,18 +49,23 @@ def _inside(folder: Path, file) -> bool:
     return not p.is_absolute() and ".." not in p.parts and (folder / file).resolve().is_relative_to(folder.resolve())
 
 
+def _one_of(options):
+    """A string among `options` (a list or dict given instead is refused, not hashed)."""
+    return lambda v: isinstance(v, str) and v in options
+
+
 def _tensor_ok(t) -> bool:
-    return (isinstance(t, dict) and isinstance(t.get("name"), str) and t.get("dtype") in DTYPES
+    return (isinstance(t, dict) and isinstance(t.get("name"), str) and _one_of(DTYPES)(t.get("dtype"))
             and isinstance(t.get("dims"), list)
-            and all(_int(0)(d) or d in DIM_NAMES for d in t["dims"])
-            and t.get("role", "") in ROLES
+            and all(_int(0)(d) or _one_of(DIM_NAMES)(d) for d in t["dims"])
+            and _one_of(ROLES)(t.get("role", ""))
             and (t.get("vocab_size") is None or _int(1)(t["vocab_size"])))
 
 
 def _stored_ok(t, size: int) -> bool:
     """A tensor's place in the weights file: inside it, its length that of its dtype and dims."""
     if not (isinstance(t, dict) and _int(0)(t.get("offset")) and _int(0)(t.get("length"))
-            and t.get("dtype") in WEIGHT_DTYPES and isinstance(t.get("dims"), list) and all(map(_int(0), t["dims"]))):
+            and _one_of(WEIGHT_DTYPES)(t.get("dtype")) and isinstance(t.get("dims"), list) and all(map(_int(0), t["dims"]))):
         return False
     count = 1
     for d in t["dims"]:
@@ -71,9 +76,9 @@ def _stored_ok(t, size: int) -> bool:
 def check_manifest(m: dict, folder: Path, path: Path) -> None:
     """Raise ArtifactError for the first field of `m` that is missing or malformed."""
     c = _Check(path)
-    name = c.get(m, "family", "", f"one of {families.names()}", lambda v: v in families.REGISTRY)
+    name = c.get(m, "family", "", f"one of {families.names()}", _one_of(families.REGISTRY))
     family = families.REGISTRY[name]
-    c.get(m, "dtype", "", f"one of {list(EXPORT_DTYPES)}", lambda v: v in EXPORT_DTYPES)
+    c.get(m, "dtype", "", f"one of {list(EXPORT_DTYPES)}", _one_of(EXPORT_DTYPES))
     c.get(m, "opset", "", "an integer >= 7", _int(7))
     config = c.get(m, "config", "", "an object (the model config)", lambda v: isinstance(v, dict))
     for key, minimum in family.config_fields.items():
@@ -118,8 +123,35 @@ def _check_graph_entry(c: "_Check", where: str, entry, folder: Path) -> None:
               lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2
                                                     and all(isinstance(x, str) for x in f) for f in v),
               optional=True)
+    _check_state_pairs(c, where, entry)
     if "data_file" in entry:
         c.get(entry, "data_file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
         c.get(entry, "data_sha256", where, "64 lowercase hex digits",
               lambda v: isinstance(v, str) and SHA256.fullmatch(v))
         c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))
+
+
+def _check_state_pairs(c: "_Check", where: str, entry: dict) -> None:
+    """Feeds and appends name this graph's outputs (appends: into its own state inputs), and a
+    graph counts valid slots (a `lengths` input) exactly when it appends: an appended cache
+    listed as anything else would be read as another kind of state."""
+    if "appends" in entry or any("role" in t for t in entry["inputs"]):
+        # (only seqexport 0.1.0's manifests, which declared neither roles nor appends, lack feeds)
+        c.get(entry, "feeds", where, "a list of [output, state input] pairs (a graph that declares roles or "
+              "appends declares its feeds)", lambda v: True)
+    outputs = {t["name"] for t in entry["outputs"]}
+    state = {t["name"] for t in entry["inputs"] if t.get("role") == "state"}
+    for key in ("feeds", "appends"):
+        for pair in entry.get(key) or []:
+            if pair[0] not in outputs:
+                c.fail(f"{where}.{key}", f"[output, state input] pairs whose output is one of {sorted(outputs)}", pair)
+    for pair in entry.get("appends") or []:
+        if pair[1] not in state:
+            c.fail(f"{where}.appends", "[output, state input] pairs whose input is one of its state inputs", pair)
+    lengths = [t["name"] for t in entry["inputs"] if t.get("role") == "lengths"]
+    if lengths and not entry.get("appends"):
+        c.fail(f"{where}.appends", f"the appended caches its {lengths[0]!r} input counts the valid slots of "
+               "(a non-empty list of [output, state input] pairs)", entry.get("appends"))
+    if entry.get("appends") and not lengths:
+        c.fail(f"{where}.inputs", "an input with role 'lengths' (the valid slots of the appended caches it lists)",
+               [t["name"] for t in entry["inputs"]])

@@ -136,6 +136,11 @@ class SharedWeights:
                     (entry["offset"], entry["length"]):
                 raise ArtifactError(f"graph {path.name}: initializer {t.name!r} is not where the manifest's weights "
                                     f"index puts it in {self.record['file']}")
+            # the index gives the OrtValue its shape: one that differs would reach the graph's kernels
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).name
+            if (list(t.dims), dtype) != (list(entry["dims"]), entry["dtype"]):
+                raise ArtifactError(f"graph {path.name}: initializer {t.name!r} is {dtype} {list(t.dims)}, the "
+                                    f"manifest's weights index says {entry['dtype']} {entry['dims']}")
             out[t.name] = self.values[t.name]
         self._graphs[str(path)] = out
         return out
@@ -161,6 +166,21 @@ def session_options(threads: int | None = None, shared: dict | None = None,
     return opts
 
 
+def _check_io_matches(spec: GraphSpec, path: Path, session) -> None:
+    """The manifest's inputs and outputs are the graph file's, by name, dtype and rank: a manifest
+    edited by hand (it is not hashed) would otherwise fail deep inside a step (an output not
+    fetched) or feed a graph what it does not take. ArtifactError naming the first difference."""
+    for kind, listed, real in (("inputs", spec.inputs, session.get_inputs()),
+                               ("outputs", spec.outputs, session.get_outputs())):
+        want = {t.name: f"{t.dtype}, rank {len(t.dims)}" for t in listed}
+        have = {t.name: f"{ORT_TYPES.get(t.type, t.type)}, rank {len(t.shape)}" for t in real}
+        if want != have:
+            diff = sorted(set(want) ^ set(have)) or sorted(n for n in want if want[n] != have[n])
+            n = diff[0]
+            raise ArtifactError(f"graph {spec.name!r}: the manifest's {kind} differ from {path.name}'s at {n!r} "
+                                f"(manifest: {want.get(n, 'absent')}; graph: {have.get(n, 'absent')})")
+
+
 def one_token(spec: GraphSpec) -> bool:
     """Whether a graph takes one token per row (its tokens input is (batch, 1)): a step."""
     return any(t.role == "tokens" and t.dims[-1:] == (1,) for t in spec.inputs)
@@ -181,8 +201,11 @@ class Graph(CheckedGraph):
             prepack = shared.prepack(self.path, one_token(spec)) if shared is not None else True
             self.session = ort.InferenceSession(str(path), session_options(threads, weights, prepack),
                                                 providers=providers)
+        except ArtifactError:  # the shared weights' index disagrees with the graph: said in its words
+            raise
         except Exception as e:  # ORT raises its own types for unreadable or invalid models
             raise ArtifactError(f"graph {spec.name!r}: ONNX Runtime cannot load {path}: {_first_line(e)}") from None
+        _check_io_matches(spec, path, self.session)
         # ORT may fall back silently (e.g. missing CUDA libraries): say what really runs.
         self.provider = self.session.get_providers()[0]
         if provider == "cuda" and self.provider != PROVIDERS["cuda"]:

@@ -182,6 +182,7 @@ def load_tokenizer(record: dict | None, folder: str | Path | None = None) -> "To
         raise ArtifactError(f"unknown tokenizer type {found!r}; expected one of {known}")
     try:
         listed = _eos_ids(record)
+        _check_prompt_frame(record.get("prompt"))
         tok = _from_record(record, owner, folder, listed)
         # (a byte or RWKV World tokenizer keeps one eos: more listed would be ignored, not stopped at)
         if listed is not None and tuple(listed) != tuple(tok.eos_ids):
@@ -236,6 +237,17 @@ def _eos_ids(record: dict) -> list[int] | None:
     if listed[0] != record.get("eos_id"):
         raise ValueError(f"eos_ids {listed} must start with the eos_id {record.get('eos_id')!r}")
     return listed
+
+
+FRAME = {"bos": bool, "suffix": str, "eos": bool}  # a record's "prompt": how text is framed
+
+
+def _check_prompt_frame(frame) -> None:
+    if frame is None:
+        return
+    if not isinstance(frame, dict) or not all(k in FRAME and isinstance(v, FRAME[k]) for k, v in frame.items()):
+        raise ValueError(f"prompt must be an object with bos (true/false), suffix (a string), eos (true/false), "
+                         f"got {frame!r}")
 
 
 def encode_prompt(tok: "Tokenizer", default_frame: dict, text: str, record: dict | None = None) -> list[int]:
