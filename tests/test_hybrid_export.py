@@ -165,3 +165,19 @@ def test_bench_times_steps_whose_cache_grows_with_the_context(exported):
     assert result["family"] == "hybrid" and [p["length"] for p in result["prefills"]] == [3, 40]
     assert all(row["ort_ms"] > 0 and row["eager_ms"] > 0 for row in result["steps"])
     assert result["state_bytes"]["40"] > result["state_bytes"]["3"]  # the attention layers' K/V
+
+
+@pytest.mark.parametrize("heads", [0, -2, "8", None])
+def test_a_head_count_that_is_no_count_is_refused_naming_it(tmp_path, heads):
+    """num_attention_heads 0 raised a bare ZeroDivisionError while the config was read."""
+    from tests.test_hybrid_model import _hf
+
+    _hf("bamba", seed=1).save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["num_attention_heads"] = heads
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "hf"),
+                                      "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and f"num_attention_heads must be an integer >= 1, got {heads!r}" in result.output, \
+        result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()

@@ -170,6 +170,8 @@ def _mamba_head_dim(d: dict) -> dict:
 
 def _attention_sizes(d: dict) -> dict:
     heads = d["num_attention_heads"]
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"num_attention_heads must be an integer >= 1, got {heads!r}")
     # Their attention reads getattr(config, "head_dim", hidden_size // heads): a head_dim key wins.
     return dict(n_heads=heads, n_kv_heads=d["num_key_value_heads"] or heads,
                 head_dim=d.get("head_dim") or d["hidden_size"] // heads)
