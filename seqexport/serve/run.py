@@ -2,6 +2,7 @@
 Ray Serve (a local Ray started on demand, or `--address` of a cluster) or as one plain uvicorn
 process (`--no-ray`), until SIGINT/SIGTERM."""
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -16,22 +17,18 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
 
     from seqexport.serve.app import ServingHost, build_app
 
-    sock = _listening(host, port)  # before the model loads: a port in use fails at once, in one line
-    try:
+    with _listening(host, port) as sock:  # before the model loads: a port in use fails at once, in one line
         serving = ServingHost(config, manifest)  # the manifest `serve` checked: its files are hashed once
         try:
             log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
                 f"on http://{host}:{port} (no Ray)")
             server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning",
                                                    timeout_graceful_shutdown=5))
-            try:
+            # uvicorn raises the signal it shut down on again once stopped; uvicorn.run swallows it too
+            with contextlib.suppress(KeyboardInterrupt):
                 server.run(sockets=[sock])
-            except KeyboardInterrupt:  # uvicorn raises the signal it shut down on again, as uvicorn.run
-                pass
         finally:
             serving.close()
-    finally:
-        sock.close()
 
 
 def _listening(host: str, port: int):
