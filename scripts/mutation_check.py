@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 234 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 235 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -928,6 +928,10 @@ FAULTS = (
     Fault("M244", "a hybrid config's num_attention_heads of 0 divided by (a bare ZeroDivisionError)",
           "seqexport/families/hybrid/layouts.py", "    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:",
           "    if False:", ("tests/test_hybrid_export.py::test_a_head_count_that_is_no_count_is_refused_naming_it",)),
+    Fault("M245", "quantize --calibration: a file of no prompts taken (calibrated on random ids, silently)",
+          "seqexport/cli/quantize.py", "    if not texts:\n        raise UsageError(f\"--calibration {path}: no prompts",
+          "    if False:\n        raise UsageError(f\"--calibration {path}: no prompts",
+          ("tests/test_quantize.py::test_bad_requests_are_one_line_exit_2",)),
 )
 
 

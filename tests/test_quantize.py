@@ -166,6 +166,9 @@ def test_bad_requests_are_one_line_exit_2(dates_exports, tmp_path):
     int8 = quantize(folder, tmp_path / "int8")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("March 3, 2001\n")
+    blank, binary = tmp_path / "blank.txt", tmp_path / "binary.txt"
+    blank.write_text("\n  \n")
+    binary.write_bytes(b"March\xa1\xff 3\n")
     runner = CliRunner()
     for args, message in (
         (["quantize", str(int8), "--out", str(tmp_path / "again")], "is already quantised"),
@@ -175,6 +178,11 @@ def test_bad_requests_are_one_line_exit_2(dates_exports, tmp_path):
          "--exclude 'decoder.nothing.*' matches no weight MatMul/Gemm"),
         (["quantize", str(folder), "--out", str(tmp_path / "z"), "--calibration", str(prompts)],
          "calibration prompts are for --mode static"),
+        # (a file of no prompts was taken silently, one not UTF-8 was a UnicodeDecodeError traceback)
+        (["quantize", str(folder), "--out", str(tmp_path / "z"), "--mode", "static", "--calibration", str(blank)],
+         f"--calibration {blank}: no prompts (every line is empty)"),
+        (["quantize", str(folder), "--out", str(tmp_path / "z"), "--mode", "static", "--calibration", str(binary)],
+         f"--calibration {binary}: not UTF-8 text (byte 5)"),
         (["quantize", str(folder), "--out", str(int8)], "already exists"),
     ):
         result = runner.invoke(cli, args)

@@ -3,6 +3,7 @@
 import click
 
 from seqexport.cli.group import cli
+from seqexport.errors import UsageError
 
 
 @cli.command()
@@ -35,10 +36,21 @@ def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accu
     """
     from seqexport.export.quantize import quantize as run_quantize
 
-    texts = None
-    if calibration:
-        with open(calibration, encoding="utf-8") as f:
-            texts = [line.rstrip("\n") for line in f if line.strip()]
+    texts = _calibration_texts(calibration) if calibration else None
     run_quantize(folder, out, bits=bits, mode=mode, per_channel=per_channel, block_size=block_size,
                  accuracy_level=accuracy_level, exclude=exclude, include_head=include_head, overwrite=overwrite,
                  calibration=texts, log=lambda msg: click.echo(msg, err=True))
+
+
+def _calibration_texts(path: str) -> list[str]:
+    """The prompts of a --calibration file, one a line; UsageError for a file that holds none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            texts = [line.rstrip("\n") for line in f if line.strip()]
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--calibration {path}: not UTF-8 text (byte {e.start}); expected prompts, one a line") from None
+    except OSError as e:
+        raise UsageError(f"--calibration {path}: cannot read it: {e.strerror}") from None
+    if not texts:
+        raise UsageError(f"--calibration {path}: no prompts (every line is empty); expected prompts, one a line")
+    return texts
