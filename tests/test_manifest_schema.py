@@ -81,6 +81,10 @@ def _weight_dtype_list(m):
     next(iter(m["weights"]["tensors"].values()))["dtype"] = []
 
 
+def _tokens_without_vocab(m):
+    del m["graphs"]["decoder"]["inputs"][0]["vocab_size"]  # well formed; the spec it builds is not
+
+
 def _byte_eos_ids(m):
     m["tokenizer"]["eos_ids"] = [m["tokenizer"]["eos_id"], 5]  # a byte tokenizer has one eos
 
@@ -113,6 +117,8 @@ CASES = {
     "family a list": (_family_list, "'family' is ['transformer']; expected one of"),
     "input dtype an object": (_input_dtype_object, "'graphs.decoder.inputs' is"),
     "weight dtype a list": (_weight_dtype_list, "'weights.tensors' is"),
+    "tokens input without its vocabulary": (_tokens_without_vocab, "malformed graph spec: input_ids: a tokens "
+                                                                    "input needs vocab_size"),
 }
 
 
