@@ -916,7 +916,7 @@ FAULTS = (
           "            if False:",
           ("tests/test_manifest_schema.py::test_a_manifest_that_disagrees_with_its_graphs_is_refused_on_load",)),
     Fault("M241", "a graph with a lengths input and no appends taken (its K/V read as static state: StopIteration)",
-          "seqexport/manifest_schema.py", "    if lengths and not entry.get(\"appends\"):", "    if False:",
+          "seqexport/specs.py", "        if self.lengths is not None and not self.appends:", "        if False:",
           ("tests/test_manifest_schema.py::test_malformed_manifest_is_refused_naming_the_field",)),
     Fault("M242", "a manifest field's value hashed before its type is checked (TypeError: unhashable)",
           "seqexport/manifest_schema.py", "    return lambda v: isinstance(v, str) and v in options",

@@ -123,35 +123,9 @@ def _check_graph_entry(c: "_Check", where: str, entry, folder: Path) -> None:
               lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2
                                                     and all(isinstance(x, str) for x in f) for f in v),
               optional=True)
-    _check_state_pairs(c, where, entry)
     if "data_file" in entry:
         c.get(entry, "data_file", where, "a file name inside the exported folder", lambda v: _inside(folder, v))
         c.get(entry, "data_sha256", where, "64 lowercase hex digits",
               lambda v: isinstance(v, str) and SHA256.fullmatch(v))
         c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))
 
-
-def _check_state_pairs(c: "_Check", where: str, entry: dict) -> None:
-    """Feeds and appends name this graph's outputs (appends: into its own state inputs), and a
-    graph counts valid slots (a `lengths` input) exactly when it appends: an appended cache
-    listed as anything else would be read as another kind of state."""
-    if "appends" in entry or any("role" in t for t in entry["inputs"]):
-        # (only seqexport 0.1.0's manifests, which declared neither roles nor appends, lack feeds)
-        c.get(entry, "feeds", where, "a list of [output, state input] pairs (a graph that declares roles or "
-              "appends declares its feeds)", lambda v: True)
-    outputs = {t["name"] for t in entry["outputs"]}
-    state = {t["name"] for t in entry["inputs"] if t.get("role") == "state"}
-    for key in ("feeds", "appends"):
-        for pair in entry.get(key) or []:
-            if pair[0] not in outputs:
-                c.fail(f"{where}.{key}", f"[output, state input] pairs whose output is one of {sorted(outputs)}", pair)
-    for pair in entry.get("appends") or []:
-        if pair[1] not in state:
-            c.fail(f"{where}.appends", "[output, state input] pairs whose input is one of its state inputs", pair)
-    lengths = [t["name"] for t in entry["inputs"] if t.get("role") == "lengths"]
-    if lengths and not entry.get("appends"):
-        c.fail(f"{where}.appends", f"the appended caches its {lengths[0]!r} input counts the valid slots of "
-               "(a non-empty list of [output, state input] pairs)", entry.get("appends"))
-    if entry.get("appends") and not lengths:
-        c.fail(f"{where}.inputs", "an input with role 'lengths' (the valid slots of the appended caches it lists)",
-               [t["name"] for t in entry["inputs"]])

@@ -73,9 +73,14 @@ class GraphSpec:
         for out, _ in self.feeds + self.appends:
             self.output(out)  # KeyError for a typo
         for _, inp in self.appends:
-            self.input(inp)
+            if self.input(inp).role != "state":
+                raise ValueError(f"graph {self.name!r}: appended input {inp!r} has role {self.input(inp).role!r}, "
+                                 "not 'state'")
         if self.appends and self.lengths is None:
             raise ValueError(f"graph {self.name!r}: appended state needs an input with role 'lengths'")
+        if self.lengths is not None and not self.appends:  # its K/V would be read as another kind of state
+            raise ValueError(f"graph {self.name!r}: input {self.lengths.name!r} counts the valid slots of appended "
+                             "state, but the graph lists no appends")
 
     @property
     def lengths(self) -> TensorSpec | None:
@@ -117,6 +122,8 @@ class GraphSpec:
         inputs = tuple(TensorSpec.from_dict(t) for t in d["inputs"])
         outputs = tuple(TensorSpec.from_dict(t) for t in d["outputs"])
         if "feeds" not in d:  # an artifact written before feeds and roles were recorded
+            if "appends" in d or any(t.role for t in inputs):
+                raise ValueError(f"graph {name!r} declares roles or appends but no feeds")
             return _legacy_spec(name, inputs, outputs, legacy_vocab)
         return cls(name, inputs, outputs, tuple(tuple(f) for f in d["feeds"]),
                    tuple(tuple(f) for f in d.get("appends", ())))

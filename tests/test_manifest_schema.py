@@ -61,6 +61,10 @@ def _append_to_nowhere(m):
     m["graphs"]["decoder"]["appends"][0][1] = "past_key_values.99.decoder.key"
 
 
+def _append_into_lengths(m):
+    m["graphs"]["decoder"]["appends"][0][1] = "past_lengths"
+
+
 def _no_appends(m):
     m["graphs"]["decoder"]["appends"] = []  # its past K/V would be read as static state
 
@@ -108,12 +112,14 @@ CASES = {
     "absolute file": (_absolute, "expected a file name inside the exported folder"),
     "unknown dim": (_bad_dims, "'graphs.encoder.inputs' is"),
     "unknown family": (_unknown_family, f"'family' is 'lstm'; expected one of {families.names()}"),
-    "feed naming no output": (_feed_to_nowhere, "'graphs.encoder.feeds' is ['present.99.encoder.key'"),
-    "append naming no input": (_append_to_nowhere, "expected [output, state input] pairs whose input is one of "
-                                                   "its state inputs"),
-    "appends emptied": (_no_appends, "'graphs.decoder.appends' is []; expected the appended caches its "
-                                     "'past_lengths' input counts the valid slots of"),
-    "feeds dropped, roles kept": (_no_feeds, "'graphs.decoder.feeds' is missing; expected a list of"),
+    "feed naming no output": (_feed_to_nowhere, "malformed graph spec"),
+    "append naming no input": (_append_to_nowhere, "malformed graph spec"),
+    "append into a non-state input": (_append_into_lengths, "appended input 'past_lengths' has role 'lengths', "
+                                                            "not 'state'"),
+    "appends emptied": (_no_appends, "malformed graph spec: graph 'decoder': input 'past_lengths' counts the valid "
+                                     "slots of appended state, but the graph lists no appends"),
+    "feeds dropped, roles kept": (_no_feeds, "malformed graph spec: graph 'decoder' declares roles or appends but "
+                                             "no feeds"),
     "family a list": (_family_list, "'family' is ['transformer']; expected one of"),
     "input dtype an object": (_input_dtype_object, "'graphs.decoder.inputs' is"),
     "weight dtype a list": (_weight_dtype_list, "'weights.tensors' is"),
