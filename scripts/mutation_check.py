@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 235 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 237 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -932,6 +932,12 @@ FAULTS = (
           "seqexport/cli/quantize.py", "    if not texts:\n        raise UsageError(f\"--calibration {path}: no prompts",
           "    if False:\n        raise UsageError(f\"--calibration {path}: no prompts",
           ("tests/test_quantize.py::test_bad_requests_are_one_line_exit_2",)),
+    Fault("M246", "a start_id given to a decoder-only model ignored silently (as if it had been used)",
+          "seqexport/runtime/generate.py", "    if not model.takes_start_id:\n", "    if False:\n",
+          ("tests/test_reliability.py::test_a_start_id_is_refused_where_no_decoder_takes_it_or_it_is_no_token",)),
+    Fault("M247", "a start_id past the vocabulary refused by the graph's tokens input, not named as the option",
+          "seqexport/runtime/generate.py", "    if start_id >= model.vocab_size:\n", "    if False:\n",
+          ("tests/test_reliability.py::test_a_start_id_is_refused_where_no_decoder_takes_it_or_it_is_no_token",)),
 )
 
 

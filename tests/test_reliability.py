@@ -141,6 +141,24 @@ def test_an_eos_id_the_model_cannot_pick_is_refused_by_every_decoder(tf, mb):
             assert len(rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=2, eos_id=eos))[0]) <= 2
 
 
+def test_a_start_id_is_refused_where_no_decoder_takes_it_or_it_is_no_token(tf, mb):
+    """start_id starts an encoder-decoder's decoder. A decoder-only model (Mamba) ignored it
+    silently, as if it had been used; past the vocabulary, the transformer's refusal named the
+    graph's 'tokens' input, not the option. generate(), beam search and the engine refuse both."""
+    cases = ((mb, [1, 2], 3, r"start_id 3 does not apply to this mamba model: it continues the prompt"),
+             (tf, [5, 6, 7], tf.vocab_size,
+              rf"start_id {tf.vocab_size} is not a token id of this model: expected an id in \[0, {tf.vocab_size}\)"))
+    for model, prompt, start, message in cases:
+        for beams in (1, 2):
+            with pytest.raises(UsageError, match=message):
+                rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=2, start_id=start, num_beams=beams))
+        with pytest.raises(UsageError, match=message):
+            rt.Engine(model, max_rows=2).submit(prompt, rt.SearchOptions(max_new_tokens=2, start_id=start))
+    with pytest.raises(UsageError, match=r"start_id must be >= 0, got -1"):
+        rt.SearchOptions(start_id=-1)
+    assert len(rt.generate(tf, [[5, 6, 7]], rt.SearchOptions(max_new_tokens=2, start_id=tf.vocab_size - 1))[0]) <= 2
+
+
 def test_a_thread_count_that_is_not_one_is_the_callers_error_not_the_graphs(transformer_tiny, monkeypatch):
     """threads=2.5 or SEQEXPORT_THREADS=abc read "ONNX Runtime cannot load <graph>" (an
     ArtifactError, as if the file were at fault): now a UsageError naming the value."""

@@ -181,7 +181,8 @@ def test_io_binding_keeps_state_as_ortvalues_and_changes_nothing(transformer_tin
     for folder in (transformer_tiny[1], mamba_exports("loop")[1]):
         plain = rt.load(folder, provider="cpu")
         bound = rt.load(folder, provider="cpu", io_binding=True)
-        opts = rt.SearchOptions(max_new_tokens=6, eos_id=EOS, start_id=START)
+        start = START if plain.takes_start_id else None  # a decoder-only model has no start token
+        opts = rt.SearchOptions(max_new_tokens=6, eos_id=EOS, start_id=start)
         assert rt.generate(bound, PROMPTS, opts) == rt.generate(plain, PROMPTS, opts)
         ids = np.array([[5, 9, 13], [7, 3, 4]])
         sp = plain.start(ids) if plain.family == "transformer" else plain.start(2)

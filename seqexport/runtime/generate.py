@@ -37,7 +37,7 @@ class SearchOptions:
     length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
     # stop a row at this token, or at any of these (default: the tokenizer's eos_ids; -1 or (): never)
     eos_id: int | tuple[int, ...] | None = None
-    start_id: int | None = None  # transformer decoder start (default: tokenizer bos, else 1)
+    start_id: int | None = None  # an encoder-decoder's decoder start (default: tokenizer bos, else 1)
 
     def __post_init__(self):
         _integer("max_new_tokens", self.max_new_tokens, 1)
@@ -51,7 +51,7 @@ class SearchOptions:
         _integer("num_beams", self.num_beams, 1)
         _real("length_penalty", self.length_penalty, "finite", lambda v: True)
         if self.start_id is not None:
-            _integer("start_id", self.start_id, -1)
+            _integer("start_id", self.start_id, 0)
         if isinstance(self.eos_id, list | tuple):
             object.__setattr__(self, "eos_id", tuple(self.eos_id))  # frozen: hashable, as given
             for i, value in enumerate(self.eos_id):
@@ -84,7 +84,9 @@ def _real(name: str, value, rule: str, ok) -> None:
 
 def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
     """The tokens that end a row: the options' eos_id(s), else the tokenizer's eos_ids (a
-    checkpoint may list several, e.g. end of text and end of turn); () for none."""
+    checkpoint may list several, e.g. end of text and end of turn); () for none. Also refuses
+    options this model cannot honour (a start_id it has no use for or cannot feed)."""
+    _check_start_id(model, options.start_id)
     if options.eos_id is not None:
         eos = options.eos_id if isinstance(options.eos_id, tuple) else (options.eos_id,)
         for e in eos:  # an id the model cannot pick would never end a row: a decode to max_new_tokens
@@ -93,6 +95,19 @@ def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
                                  f"or an id in [0, {model.vocab_size})")
         return eos
     return tuple(model.tokenizer.eos_ids) if model.tokenizer else ()
+
+
+def _check_start_id(model, start_id: int | None) -> None:
+    """A decoder start token only where the model has a decoder that takes one (ignored
+    silently, it would look as if it had been used), and only an id the decoder can embed."""
+    if start_id is None:
+        return
+    if not model.takes_start_id:
+        raise UsageError(f"start_id {start_id} does not apply to this {model.family or 'decoder-only'} model: "
+                         "it continues the prompt (put the token first in the prompt instead)")
+    if start_id >= model.vocab_size:
+        raise UsageError(f"start_id {start_id} is not a token id of this model: expected an id in "
+                         f"[0, {model.vocab_size})")
 
 
 def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> np.ndarray:

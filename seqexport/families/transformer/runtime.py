@@ -30,6 +30,7 @@ class TransformerSteps(StepModel):
 
     family = "transformer"
     supports_beams = True
+    takes_start_id = True  # the decoder starts from its own token, not from the source
     prompt_frame = {"bos": False, "suffix": "", "eos": True}  # the source ends with eos
 
     def begin(self, rows: list[list[int]], start_id: int | None = None) -> tuple[np.ndarray, State]:
