@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 237 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 240 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -938,6 +938,15 @@ FAULTS = (
     Fault("M247", "a start_id past the vocabulary refused by the graph's tokens input, not named as the option",
           "seqexport/runtime/generate.py", "    if start_id >= model.vocab_size:\n", "    if False:\n",
           ("tests/test_reliability.py::test_a_start_id_is_refused_where_no_decoder_takes_it_or_it_is_no_token",)),
+    Fault("M248", "a checkpoint's config built for real before its weights are checked (d_model 10^6: a bare allocation error)",
+          "seqexport/checkpoints/io.py", '        with torch.device("meta"):\n', "        if True:\n",
+          ("tests/test_transformer_model.py::test_a_config_far_bigger_than_its_weights_is_refused_before_it_is_built",)),
+    Fault("M249", "a config claiming thousands of layers built whole, even as shapes, before it is refused",
+          "seqexport/checkpoints/io.py", "        if count > limit:\n", "        if False:\n",
+          ("tests/test_transformer_model.py::test_a_config_far_bigger_than_its_weights_is_refused_before_it_is_built",)),
+    Fault("M250", "a big weights/config mismatch lists every key (a message of thousands of names)",
+          "seqexport/checkpoints/io.py", "    if len(keys) <= most:\n", "    if True:\n",
+          ("tests/test_transformer_model.py::test_a_config_far_bigger_than_its_weights_is_refused_before_it_is_built",)),
 )
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -225,6 +226,28 @@ def test_mismatched_checkpoint_lists_keys(tmp_path):
     msg = str(e.value)
     assert "missing keys" in msg and "encoder.layers.2.self_attn.W_q.weight" in msg
     assert "mis-shaped keys" in msg and "encoder.layers.0.ffn.fc1.weight (64, 32) (expected (96, 32))" in msg
+
+
+def test_a_config_far_bigger_than_its_weights_is_refused_before_it_is_built(tmp_path):
+    """config.json sizes are checked against the weights on shapes alone: a claimed d_model of
+    10^6 was built for real first (a RuntimeError asking for terabytes), a claimed 5,000 layers
+    took seconds per thousand before the refusal, and a big mismatch listed every key."""
+    save_checkpoint(tiny_model(), TINY, "transformer", tmp_path / "ckpt")
+    path = tmp_path / "ckpt/config.json"
+    good = json.loads(path.read_text())
+
+    def refusal(**edits):
+        path.write_text(json.dumps({**good, **edits}))
+        with pytest.raises(CheckpointError) as e:
+            load_checkpoint(tmp_path / "ckpt")
+        return str(e.value)
+
+    assert "encoder.embedding.weight (50, 32) (expected (50, 1000000))" in refusal(d_model=10**6, d_ff=10**6)
+    assert re.search(r"it describes a model of more than \d+ tensors, the weights hold \d+ \(check its layer counts",
+                     refusal(num_layers=5000))
+    many = refusal(num_layers=5)  # three layers of each stack missing: the first keys and a count
+    assert re.search(r"missing keys: decoder\.layers\.2\..*, \.\.\. and \d+ more \(\d+ in all\)", many)
+    assert len(many) < 5000
 
 
 def test_unexpected_keys_are_listed(tmp_path):

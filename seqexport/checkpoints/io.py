@@ -142,8 +142,8 @@ def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
 
 
 def _checkpoint(family: str, config, state: dict[str, torch.Tensor], path: Path) -> Checkpoint:
-    model = build_model(family, config)
-    check_state_dict(model, state, where=str(path))
+    check_state_dict(_shapes_only(family, config, state, str(path)), state, where=str(path))
+    model = build_model(family, config)  # now known to be the size of its weights
     model.load_state_dict(state, strict=True)
     model.float().eval()
     return Checkpoint(family, config, model, path, checkpoint_sha256(path))
@@ -216,6 +216,45 @@ def _read_refs(weights: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+class _TooManyTensors(Exception):
+    pass
+
+
+def _shapes_only(family: str, config, state: dict[str, torch.Tensor], where: str) -> nn.Module:
+    """The model of this config built on the meta device (shapes, no memory), to check the
+    weights against before anything is allocated: a config.json claiming d_model 100000 would
+    otherwise ask for 160 GB. The build stops once it has registered more tensors than the
+    weights could fill, so a claimed 10^6 layers is refused in milliseconds, not minutes."""
+    limit = 2 * len(state) + 64  # tied weights register twice; a few buffers are not stored
+    count = 0
+
+    def counted(module, name, tensor):
+        nonlocal count
+        count += 1
+        if count > limit:
+            raise _TooManyTensors
+
+    hooks = [torch.nn.modules.module.register_module_parameter_registration_hook(counted),
+             torch.nn.modules.module.register_module_buffer_registration_hook(counted)]
+    try:
+        with torch.device("meta"):
+            return build_model(family, config)
+    except _TooManyTensors:
+        raise CheckpointError(f"weights in {where} do not fit their config.json: it describes a model of more "
+                              f"than {limit} tensors, the weights hold {len(state)} (check its layer counts "
+                              "and sizes)") from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _listed(keys: list[str], most: int = 100) -> str:
+    """Every key of a small mismatch; the first ones and a count of a big one."""
+    if len(keys) <= most:
+        return ", ".join(keys)
+    return ", ".join(keys[:most // 2]) + f", ... and {len(keys) - most // 2} more ({len(keys)} in all)"
+
+
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Raise one CheckpointError listing every missing, unexpected and mis-shaped key."""
     expected = model.state_dict()
@@ -228,11 +267,11 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: st
     ]
     problems = []
     if missing:
-        problems.append(f"missing keys: {', '.join(missing)}")
+        problems.append(f"missing keys: {_listed(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys: {', '.join(unexpected)}")
+        problems.append(f"unexpected keys: {_listed(unexpected)}")
     if misshaped:
-        problems.append(f"mis-shaped keys: {', '.join(misshaped)}")
+        problems.append(f"mis-shaped keys: {_listed(misshaped)}")
     if problems:
         raise CheckpointError(f"weights in {where} do not fit their config.json; " + "; ".join(problems))
 
