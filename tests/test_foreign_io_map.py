@@ -111,6 +111,26 @@ def test_a_map_naming_a_missing_input(opaque, tmp_path):
                     "state1_ssm_in")
 
 
+@pytest.mark.parametrize("output, fragments", [
+    ("state9_ssm_out", ["state ssm of layer 1: output 'state9_ssm_out', which feeds 'state1_ssm_in' next call, "
+                        "is not in the graph; its outputs are ['scores', "]),
+    ("state1_ssm_in", ["output 'state1_ssm_in', which feeds 'state1_ssm_in' next call, is not in the graph"]),
+    ("scores", ["output 'scores' (float32 ['batch', 'seq_len', ", "cannot feed input 'state1_ssm_in' (float32 ['batch', ",
+                "expected the input's dtype and shape"]),
+    ("state0_conv_out", ["output 'state0_conv_out' (float32 ['batch', ", "cannot feed input 'state1_ssm_in'"]),
+])
+def test_a_state_output_that_cannot_feed_its_input_is_refused_with_the_map(opaque, tmp_path, output, fragments):
+    """A state's output missing from the graph, or of another shape than its input, was found
+    only mid-decode (after "validating ...": a message blaming ONNX Runtime's inputs): now when
+    the map is read, one line naming the state, both tensors and their shapes."""
+    ckpt, folder = opaque
+    mapping = io_map()
+    mapping["step"]["state"][3]["output"] = output
+    result = run(folder, ckpt, tmp_path, mapping)
+    one_line_exit_2(result, "--io-map", *fragments)
+    assert "ONNX Runtime" not in result.output
+
+
 def test_a_graph_input_the_map_leaves_out(opaque, tmp_path):
     """A state input the map does not name has no value to feed: one line naming it."""
     ckpt, folder = opaque

@@ -176,7 +176,30 @@ def check_names(folder: Path, model: ModelMap, error=ArtifactError) -> None:
         for what, role, name, have in wanted:
             if name not in have:
                 raise error(f"{g.file}: {what} {name!r} ({role}) is not in the graph; its {what}s are {list(have)}")
+        for s in g.state:
+            _check_feedback(g, s, io, g is model.step, error)
         loose = [n for n in io.inputs if n not in states and n not in g.inputs.values()]
         if loose:
             raise error(f"{g.file}: input {loose[0]!r} has no role in the {model.adapter} map (neither "
                         f"{list(INPUT_ROLES)} nor state); name it in an --io-map file")
+
+
+def _check_feedback(g: GraphMap, s: StateRole, io, is_step: bool, error) -> None:
+    """The output that feeds a state input at the next call exists (the step graph must return
+    every state but static K/V, which it may only read) and has the input's dtype and rank, and
+    its fixed sizes on the axes that do not grow: caught when the map is read, not by ONNX Runtime
+    mid-decode, nor cast silently."""
+    where = f"{g.file}: state {s.part} of layer {s.layer}"
+    if s.output not in io.outputs:
+        if is_step and s.kind != "static":
+            raise error(f"{where}: output {s.output!r}, which feeds {s.input!r} next call, is not in the graph; "
+                        f"its outputs are {list(io.outputs)}")
+        return
+    out, inp = io.outputs[s.output], io.inputs[s.input]
+    grows = s.past_axis % len(inp.dims) if s.kind == "appended" and inp.dims else None
+    differ = out.dtype != inp.dtype or len(out.dims) != len(inp.dims) or any(
+        a != b for axis, (a, b) in enumerate(zip(out.dims, inp.dims))
+        if axis != grows and isinstance(a, int) and isinstance(b, int))
+    if differ:
+        raise error(f"{where}: output {s.output!r} ({out.dtype} {list(out.dims)}) cannot feed input {s.input!r} "
+                    f"({inp.dtype} {list(inp.dims)}): expected the input's dtype and shape")

@@ -12,7 +12,7 @@
      "first": {...}, "encoder": {...}}               # optional graphs, the same shape
 
 Anything malformed (not JSON, a missing or unknown key, a role, kind or layout not known, a name
-the graph does not have) is one UsageError naming it.
+the graph does not have, a state output that cannot feed its input) is one UsageError naming it.
 """
 
 import json
