@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 242 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 245 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -952,6 +952,14 @@ FAULTS = (
           "            pass\n", ("tests/test_foreign_io_map.py::test_a_state_output_that_cannot_feed_its_input_is_refused_with_the_map",)),
     Fault("M252", "foreign maps: a state output of another shape than its input fed on (ONNX Runtime blamed mid-decode)",
           "seqexport/foreign/adapter.py", "    if differ:\n", "    if False:\n", ("tests/test_foreign_io_map.py::test_a_state_output_that_cannot_feed_its_input_is_refused_with_the_map",)),
+    Fault("M253", "take/retain: a negative row wraps round to a row from the end, silently",
+          "seqexport/state/rows.py", "    if bad.size:\n", "    if False:\n", ("tests/test_reliability.py::test_row_operations_refuse_rows_and_states_that_are_not_the_batchs",)),
+    Fault("M254", "join([state, None]): a bare AttributeError",
+          "seqexport/state/state.py", "        if not isinstance(s, State):\n", "        if False:\n", ("tests/test_reliability.py::test_row_operations_refuse_rows_and_states_that_are_not_the_batchs",)),
+    Fault("M255", "decode([1.5]) truncated to id 1, a negative id dropped, silently",
+          "seqexport/runtime/tokenizer.py",
+          "        if isinstance(i, bool | np.bool_) or not isinstance(i, int | np.integer) or i < 0:\n",
+          "        if False:\n", ("tests/test_reliability.py::test_decode_refuses_ids_that_are_not_token_ids_and_skips_those_past_the_vocabulary",)),
 )
 
 

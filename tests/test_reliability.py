@@ -159,6 +159,55 @@ def test_a_start_id_is_refused_where_no_decoder_takes_it_or_it_is_no_token(tf, m
     assert len(rt.generate(tf, [[5, 6, 7]], rt.SearchOptions(max_new_tokens=2, start_id=tf.vocab_size - 1))[0]) <= 2
 
 
+def test_row_operations_refuse_rows_and_states_that_are_not_the_batchs(tf, mb):
+    """take / retain / join are public (a branch, a beam's reorder). A negative row wrapped
+    round to a row from the end silently; one past the batch, or join([None]), was a bare
+    IndexError or AttributeError. Repeats stay fine: a beam takes one row several times."""
+    for model, fresh in ((tf, lambda: tf.start(np.array([[5, 6, 7], [4, 5, 6]]))), (mb, lambda: mb.start(2))):
+        state = fresh()
+        for bad, message in (([2], r"rows: 2 is not a row of this batch of 2; expected indices in \[0, 2\)"),
+                             ([0, -1], r"rows: -1 is not a row of this batch of 2"),
+                             ([[0, 1]], r"rows: expected a list of row indices \(integers\)"),
+                             ([0.5], r"rows: expected a list of row indices \(integers\)")):
+            with pytest.raises(InputError, match=message):
+                model.take(state, bad)
+            with pytest.raises(InputError, match=message):
+                model.retain(fresh(), bad)
+        for bad, message in (([], "join: expected a non-empty list of states"),
+                             ([state, None], "join: states\\[1\\] is a NoneType, not a State")):
+            with pytest.raises(InputError, match=message):
+                model.join(bad)
+        got = model.take(state, [1, 1, 0])
+        for name, a in state.numpy().arrays.items():
+            if got.arrays[name].shape == a[[1, 1, 0]].shape:  # (a transformer's cache may be trimmed)
+                np.testing.assert_array_equal(got.arrays[name], a[[1, 1, 0]])
+
+
+def test_decode_refuses_ids_that_are_not_token_ids_and_skips_those_past_the_vocabulary(tmp_path):
+    """decode([1.5]) truncated to 1, decode("abc") raised a bare ValueError, a negative id
+    vanished: each is now one InputError naming it. An id past the vocabulary decodes to
+    nothing, as Hugging Face's own tokenizers do (checked against them)."""
+    from tokenizers import Tokenizer, models
+
+    from seqexport.families.rwkv import WORLD_VOCAB_FILE
+    from seqexport.families.rwkv.tokenizer import RwkvWorldTokenizer
+    from seqexport.runtime.tokenizer import ByteTokenizer, HFTokenizer
+
+    hf = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    for tok, good in ((ByteTokenizer(), [70, 71]), (HFTokenizer(tmp_path / "tokenizer.json"), [0, 1]),
+                      (RwkvWorldTokenizer(WORLD_VOCAB_FILE), [70, 71])):
+        for ids, message in (([5, 1.5], r"decode: ids\[1\] is 1.5; expected a token id \(an integer >= 0\)"),
+                             ([-1], r"decode: ids\[0\] is -1"), ([True], r"decode: ids\[0\] is True"),
+                             ("abc", "decode: expected a sequence of token ids, got str"),
+                             (7, "decode: expected a sequence of token ids, got int"),
+                             (np.array([[5, 6]]), r"decode: ids\[0\] is array")):
+            with pytest.raises(InputError, match=message):
+                tok.decode(ids)
+        assert tok.decode([10**9]) == hf.decode([10**9]) == ""
+        assert tok.decode(np.array(good)) == tok.decode(good) != ""
+
+
 def test_a_thread_count_that_is_not_one_is_the_callers_error_not_the_graphs(transformer_tiny, monkeypatch):
     """threads=2.5 or SEQEXPORT_THREADS=abc read "ONNX Runtime cannot load <graph>" (an
     ArtifactError, as if the file were at fault): now a UsageError naming the value."""

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from seqexport.errors import ArtifactError, InputError
 
 TYPES = ("byte", "hf")  # and each family's own (`Family.tokenizer_types`, e.g. RWKV World's "rwkv")
@@ -80,8 +82,7 @@ class ByteTokenizer:
         """ids -> text: stops at the first eos (unless told not to), skips pad, bos and eos
         (any id below `offset`); bytes that are not valid UTF-8 become U+FFFD."""
         out = bytearray()
-        for i in ids:
-            i = int(i)
+        for i in decoded_ids(ids):
             if i == self.eos_id and stop_at_eos:
                 break
             if self.offset <= i < self.vocab_size:
@@ -153,7 +154,7 @@ class HFTokenizer:
         return ids
 
     def decode(self, ids, stop_at_eos: bool = True) -> str:
-        ids = [int(i) for i in ids]
+        ids = decoded_ids(ids)
         if stop_at_eos:
             ids = ids[: next((n for n, i in enumerate(ids) if i in self.eos_ids), len(ids))]
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -202,6 +203,21 @@ def _from_record(record: dict, owner, folder, eos_ids: list[int] | None) -> "Tok
         return owner.part("tokenizer").from_record(record, folder)
     ids = {k: _optional_id(record, k) for k in ("bos_id", "eos_id", "pad_id", "decoder_start_id")}
     return HFTokenizer(Path(folder) / record["file"], file=record["file"], eos_ids=eos_ids, **ids)
+
+
+def decoded_ids(ids) -> list[int]:
+    """The ids decode() takes, as Python ints: a sequence (or 1-d array) of integers >= 0; a
+    float, a string or a negative id is refused (it was truncated, iterated by character or
+    dropped). Ids past the vocabulary decode to nothing, as Hugging Face's tokenizers do: a
+    model's padded embedding may have more rows than its tokenizer has tokens."""
+    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        raise InputError(f"decode: expected a sequence of token ids, got {type(ids).__name__}")
+    out = []
+    for n, i in enumerate(ids):
+        if isinstance(i, bool | np.bool_) or not isinstance(i, int | np.integer) or i < 0:
+            raise InputError(f"decode: ids[{n}] is {i!r}; expected a token id (an integer >= 0)")
+        out.append(int(i))
+    return out
 
 
 def is_token_id(v) -> bool:

@@ -13,7 +13,7 @@ from seqexport.specs import GraphSpec
 from seqexport.state import appended as buffers
 from seqexport.state.arrays import shape_and_dtype, to_numpy
 from seqexport.state.rows import cut, extend_rows, pad_to, retain_rows
-from seqexport.state.state import State, zero_state
+from seqexport.state.state import State, checked_states, zero_state
 
 KINDS = ("appended", "replaced", "static")
 
@@ -137,7 +137,7 @@ class StateLayout:
     def join(self, states: list[State]) -> State:
         """The rows of several states as one batch, in order: static sources padded (and their
         masks with 0s) to the longest, appended buffers to the largest capacity."""
-        states = [s.numpy() for s in states]
+        states = [s.numpy() for s in checked_states(states)]
         sizes = {name: (axis, max(s.arrays[name].shape[axis] for s in states)) for name, axis in
                  (self.ragged | self.axes).items()}
         arrays = {key: np.concatenate([pad_to(s.arrays[key], *sizes[key]) if key in sizes else s.arrays[key]

@@ -15,13 +15,30 @@ def swap_remove_order(n: int, leaving) -> list[int]:
     return [tail.pop() if i in gone else i for i in range(size)]
 
 
+def row_indices(rows, n: int) -> np.ndarray:
+    """`rows` as indices into a batch of n rows: a 1-d list of integers in [0, n). (A negative
+    one would wrap round to a row from the end, silently; one past the batch would be a raw
+    IndexError.) Repeats are fine: a beam search takes one row several times."""
+    a = np.asarray(rows)
+    if a.ndim != 1 or (a.size and (a.dtype.kind not in "iu")):
+        raise InputError(f"rows: expected a list of row indices (integers), got {rows!r}")
+    bad = a[(a < 0) | (a >= n)]
+    if bad.size:
+        raise InputError(f"rows: {int(bad[0])} is not a row of this batch of {n}; expected indices in [0, {n})")
+    return a.astype(np.intp)
+
+
 def retain_rows(arrays: dict, rows: list[int]) -> dict | None:
     """Row i of each (b, ...) array becomes old row rows[i], moved in place: the first
     len(rows) rows as views (contiguous: the batch axis leads). None when that cannot be done
     in place (a row taken from below the new size elsewhere, or arrays that are not numpy)."""
+    if any(type(a) is not np.ndarray for a in arrays.values()):
+        return None
+    if arrays:
+        rows = row_indices(rows, len(next(iter(arrays.values())))).tolist()
     size = len(rows)
     moves = [(i, r) for i, r in enumerate(rows) if r != i]
-    if any(r < size for _, r in moves) or any(type(a) is not np.ndarray for a in arrays.values()):
+    if any(r < size for _, r in moves):
         return None  # a source inside the kept prefix could be overwritten before it is read
     for a in arrays.values():
         for i, r in moves:

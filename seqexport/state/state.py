@@ -12,6 +12,7 @@ import numpy as np
 from seqexport.errors import InputError
 from seqexport.specs import GraphSpec
 from seqexport.state.arrays import NP_DTYPES, shape_and_dtype, to_numpy
+from seqexport.state.rows import row_indices
 
 
 @dataclass
@@ -53,8 +54,9 @@ class State:
 
     def select(self, rows) -> "State":
         """The state of the given batch rows (in that order), e.g. to reorder beams."""
-        rows = np.asarray(rows)
-        return State({k: to_numpy(v)[rows] for k, v in self.arrays.items()}, self.length).owning()
+        arrays = {k: to_numpy(v) for k, v in self.arrays.items()}
+        rows = row_indices(rows, len(next(iter(arrays.values()))) if arrays else 0)
+        return State({k: a[rows] for k, a in arrays.items()}, self.length).owning()
 
     def owning(self) -> "State":
         """This state as the sole writer of its arrays (they are its own copies)."""
@@ -65,9 +67,21 @@ class State:
     @staticmethod
     def concat(states: list["State"]) -> "State":
         """One batch from several (e.g. Mamba prompts of different lengths prefilled apart)."""
+        states = checked_states(states)
         keys = states[0].arrays.keys()
         return State({k: np.concatenate([to_numpy(s.arrays[k]) for s in states]) for k in keys},
                      max(s.length for s in states)).owning()
+
+
+def checked_states(states) -> list[State]:
+    """A non-empty list of States (what join takes); anything else is the caller's error."""
+    states = list(states) if isinstance(states, list | tuple) else states
+    if not isinstance(states, list) or not states:
+        raise InputError(f"join: expected a non-empty list of states, got {states!r:.80}")
+    for n, s in enumerate(states):
+        if not isinstance(s, State):
+            raise InputError(f"join: states[{n}] is a {type(s).__name__}, not a State")
+    return states
 
 
 def zero_state(spec: GraphSpec, batch: int, sizes: dict[str, int] | None = None,

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 from seqexport.errors import ArtifactError
-from seqexport.runtime.tokenizer import is_token_id
+from seqexport.runtime.tokenizer import decoded_ids, is_token_id
 
 VOCAB_SIZE = 65536  # the models' embedding rows (ids above the vocabulary's are never made)
 EOS_ID = 0
@@ -78,8 +78,7 @@ class RwkvWorldTokenizer:
         """ids -> text: stops at eos (unless told not to) and skips it; bytes that are not valid
         UTF-8 (a character cut by the end) become U+FFFD."""
         out = bytearray()
-        for i in ids:
-            i = int(i)
+        for i in decoded_ids(ids):
             if i == self.eos_id:
                 if stop_at_eos:
                     break

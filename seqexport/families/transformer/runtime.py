@@ -23,6 +23,7 @@ from seqexport.runtime.base import RuntimeModel, State, tokens_2d
 from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.session import check_token_ids, to_numpy
 from seqexport.state.layout import StateLayout
+from seqexport.state.state import checked_states
 
 
 class TransformerSteps(StepModel):
@@ -129,8 +130,7 @@ class TransformerModel(TransformerSteps, RuntimeModel):
     def join(self, states: list[State]) -> State:
         """One batch from several states (rows at any positions, sources of any length):
         sources padded (and masked) to the longest, cache buffers to the largest."""
-        if not states:
-            raise InputError("join: expected at least one state")
+        states = checked_states(states)
         lengths = {s.length for s in states}
         if not self.buffered and len(lengths) > 1:
             raise InputError(f"join: rows at positions {sorted(lengths)} cannot share one decoder call: this "
