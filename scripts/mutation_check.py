@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 245 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 247 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -960,6 +960,12 @@ FAULTS = (
           "seqexport/runtime/tokenizer.py",
           "        if isinstance(i, bool | np.bool_) or not isinstance(i, int | np.integer) or i < 0:\n",
           "        if False:\n", ("tests/test_reliability.py::test_decode_refuses_ids_that_are_not_token_ids_and_skips_those_past_the_vocabulary",)),
+    Fault("M256", "browser runtime: a startId given to a decoder-only model ignored silently",
+          "seqexport/web/static/seqexport.mjs", "    if (o.startId !== null && !this.roles.begin)\n",
+          "    if (false)\n", ("tests/test_web.py::test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime",)),
+    Fault("M257", "browser runtime: a startId past the vocabulary fed to the decoder",
+          "seqexport/web/static/seqexport.mjs",
+          "!(Number.isInteger(o.startId) && o.startId >= 0 && o.startId < this.vocabSize)", "false", ("tests/test_web.py::test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime",)),
 )
 
 

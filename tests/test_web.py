@@ -169,6 +169,32 @@ def test_the_pages_model_stops_at_any_of_several_eos_ids_as_the_python_runtime(p
     assert f"eosId {v} is not a token id of this model: expected -1 (never) or an id in [0, {v})" in got["error"]
 
 
+START_ID = """
+const [ids, startId, n, done] = arguments;
+window.seqexportPage.model.generateIds(ids, { maxNewTokens: n, startId, eosId: -1 }).then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime(page):
+    """startId starts an encoder-decoder's decoder: the page decodes as generate(start_id=...)
+    does; a decoder-only model refuses it by name instead of ignoring it, and an id past the
+    vocabulary is refused as SearchOptions refuses it."""
+    url, driver, site = page
+    for family in [f for f in ("transformer", "mamba") if f in BUNDLED]:
+        model = rt.load(site[1][family], provider="cpu")
+        ids, v = model.encode("5 March 2021"), model.vocab_size
+        assert browser.open_page(driver, url, family) == "ready"
+        if model.takes_start_id:
+            start = model.tokenizer.bos_id + 3  # not the default start: the decode changes with it
+            want = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=MAX_NEW, eos_id=-1, start_id=start))[0]
+            assert driver.execute_async_script(START_ID, ids, start, MAX_NEW) == want
+            got = driver.execute_async_script(START_ID, ids, v, MAX_NEW)
+            assert f"startId {v} is not a token id of this model: expected an id in [0, {v})" in got["error"]
+        else:
+            got = driver.execute_async_script(START_ID, ids, 5, MAX_NEW)
+            assert "startId 5 does not apply to this" in got["error"] and "it continues the prompt" in got["error"]
+
+
 def test_bad_input_shows_a_message_and_the_page_keeps_working(page):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select

@@ -360,6 +360,11 @@ export class Model {
     const unpickable = o.eosIds.find((id) => id >= this.vocabSize);
     if (unpickable !== undefined)
       throw new ModelError(`eosId ${unpickable} is not a token id of this model: expected -1 (never) or an id in [0, ${this.vocabSize})`);
+    // a start token only where a decoder takes one, and one it can embed (as SearchOptions)
+    if (o.startId !== null && !this.roles.begin)
+      throw new ModelError(`startId ${o.startId} does not apply to this ${this.name} model: it continues the prompt (put the token first in the prompt instead)`);
+    if (o.startId !== null && !(Number.isInteger(o.startId) && o.startId >= 0 && o.startId < this.vocabSize))
+      throw new ModelError(`startId ${o.startId} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
     if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
     const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
