@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 247 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 251 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -966,6 +966,16 @@ FAULTS = (
     Fault("M257", "browser runtime: a startId past the vocabulary fed to the decoder",
           "seqexport/web/static/seqexport.mjs",
           "!(Number.isInteger(o.startId) && o.startId >= 0 && o.startId < this.vocabSize)", "false", ("tests/test_web.py::test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime",)),
+    Fault("M258", "Engine.submit(stop=5): accepted, the request then ends as an 'error' on the engine thread",
+          "seqexport/runtime/engine/request.py", "        if hook is not None and not callable(hook):\n",
+          "        if False:\n", ("tests/test_reliability.py::test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name",)),
+    Fault("M259", "generate(model, prompts, {...}): a bare AttributeError deep in the decode",
+          "seqexport/runtime/generate.py", "    if not isinstance(options, SearchOptions):\n        raise UsageError(f\"options: expected SearchOptions (or None)",
+          "    if False:\n        raise UsageError(f\"options: expected SearchOptions (or None)", ("tests/test_reliability.py::test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name",)),
+    Fault("M260", "load(None): a bare TypeError from pathlib",
+          "seqexport/runtime/models.py", "    if not isinstance(folder, str | os.PathLike):\n", "    if False:\n", ("tests/test_reliability.py::test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name",)),
+    Fault("M261", "Engine(<not a model>): a bare AttributeError",
+          "seqexport/runtime/engine/engine.py", "        if not isinstance(model, StepModel):\n", "        if False:\n", ("tests/test_reliability.py::test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name",)),
 )
 
 

@@ -208,6 +208,40 @@ def test_decode_refuses_ids_that_are_not_token_ids_and_skips_those_past_the_voca
         assert tok.decode(np.array(good)) == tok.decode(good) != ""
 
 
+def test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name(tf, mb, transformer_tiny):
+    """Each was a bare TypeError / AttributeError, taken silently, or failed later on the engine
+    thread (stop=5 ended the request as an "error", on_event=5 cancelled it, saying nothing)."""
+    folder = transformer_tiny[1]
+    for kwargs, message in (({"folder": None}, "folder: expected the path of an exported folder, got NoneType"),
+                            ({"folder": 5}, "folder: expected the path of an exported folder, got int"),
+                            ({"folder": folder, "io_binding": "yes"}, "io_binding: expected True or False, got 'yes'"),
+                            ({"folder": folder, "verify": 0}, "verify: expected True or False, got 0")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            rt.load(**kwargs)
+    with pytest.raises(UsageError, match=re.escape("options: expected SearchOptions (or None), got dict: use SearchOptions(**options)")):
+        rt.generate(mb, [[1, 2]], {"max_new_tokens": 2})
+    with pytest.raises(UsageError, match=re.escape("options: expected SearchOptions (or None), got dict")):
+        rt.Generator(mb, {"max_new_tokens": 2})
+    for kwargs, message in (({"max_state_bytes": -1}, "max_state_bytes must be an integer >= 1 or None, got -1"),
+                            ({"max_prompt_tokens": "8"}, "max_prompt_tokens must be an integer >= 1 or None, got '8'")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            rt.Engine(mb, **kwargs)
+    with pytest.raises(UsageError, match=re.escape("model: expected a model from seqexport.runtime.load")):
+        rt.Engine(str(folder))
+    engine = rt.Engine(tf, max_rows=2)
+    for kwargs, message in (({"stop": 5}, "stop: expected a function or None, got int"),
+                            ({"on_event": "print"}, "on_event: expected a function or None, got str"),
+                            ({"request_id": 7}, "request_id: expected a string or None, got int"),
+                            ({"timeout": "1"}, "timeout must be > 0 seconds, got '1'"),
+                            ({"timeout": True}, "timeout must be > 0 seconds, got True")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            engine.submit([5, 6, 7], rt.SearchOptions(max_new_tokens=2), **kwargs)
+    req = engine.submit([5, 6, 7], rt.SearchOptions(max_new_tokens=2), stop=lambda ids: False, timeout=30,
+                        request_id="mine", on_event=lambda r, t: None)
+    engine.run_until_done()
+    assert req.finish_reason == "length" and len(req.tokens) == 2
+
+
 def test_a_thread_count_that_is_not_one_is_the_callers_error_not_the_graphs(transformer_tiny, monkeypatch):
     """threads=2.5 or SEQEXPORT_THREADS=abc read "ONNX Runtime cannot load <graph>" (an
     ArtifactError, as if the file were at fault): now a UsageError naming the value."""

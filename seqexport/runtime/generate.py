@@ -82,6 +82,17 @@ def _real(name: str, value, rule: str, ok) -> None:
         raise UsageError(f"{name} must be {rule}, got {value}")
 
 
+def checked_options(options) -> SearchOptions:
+    """The options given (a dict's keys would otherwise fail as a bare AttributeError deep in
+    the decode), or the defaults for None."""
+    if options is None:
+        return SearchOptions()
+    if not isinstance(options, SearchOptions):
+        raise UsageError(f"options: expected SearchOptions (or None), got {type(options).__name__}"
+                         + (": use SearchOptions(**options)" if isinstance(options, dict) else ""))
+    return options
+
+
 def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
     """The tokens that end a row: the options' eos_id(s), else the tokenizer's eos_ids (a
     checkpoint may list several, e.g. end of text and end of turn); () for none. Also refuses
@@ -168,7 +179,7 @@ class Generator:
 
     def __init__(self, model: RuntimeModel, options: SearchOptions | None = None):
         self.model = model
-        self.options = options or SearchOptions()
+        self.options = checked_options(options)
         if self.options.num_beams > 1:
             raise UsageError("Generator does greedy or sampling; use generate(..., num_beams=N) for beam search")
         self.rng = np.random.default_rng(self.options.seed)
@@ -234,7 +245,7 @@ def stream(model, prompts, options: SearchOptions | None = None) -> Iterator[np.
 def generate(model, prompts, options: SearchOptions | None = None,
              on_token: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
     """Generated ids per prompt (eos excluded). `on_token` sees each step's tokens as they come."""
-    options = options or SearchOptions()
+    options = checked_options(options)
     if options.num_beams > 1:
         return beam_search(model, prompts, options)
     gen = Generator(model, options)

@@ -3,10 +3,11 @@
     model = seqexport.runtime.load("exported/transformer-tiny")
 """
 
+import os
 from pathlib import Path
 
 from seqexport import families
-from seqexport.errors import ArtifactError
+from seqexport.errors import ArtifactError, UsageError
 from seqexport.manifest import MANIFEST, read_manifest
 from seqexport.runtime.base import RuntimeModel, State, tokens_2d
 
@@ -22,6 +23,11 @@ def load(folder: str | Path, provider: str = "auto", verify: bool = True, thread
     manifest: the folder's manifest when the caller has already read (and checked) it.
     runtime: what runs the graphs: onnxruntime, or openvino (the openvino extra; provider auto or cpu).
     """
+    if not isinstance(folder, str | os.PathLike):
+        raise UsageError(f"folder: expected the path of an exported folder, got {type(folder).__name__}")
+    for name, flag in (("verify", verify), ("io_binding", io_binding)):
+        if not isinstance(flag, bool) and not (name == "io_binding" and flag is None):
+            raise UsageError(f"{name}: expected True or False, got {flag!r}")
     if manifest is None:
         manifest = read_manifest(folder, verify=verify)
     family = families.get(manifest["family"], ArtifactError, where=f"{Path(folder) / MANIFEST}")

@@ -9,13 +9,14 @@ from collections.abc import Callable
 
 from seqexport.errors import UsageError
 from seqexport.runtime.base import RuntimeModel, State
+from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.engine import scheduler
 from seqexport.runtime.engine.batch import RunningBatch
 from seqexport.runtime.engine.pinning import cannot_pin, pin, thread_cpus
 from seqexport.runtime.engine.queues import Queues
-from seqexport.runtime.engine.request import Request, checked_prompt
+from seqexport.runtime.engine.request import Request, check_hooks, checked_prompt
 from seqexport.runtime.engine.starter import Starter
-from seqexport.runtime.generate import SearchOptions, eos_for
+from seqexport.runtime.generate import SearchOptions, checked_options, eos_for
 
 
 class Engine:
@@ -25,11 +26,17 @@ class Engine:
                  max_state_bytes: int | None = None, max_prompt_tokens: int | None = None,
                  prefill_chunk: int = 64, start_ahead: int | None = None, start_batch: int = 4,
                  on_round: Callable[[], None] | None = None, pin_threads: bool = False):
+        if not isinstance(model, StepModel):
+            raise UsageError(f"model: expected a model from seqexport.runtime.load (or one with its API), "
+                             f"got {type(model).__name__}")
         start_ahead = max_rows if start_ahead is None else start_ahead
         for name, v, least in (("max_rows", max_rows, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 0),
                                ("start_ahead", start_ahead, 0), ("start_batch", start_batch, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise UsageError(f"{name} must be an integer >= {least}, got {v!r}")
+        for name, v in (("max_state_bytes", max_state_bytes), ("max_prompt_tokens", max_prompt_tokens)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise UsageError(f"{name} must be an integer >= 1 or None, got {v!r}")
         if pin_threads and (why := cannot_pin()):
             raise UsageError(f"pin_threads: {why}")
         self.model = model
@@ -102,8 +109,9 @@ class Engine:
                timeout: float | None = None, request_id: str | None = None) -> Request:
         """Queue one prompt (token ids). Raises InputError/UsageError for a prompt or options
         the model cannot take, QueueFull when `max_queue` requests already wait."""
-        options = options or SearchOptions()
+        options = checked_options(options)
         row = checked_prompt(self.model, prompt, options, timeout, self.max_prompt_tokens)
+        check_hooks(on_event, stop, request_id)
         now = time.monotonic()
         req = Request(row, options, request_id or f"req-{next(self._ids)}", on_event=on_event, stop=stop,
                       deadline=None if timeout is None else now + timeout, submitted=now)

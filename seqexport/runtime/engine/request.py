@@ -9,7 +9,7 @@ import numpy as np
 
 from seqexport.errors import InputError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
-from seqexport.runtime.generate import SearchOptions, as_rows
+from seqexport.runtime.generate import SearchOptions, as_rows, checked_options
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 
@@ -122,8 +122,7 @@ class Request:
 def checked_prompt(model: RuntimeModel, prompt, options: SearchOptions, timeout: float | None,
                    max_prompt_tokens: int | None) -> list[int]:
     """The prompt as token ids, once it and the options are known to fit the model."""
-    if not isinstance(options, SearchOptions):
-        raise UsageError(f"options: expected SearchOptions, got {type(options).__name__}")
+    options = checked_options(options)
     if options.num_beams > 1:
         raise UsageError(f"num_beams {options.num_beams}: the engine does greedy or sampled decoding only")
     (row,) = as_rows([prompt])
@@ -133,6 +132,18 @@ def checked_prompt(model: RuntimeModel, prompt, options: SearchOptions, timeout:
     if limit is not None and options.max_new_tokens > limit:
         raise InputError(f"max_new_tokens {options.max_new_tokens} exceeds what the model can hold: "
                          f"its decoder has {limit} positions")
-    if timeout is not None and not timeout > 0:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number)
+                                or not timeout > 0):
         raise UsageError(f"timeout must be > 0 seconds, got {timeout!r}")
     return row
+
+
+def check_hooks(on_event, stop, request_id) -> None:
+    """What submit() is given beside the prompt: a listener and a stop test that can be called
+    (else they failed on the engine thread: a request that ended as "error" or was cancelled,
+    with no word to the caller), and an id that is a string."""
+    for name, hook in (("on_event", on_event), ("stop", stop)):
+        if hook is not None and not callable(hook):
+            raise UsageError(f"{name}: expected a function or None, got {type(hook).__name__}")
+    if request_id is not None and not isinstance(request_id, str):
+        raise UsageError(f"request_id: expected a string or None, got {type(request_id).__name__}")
