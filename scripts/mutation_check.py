@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 251 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 252 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -976,6 +976,9 @@ FAULTS = (
           "seqexport/runtime/models.py", "    if not isinstance(folder, str | os.PathLike):\n", "    if False:\n", ("tests/test_reliability.py::test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name",)),
     Fault("M261", "Engine(<not a model>): a bare AttributeError",
           "seqexport/runtime/engine/engine.py", "        if not isinstance(model, StepModel):\n", "        if False:\n", ("tests/test_reliability.py::test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name",)),
+    Fault("M262", "a started engine stepped by hand as well: two threads stepping one batch",
+          "seqexport/runtime/engine/engine.py", "        if self._thread is not None:  # two threads stepping",
+          "        if False:  # two threads stepping", ("tests/test_engine.py::test_a_started_engine_is_not_stepped_by_hand_as_well",)),
 )
 
 

@@ -284,6 +284,25 @@ def test_batch_synchronous_when_rows_cannot_join():
     assert [r.tokens for r in reqs] == alone(model, prompts, options)
 
 
+def test_a_started_engine_is_not_stepped_by_hand_as_well(mamba):
+    """step() / run_until_done() on an engine whose own thread runs (start()) stepped one batch
+    from two threads at once, silently; now refused by name, and the thread's decode goes on
+    as generate()'s."""
+    engine = Engine(mamba, max_rows=2).start()
+    options = rt.SearchOptions(max_new_tokens=24)
+    try:
+        req = engine.submit([5, 6], options)
+        for call in (engine.step, engine.run_until_done):
+            with pytest.raises(UsageError, match=r"this engine's own thread runs its steps \(start\(\) was called\)"):
+                call()
+        with pytest.raises(UsageError, match="cancel: expected a Request"):
+            engine.cancel(None)
+        assert req.wait(60)
+    finally:
+        engine.close()
+    assert req.tokens == rt.generate(mamba, [[5, 6]], options)[0]
+
+
 def test_bad_requests_are_refused_with_the_value_named(mamba):
     engine = Engine(mamba, max_prompt_tokens=8)
     with pytest.raises(InputError, match="empty prompt"):

@@ -122,12 +122,15 @@ class Engine:
         return req
 
     def cancel(self, req: Request) -> None:
+        if not isinstance(req, Request):
+            raise UsageError(f"cancel: expected a Request (what submit() returned), got {type(req).__name__}")
         req.cancel()
         with self._queues.cond:
             self._queues.cond.notify()
 
     def run_until_done(self) -> None:
         """Step until no request runs or waits (the caller's thread; not with start())."""
+        self._by_hand("run_until_done()")
         while self.has_work():
             self.step()
 
@@ -183,8 +186,14 @@ class Engine:
         its `done` set. (The engine thread's loop sets them at the next hand-off instead: just
         before the next batched step, which lets the GIL go, so the woken clients' Python runs
         beside that step rather than against this thread's joins, leaves and picks.)"""
+        self._by_hand("step()")
         self._round()
         self._hand_off()
+
+    def _by_hand(self, call: str) -> None:
+        if self._thread is not None:  # two threads stepping one batch would corrupt its state
+            raise UsageError(f"{call}: this engine's own thread runs its steps (start() was called); step() and "
+                             "run_until_done() are for an engine that was not started, or after close()")
 
     def _hand_off(self) -> None:
         """Wake the threads the last round let go on: clients waiting on requests that ended,
