@@ -191,7 +191,7 @@ def test_decode_refuses_ids_that_are_not_token_ids_and_skips_those_past_the_voca
 
     from seqexport.families.rwkv import WORLD_VOCAB_FILE
     from seqexport.families.rwkv.tokenizer import RwkvWorldTokenizer
-    from seqexport.runtime.tokenizer import ByteTokenizer, HFTokenizer
+    from seqexport.runtime.tokenizer import ByteTokenizer, HFTokenizer, TextStream
 
     hf = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
     hf.save(str(tmp_path / "tokenizer.json"))
@@ -206,6 +206,10 @@ def test_decode_refuses_ids_that_are_not_token_ids_and_skips_those_past_the_voca
                 tok.decode(ids)
         assert tok.decode([10**9]) == hf.decode([10**9]) == ""
         assert tok.decode(np.array(good)) == tok.decode(good) != ""
+        stream = TextStream(tok)  # a streamed decode takes the same ids
+        assert stream.push(np.int64(good[0])) + stream.push(good[1]) == tok.decode(good)
+        with pytest.raises(InputError, match=r"decode: ids\[0\] is 1.5"):
+            stream.push(1.5)
 
 
 def test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name(tf, mb, transformer_tiny):

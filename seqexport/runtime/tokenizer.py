@@ -294,7 +294,8 @@ class TextStream:
         self._read = 0  # ids[_read:]: not printed yet
 
     def push(self, token: int) -> str:
-        self.ids.append(int(token))
+        (token,) = decoded_ids([token])  # a float or a negative id refused, as decode refuses it
+        self.ids.append(token)
         window = self.ids[self._prefix:]
         # generation decides where a row ends: decode past eos
         context = self.tok.decode(window[: self._read - self._prefix], stop_at_eos=False)
