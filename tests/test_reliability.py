@@ -482,6 +482,19 @@ def test_cli_errors_are_one_line_exit_2(args, message):
     assert result.output.strip().count("\n") == 0
 
 
+def test_an_output_folder_under_a_file_is_named_by_every_command_that_writes_one(transformer_tiny, tmp_path):
+    """--out below a file was "[Errno 17] File exists: '<the file>'" from export, quantize and
+    web alike; now which path cannot be written and why, and nothing is left behind."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    folder = str(transformer_tiny[1])
+    for args in (["export", "transformer", "--preset", "tiny"], ["quantize", folder], ["web", folder]):
+        result = CliRunner().invoke(cli, [*args, "--out", str(blocker / "out")])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == f"error: cannot write {blocker / 'out'}: {blocker} is a file, not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
 def test_cli_generate_input_errors(transformer_tiny):
     folder = str(transformer_tiny[1])
     result = CliRunner().invoke(cli, ["generate", folder, "--ids", "1 2", "--ids", "1 2 999"])

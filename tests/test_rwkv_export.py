@@ -160,7 +160,11 @@ def test_generate_text_uses_the_world_tokenizer(exported):
     ({"a": torch.zeros(2)}, "tensor names are not those of a rwkv model"),
     ({"emb.weight": torch.zeros(10, 8), "blocks.0.att.r_k": torch.zeros(2, 4), "blocks.0.att.k_a": torch.zeros(1, 1, 8),
       "head.weight": torch.zeros(10, 8)}, "missing ['blocks.0.ffn.key.weight'"),
-    (b"hello", "not a torch pickle"),  # torch.load raises KeyError on these bytes
+    # bytes that are no torch file at all: was "not a torch pickle" from torch.load's KeyError, and
+    # an empty file torch's EOFError with an empty message
+    (b"hello", "not a torch checkpoint (neither the zip archive torch.save writes nor a pickle; it starts b'hell')"),
+    (b"", "cannot read weights"),
+    (b"PK\x03\x04 a zip that is not one", "failed reading zip archive"),
 ])
 def test_a_bad_pth_is_one_line_exit_2(tmp_path, content, message):
     path = tmp_path / "bad.pth"
@@ -170,3 +174,5 @@ def test_a_bad_pth_is_one_line_exit_2(tmp_path, content, message):
         torch.save(content, path)
     result = CliRunner().invoke(cli, ["export", "rwkv", "--checkpoint", str(path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    if content == b"":
+        assert result.output.strip().endswith("bad.pth: the file is empty"), result.output

@@ -178,7 +178,10 @@ def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
     try:
         if weights.suffix == ".safetensors":
             return load_file(str(weights)) | _read_refs(weights)
+        _check_torch_file(weights)
         state = torch.load(weights, map_location="cpu", weights_only=True)
+    except CheckpointError:  # (a ValueError: the clause below would wrap it again)
+        raise
     except (SafetensorError, OSError, RuntimeError, EOFError) as e:
         raise CheckpointError(f"cannot read weights {weights}: {e}") from None
     except (KeyError, ValueError) as e:  # what torch.load raises for bytes that are no pickle at all
@@ -194,6 +197,19 @@ def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{weights} does not hold a flat mapping of names to tensors")
     return state
+
+
+def _check_torch_file(weights: Path) -> None:
+    """What torch.save writes starts as a zip archive (or, before torch 1.6, a pickle): an empty
+    file gave torch's bare EOFError (an empty message), and a text file "not a plain tensor
+    pickle ... a pickle that carries code", as if it were one."""
+    with open(weights, "rb") as f:
+        head = f.read(4)
+    if not head:
+        raise CheckpointError(f"cannot read weights {weights}: the file is empty")
+    if head != b"PK\x03\x04" and head[0] != 0x80:
+        raise CheckpointError(f"cannot read weights {weights}: not a torch checkpoint (neither the zip archive "
+                              f"torch.save writes nor a pickle; it starts {head!r})")
 
 
 def _read_refs(weights: Path) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from seqexport.errors import ExportError
+from seqexport.errors import ExportError, UsageError
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -94,9 +94,14 @@ def atomic_folder(target: str | Path, overwrite: bool = False):
     """Yield a temporary folder next to `target`; on success it becomes `target`."""
     target = Path(target)
     check_target(target, overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+    except OSError as e:  # a file where a folder must be, no permission: the caller's path, named
+        blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker is not None else (e.strerror or str(e))
+        raise UsageError(f"cannot write {target}: {why}") from None
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the export is an ordinary folder
     try:
         yield tmp
