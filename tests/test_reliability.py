@@ -492,6 +492,9 @@ def test_an_output_folder_under_a_file_is_named_by_every_command_that_writes_one
         result = CliRunner().invoke(cli, [*args, "--out", str(blocker / "out")])
         assert result.exit_code == 2, result.output
         assert result.output.strip() == f"error: cannot write {blocker / 'out'}: {blocker} is a file, not a folder"
+    report = blocker / "report.json"  # a report file below one: was "the folder ... does not exist"
+    result = CliRunner().invoke(cli, ["validate", folder, "--steps", "2", "--report", str(report)])
+    assert result.exit_code == 2 and result.output.strip() == f"error: --report {report}: {blocker} is a file, not a folder"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 

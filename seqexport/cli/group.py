@@ -32,6 +32,8 @@ def check_output_path(path: str | None, option: str) -> None:
     if path is None:
         return
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: {folder} is a file, not a folder")
     if not os.path.isdir(folder):
         raise UsageError(f"{option} {path}: the folder {folder} does not exist")
     if os.path.isdir(path):
