@@ -193,7 +193,7 @@ class Engine:
     def _by_hand(self, call: str) -> None:
         if self._thread is not None:  # two threads stepping one batch would corrupt its state
             raise UsageError(f"{call}: this engine's own thread runs its steps (start() was called); step() and "
-                             "run_until_done() are for an engine that was not started, or after close()")
+                             "run_until_done() are for an engine that was not started")
 
     def _hand_off(self) -> None:
         """Wake the threads the last round let go on: clients waiting on requests that ended,
