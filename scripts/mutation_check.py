@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 254 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 255 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -984,6 +984,9 @@ FAULTS = (
           "    except ZeroDivisionError as e:  # a file where a folder must be", ("tests/test_reliability.py::test_an_output_folder_under_a_file_is_named_by_every_command_that_writes_one",)),
     Fault("M264", "an empty or text file given as a torch checkpoint: an empty message, or 'a pickle that carries code'",
           "seqexport/checkpoints/io.py", "        _check_torch_file(weights)\n", "        pass\n", ("tests/test_rwkv_export.py::test_a_bad_pth_is_one_line_exit_2",)),
+    Fault("M265", "quantize: a --calibration file the options do not use is read and judged ('no prompts') first",
+          "seqexport/cli/quantize.py", "    check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)\n",
+          "", ("tests/test_quantize.py::test_bad_requests_are_one_line_exit_2",)),
 )
 
 

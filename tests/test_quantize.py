@@ -183,6 +183,11 @@ def test_bad_requests_are_one_line_exit_2(dates_exports, tmp_path):
          f"--calibration {blank}: no prompts (every line is empty)"),
         (["quantize", str(folder), "--out", str(tmp_path / "z"), "--mode", "static", "--calibration", str(binary)],
          f"--calibration {binary}: not UTF-8 text (byte 5)"),
+        # a calibration file the options do not use is refused as that, not judged (was: "no prompts")
+        (["quantize", str(folder), "--out", str(tmp_path / "z"), "--calibration", str(blank)],
+         "calibration prompts are for --mode static"),
+        (["quantize", str(folder), "--out", str(tmp_path / "z"), "--bits", "4", "--calibration", str(binary)],
+         "--calibration is an int8 option; --bits 4 is weight-only"),
         (["quantize", str(folder), "--out", str(int8)], "already exists"),
     ):
         result = runner.invoke(cli, args)

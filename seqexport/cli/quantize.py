@@ -34,8 +34,11 @@ def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accu
     validate` judges the copy by top-1 agreement with the float32 eager model and, for
     Mamba / RWKV-7, by the drift of every state tensor over 256 steps.
     """
+    from seqexport.export.quantize import check_options
     from seqexport.export.quantize import quantize as run_quantize
 
+    # the options' mix first: a file an option does not use is refused as that, not judged
+    check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)
     texts = _calibration_texts(calibration) if calibration else None
     run_quantize(folder, out, bits=bits, mode=mode, per_channel=per_channel, block_size=block_size,
                  accuracy_level=accuracy_level, exclude=exclude, include_head=include_head, overwrite=overwrite,

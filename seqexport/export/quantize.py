@@ -228,8 +228,13 @@ def _quantize_graph(src: onnx.ModelProto, path: Path, mode: str, per_channel: bo
         root.level = level
 
 
-def _check_options(bits: int, mode: str, per_channel: bool, calibration, block_size, accuracy_level) -> None:
-    """Refuse a request that mixes the int8 and int4 options, naming the bad value."""
+def check_options(bits: int, mode: str, per_channel: bool, calibration, block_size, accuracy_level) -> tuple:
+    """Refuse a request that mixes the int8 and int4 options, naming the bad value; returns int4's
+    (block_size, accuracy_level) with their defaults filled in. (`calibration`: anything true
+    when calibration prompts are given: the CLI checks before it reads its file.)"""
+    if bits == 4:
+        block_size = int4.BLOCK_SIZE if block_size is None else block_size
+        accuracy_level = int4.ACCURACY_LEVEL if accuracy_level is None else accuracy_level
     if bits not in BITS:
         raise UsageError(f"--bits {bits}: expected one of {list(BITS)} (int8 with activations quantised, "
                          "or weight-only int4)")
@@ -245,12 +250,13 @@ def _check_options(bits: int, mode: str, per_channel: bool, calibration, block_s
             raise UsageError(f"--block-size {block_size}: expected one of {list(int4.BLOCK_SIZES)}")
         if accuracy_level not in int4.ACCURACY_LEVELS:
             raise UsageError(f"--accuracy-level {accuracy_level}: expected one of {list(int4.ACCURACY_LEVELS)}")
-        return
+        return block_size, accuracy_level
     if block_size is not None or accuracy_level is not None:
         raise UsageError(f"--{'block-size' if block_size is not None else 'accuracy-level'} is an int4 option "
                          "(--bits 4)")
     if calibration and mode != "static":
         raise UsageError("calibration prompts are for --mode static (dynamic int8 needs none)")
+    return block_size, accuracy_level
 
 
 def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: bool = False, exclude=(),
@@ -263,10 +269,7 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     int8's prompts (text; default: seeded random token ids)."""
     log = log or (lambda msg: None)
     folder, out = Path(folder), Path(out)
-    if bits == 4:
-        block_size = int4.BLOCK_SIZE if block_size is None else block_size
-        accuracy_level = int4.ACCURACY_LEVEL if accuracy_level is None else accuracy_level
-    _check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)
+    block_size, accuracy_level = check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)
     if include_head is None:  # the default: int8 keeps the head float32, int4 makes it 8-bit
         head_bits = int4.HEAD_BITS if bits == 4 else None
     else:
