@@ -10,6 +10,7 @@ each family's `checkpoints` module reads its layouts. A bare weights file with n
 import hashlib
 import json
 import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,9 @@ def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
         if weights.suffix == ".safetensors":
             return load_file(str(weights)) | _read_refs(weights)
         _check_torch_file(weights)
-        state = torch.load(weights, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's note on a pickle protocol it did not write: noise here
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            state = torch.load(weights, map_location="cpu", weights_only=True)
     except CheckpointError:  # (a ValueError: the clause below would wrap it again)
         raise
     except (SafetensorError, OSError, RuntimeError, EOFError) as e:
