@@ -178,7 +178,7 @@ window.seqexportPage.model.generateIds(ids, { maxNewTokens: n, startId, eosId: -
 def test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime(page):
     """startId starts an encoder-decoder's decoder: the page decodes as generate(start_id=...)
     does; a decoder-only model refuses it by name instead of ignoring it, and an id past the
-    vocabulary is refused as SearchOptions refuses it."""
+    vocabulary is refused as SearchOptions refuses it; and an option the runtime does not know."""
     url, driver, site = page
     for family in [f for f in ("transformer", "mamba") if f in BUNDLED]:
         model = rt.load(site[1][family], provider="cpu")
@@ -193,6 +193,9 @@ def test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_pytho
         else:
             got = driver.execute_async_script(START_ID, ids, 5, MAX_NEW)
             assert "startId 5 does not apply to this" in got["error"] and "it continues the prompt" in got["error"]
+        # a misspelt option decoded with the default instead, silently: refused by name
+        got = driver.execute_async_script(START_ID.replace("startId, eosId", "maxNewToken: 3, eosId"), ids, None, MAX_NEW)
+        assert got["error"].startswith("Error: unknown option maxNewToken; expected some of maxNewTokens, ")
 
 
 def test_bad_input_shows_a_message_and_the_page_keeps_working(page):

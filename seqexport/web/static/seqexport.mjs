@@ -432,10 +432,15 @@ function randomSeed() {
 
 /** Options checked as SearchOptions checks them; an error names the bad value. */
 export function searchOptions(options, tokenizer) {
-  const o = {
+  const defaults = {
     maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, seed: null,
-    eosId: tokenizer?.eosIds ?? null, startId: null, ...options,
+    eosId: tokenizer?.eosIds ?? null, startId: null,
   };
+  // a misspelt option (maxNewToken) would decode with the default instead, silently
+  const unknown = Object.keys(options ?? {}).find((k) => !(k in defaults));
+  if (unknown !== undefined)
+    throw new ModelError(`unknown option ${unknown}; expected some of ${Object.keys(defaults).join(", ")}`);
+  const o = { ...defaults, ...options };
   // the ids that end a row, as eos_for() gives them: one id, a list, or none
   o.eosIds = o.eosId == null ? [] : Array.isArray(o.eosId) ? [...o.eosId] : [o.eosId];
   for (const id of o.eosIds)
