@@ -226,6 +226,8 @@ def test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name(tf, mb, tran
         rt.generate(mb, [[1, 2]], {"max_new_tokens": 2})
     with pytest.raises(UsageError, match=re.escape("options: expected SearchOptions (or None), got dict")):
         rt.Generator(mb, {"max_new_tokens": 2})
+    with pytest.raises(UsageError, match=re.escape("on_token: expected a function or None, got list")):
+        rt.generate(mb, [[1, 2]], on_token=[])
     for kwargs, message in (({"max_state_bytes": -1}, "max_state_bytes must be an integer >= 1 or None, got -1"),
                             ({"max_prompt_tokens": "8"}, "max_prompt_tokens must be an integer >= 1 or None, got '8'")):
         with pytest.raises(UsageError, match=re.escape(message)):

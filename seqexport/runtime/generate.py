@@ -246,6 +246,8 @@ def generate(model, prompts, options: SearchOptions | None = None,
              on_token: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
     """Generated ids per prompt (eos excluded). `on_token` sees each step's tokens as they come."""
     options = checked_options(options)
+    if on_token is not None and not callable(on_token):  # (else a TypeError after the first step)
+        raise UsageError(f"on_token: expected a function or None, got {type(on_token).__name__}")
     if options.num_beams > 1:
         return beam_search(model, prompts, options)
     gen = Generator(model, options)
