@@ -177,6 +177,8 @@ def test_row_operations_refuse_rows_and_states_that_are_not_the_batchs(tf, mb):
                              ([state, None], "join: states\\[1\\] is a NoneType, not a State")):
             with pytest.raises(InputError, match=message):
                 model.join(bad)
+        with pytest.raises(InputError, match=r"extend: newcomers\[0\] is a NoneType, not a State"):
+            model.extend(fresh(), [None])
         got = model.take(state, [1, 1, 0])
         for name, a in state.numpy().arrays.items():
             if got.arrays[name].shape == a[[1, 1, 0]].shape:  # (a transformer's cache may be trimmed)

@@ -13,6 +13,7 @@ from seqexport.runtime.capabilities import StepModel
 from seqexport.runtime.row_buffers import RowBuffers
 from seqexport.runtime.session import NP_DTYPES, check_token_ids
 from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP
+from seqexport.state.state import checked_states
 
 
 class RecurrentSteps(StepModel):
@@ -127,6 +128,7 @@ class BufferedRows:
         return logits[:, 0], state
 
     def extend(self, state: State, newcomers: list[State], rows: int | None = None) -> State:
+        checked_states([state, *newcomers], "extend")
         buffers = _intact(state)
         for s in newcomers:
             _intact(s)

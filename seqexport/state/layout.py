@@ -153,6 +153,7 @@ class StateLayout:
         """The running batch with the newcomers' rows written into its spare rows (the rows
         already there are not copied); reallocated with room for `rows` rows (the most the batch
         may hold) when they do not fit. `state` must not be used again."""
+        checked_states([state, *newcomers], "extend")
         arrays = extend_rows(state.numpy().arrays, [s.numpy().arrays for s in newcomers], self.ragged | self.axes,
                              rows)
         return State(arrays, self._length(arrays, max(s.length for s in [state, *newcomers]))).owning()

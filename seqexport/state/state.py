@@ -73,14 +73,16 @@ class State:
                      max(s.length for s in states)).owning()
 
 
-def checked_states(states) -> list[State]:
-    """A non-empty list of States (what join takes); anything else is the caller's error."""
+def checked_states(states, call: str = "join") -> list[State]:
+    """A non-empty list of States (what join takes; extend's batch and newcomers, the batch
+    first); anything else is the caller's error."""
     states = list(states) if isinstance(states, list | tuple) else states
     if not isinstance(states, list) or not states:
-        raise InputError(f"join: expected a non-empty list of states, got {states!r:.80}")
+        raise InputError(f"{call}: expected a non-empty list of states, got {states!r:.80}")
     for n, s in enumerate(states):
         if not isinstance(s, State):
-            raise InputError(f"join: states[{n}] is a {type(s).__name__}, not a State")
+            what = f"states[{n}]" if call != "extend" else "the batch's state" if n == 0 else f"newcomers[{n - 1}]"
+            raise InputError(f"{call}: {what} is a {type(s).__name__}, not a State")
     return states
 
 
