@@ -297,6 +297,9 @@ def test_a_started_engine_is_not_stepped_by_hand_as_well(mamba):
                 call()
         with pytest.raises(UsageError, match="cancel: expected a Request"):
             engine.cancel(None)
+        other = Engine(mamba, max_rows=2)
+        with pytest.raises(UsageError, match="cancel: request 'theirs' was not submitted to this engine"):
+            engine.cancel(other.submit([5], options, request_id="theirs"))
         assert req.wait(60)
     finally:
         engine.close()

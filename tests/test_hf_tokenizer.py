@@ -122,6 +122,19 @@ def test_special_ids_take_every_listed_eos_and_each_must_lie_in_the_vocabulary(c
             assert json.loads((out / "manifest.json").read_text())["tokenizer"]["eos_id"] == VOCAB - 1
 
 
+def test_a_tokenizer_side_file_that_cannot_be_read_is_named(checkpoint, tmp_path):
+    """A folder where tokenizer_config.json should be was a bare IsADirectoryError traceback
+    at export; now one line naming the file, and nothing written."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(checkpoint[0], folder)
+    (folder / "tokenizer_config.json").mkdir()
+    out = tmp_path / "onnx"
+    result = CliRunner().invoke(cli, ["export", "mamba", "--checkpoint", str(folder), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {folder / 'tokenizer_config.json'}: cannot read it (Is a directory)"
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def two_eos(checkpoint, tmp_path_factory):
     """The checkpoint with generation_config listing two eos ids, the one the greedy decode meets

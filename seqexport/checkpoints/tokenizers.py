@@ -60,6 +60,8 @@ def _json(path: Path) -> dict:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
+    except OSError as e:  # a folder of that name, no permission
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
     return data if isinstance(data, dict) else {}

@@ -124,6 +124,8 @@ class Engine:
     def cancel(self, req: Request) -> None:
         if not isinstance(req, Request):
             raise UsageError(f"cancel: expected a Request (what submit() returned), got {type(req).__name__}")
+        if req._engine_flag is not self._queues.cancel_flag:  # it would be cancelled where it runs, not here
+            raise UsageError(f"cancel: request {req.id!r} was not submitted to this engine")
         req.cancel()
         with self._queues.cond:
             self._queues.cond.notify()
