@@ -128,4 +128,3 @@ def _check_graph_entry(c: "_Check", where: str, entry, folder: Path) -> None:
         c.get(entry, "data_sha256", where, "64 lowercase hex digits",
               lambda v: isinstance(v, str) and SHA256.fullmatch(v))
         c.get(entry, "data_bytes", where, "a byte count (integer >= 0)", _int(0))
-

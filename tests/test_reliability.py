@@ -499,6 +499,9 @@ def test_an_output_folder_under_a_file_is_named_by_every_command_that_writes_one
     report = blocker / "report.json"  # a report file below one: was "the folder ... does not exist"
     result = CliRunner().invoke(cli, ["validate", folder, "--steps", "2", "--report", str(report)])
     assert result.exit_code == 2 and result.output.strip() == f"error: --report {report}: {blocker} is a file, not a folder"
+    deeper = blocker / "sub" / "report.json"  # the file two folders up is named too
+    result = CliRunner().invoke(cli, ["validate", folder, "--steps", "2", "--report", str(deeper)])
+    assert result.exit_code == 2 and result.output.strip() == f"error: --report {deeper}: {blocker} is a file, not a folder"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 

@@ -1,10 +1,12 @@
 """The `seqexport` group: every command's errors a user can cause become one line + exit 2."""
 
 import os
+from pathlib import Path
 
 import click
 
 from seqexport.errors import SeqexportError, UsageError
+from seqexport.export.atomic import file_in_the_way
 
 
 class PipeClosed(Exception):
@@ -32,10 +34,10 @@ def check_output_path(path: str | None, option: str) -> None:
     if path is None:
         return
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: {folder} is a file, not a folder")
     if not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+        blocker = file_in_the_way(Path(folder))
+        raise UsageError(f"{option} {path}: " + (f"{blocker} is a file, not a folder" if blocker is not None
+                                                 else f"the folder {folder} does not exist"))
     if os.path.isdir(path):
         raise UsageError(f"{option} {path}: is a folder; expected a file path")
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):

@@ -21,6 +21,12 @@ from seqexport.errors import ExportError, UsageError
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The file where `folder` or one of the folders above it should be, if any (why it cannot
+    be made: mkdir's "[Errno 17] File exists" names no path a user gave)."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+
+
 def check_target(target: Path, overwrite: bool) -> None:
     if target.exists() and not target.is_dir():
         raise ExportError(f"{str(target)!r} exists and is not a folder")
@@ -99,7 +105,7 @@ def atomic_folder(target: str | Path, overwrite: bool = False):
         remove_stale(target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
     except OSError as e:  # a file where a folder must be, no permission: the caller's path, named
-        blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        blocker = file_in_the_way(target.parent)
         why = f"{blocker} is a file, not a folder" if blocker is not None else (e.strerror or str(e))
         raise UsageError(f"cannot write {target}: {why}") from None
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the export is an ordinary folder

@@ -95,9 +95,7 @@ def checked_options(options) -> SearchOptions:
 
 def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
     """The tokens that end a row: the options' eos_id(s), else the tokenizer's eos_ids (a
-    checkpoint may list several, e.g. end of text and end of turn); () for none. Also refuses
-    options this model cannot honour (a start_id it has no use for or cannot feed)."""
-    _check_start_id(model, options.start_id)
+    checkpoint may list several, e.g. end of text and end of turn); () for none."""
     if options.eos_id is not None:
         eos = options.eos_id if isinstance(options.eos_id, tuple) else (options.eos_id,)
         for e in eos:  # an id the model cannot pick would never end a row: a decode to max_new_tokens
@@ -108,7 +106,7 @@ def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
     return tuple(model.tokenizer.eos_ids) if model.tokenizer else ()
 
 
-def _check_start_id(model, start_id: int | None) -> None:
+def check_start_id(model, start_id: int | None) -> None:
     """A decoder start token only where the model has a decoder that takes one (ignored
     silently, it would look as if it had been used), and only an id the decoder can embed."""
     if start_id is None:
@@ -180,6 +178,7 @@ class Generator:
     def __init__(self, model: RuntimeModel, options: SearchOptions | None = None):
         self.model = model
         self.options = checked_options(options)
+        check_start_id(model, self.options.start_id)  # (beam search's Generator checks it for it)
         if self.options.num_beams > 1:
             raise UsageError("Generator does greedy or sampling; use generate(..., num_beams=N) for beam search")
         self.rng = np.random.default_rng(self.options.seed)

@@ -25,9 +25,10 @@ def load(folder: str | Path, provider: str = "auto", verify: bool = True, thread
     """
     if not isinstance(folder, str | os.PathLike):
         raise UsageError(f"folder: expected the path of an exported folder, got {type(folder).__name__}")
-    for name, flag in (("verify", verify), ("io_binding", io_binding)):
-        if not isinstance(flag, bool) and not (name == "io_binding" and flag is None):
-            raise UsageError(f"{name}: expected True or False, got {flag!r}")
+    if not isinstance(verify, bool):
+        raise UsageError(f"verify: expected True or False, got {verify!r}")
+    if io_binding is not None and not isinstance(io_binding, bool):
+        raise UsageError(f"io_binding: expected True or False, got {io_binding!r}")
     if manifest is None:
         manifest = read_manifest(folder, verify=verify)
     family = families.get(manifest["family"], ArtifactError, where=f"{Path(folder) / MANIFEST}")

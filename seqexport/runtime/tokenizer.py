@@ -214,9 +214,10 @@ def decoded_ids(ids) -> list[int]:
         raise InputError(f"decode: expected a sequence of token ids, got {type(ids).__name__}")
     out = []
     for n, i in enumerate(ids):
-        if isinstance(i, bool | np.bool_) or not isinstance(i, int | np.integer) or i < 0:
+        i = int(i) if isinstance(i, np.integer) else i  # (a numpy bool is no np.integer: refused below)
+        if not is_token_id(i):
             raise InputError(f"decode: ids[{n}] is {i!r}; expected a token id (an integer >= 0)")
-        out.append(int(i))
+        out.append(i)
     return out
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from seqexport.errors import InputError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
-from seqexport.runtime.generate import SearchOptions, as_rows, checked_options
+from seqexport.runtime.generate import SearchOptions, as_rows, check_start_id
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 
@@ -121,8 +121,7 @@ class Request:
 
 def checked_prompt(model: RuntimeModel, prompt, options: SearchOptions, timeout: float | None,
                    max_prompt_tokens: int | None) -> list[int]:
-    """The prompt as token ids, once it and the options are known to fit the model."""
-    options = checked_options(options)
+    """The prompt as token ids, once it and the options (SearchOptions) are known to fit the model."""
     if options.num_beams > 1:
         raise UsageError(f"num_beams {options.num_beams}: the engine does greedy or sampled decoding only")
     (row,) = as_rows([prompt])
@@ -132,6 +131,7 @@ def checked_prompt(model: RuntimeModel, prompt, options: SearchOptions, timeout:
     if limit is not None and options.max_new_tokens > limit:
         raise InputError(f"max_new_tokens {options.max_new_tokens} exceeds what the model can hold: "
                          f"its decoder has {limit} positions")
+    check_start_id(model, options.start_id)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number)
                                 or not timeout > 0):
         raise UsageError(f"timeout must be > 0 seconds, got {timeout!r}")
