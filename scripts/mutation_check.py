@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 258 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 261 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -997,6 +997,15 @@ FAULTS = (
     Fault("M268", "Engine.cancel of another engine's request taken (cancelled there, nothing here)",
           "seqexport/runtime/engine/engine.py", "        if req._engine_flag is not self._queues.cancel_flag:",
           "        if False:", ("tests/test_engine.py::test_a_started_engine_is_not_stepped_by_hand_as_well",)),
+    Fault("M269", "a slow warm-up call never says it is still running (minutes of silence)",
+          "seqexport/bench/timing.py", "        while not done.wait(every_s):", "        while not done.wait(1e9):",
+          ("tests/test_bench.py::test_slow_timing_reports_progress_and_quick_timing_is_quiet",)),
+    Fault("M270", "the time left after a slow round never counts down",
+          "seqexport/bench/timing.py", "                left -= round_s[name]\n", "",
+          ("tests/test_bench.py::test_slow_timing_reports_progress_and_quick_timing_is_quiet",)),
+    Fault("M271", "the rounds' estimate counts every repeat, past the budget's stop after 3",
+          "seqexport/bench/timing.py", "        if r >= 3 and total > budget_s:\n            break\n", "",
+          ("tests/test_bench.py::test_slow_timing_reports_progress_and_quick_timing_is_quiet",)),
 )
 
 

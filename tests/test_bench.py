@@ -20,7 +20,7 @@ import seqexport.families
 import seqexport.runtime
 from seqexport.bench.run import _ms, format_table, run_bench
 from seqexport.bench.scaling import measure_scaling
-from seqexport.bench.timing import median_ratio, time_eager_and_ort
+from seqexport.bench.timing import duration, median_ratio, time_eager_and_ort, time_paired
 from seqexport.cli import cli
 from seqexport.errors import UsageError
 from seqexport.families.mamba.lowering_study import format_rows, study, study_scan
@@ -219,6 +219,58 @@ def test_best_eager_is_the_faster_of_the_two_thread_counts():
     assert _ms(med)["ort_over_eager"] == pytest.approx(0.5, abs=0.12)  # upside down: 2; the slower eager: 0.25
 
 
+def _seconds(text: str) -> float:
+    """'0.4 s', '42 s', '3 min 5 s' -> seconds."""
+    m = re.fullmatch(r"(?:(\d+) min )?([\d.]+) s", text)
+    return 60 * int(m[1] or 0) + float(m[2])
+
+
+def test_slow_timing_reports_progress_and_quick_timing_is_quiet():
+    """A call of 0.3 s with the thresholds at 0.1 s (beats) and 0.2 s (slow): its warm-up beats
+    while it runs, the rounds' time is estimated from it (4 rounds of 0.3 s beside a quick
+    function: 1.2 s), and every round says what is left, down to nothing. The quick function
+    and a run without a log say nothing (and start no thread). A slow warm-up says what it took."""
+    import threading
+
+    lines: list[tuple[float, str]] = []
+    start = time.perf_counter()
+    fns = {"slow": lambda: time.sleep(0.3), "quick": lambda: None}
+    time_paired(fns, 4, 0.0, log=lambda m: lines.append((time.perf_counter() - start, m)),
+                heartbeat_s=0.1, slow_call_s=0.2)
+    text = [m for _, m in lines]
+    beats = [m for m in text if m.startswith("    slow (warm-up): still running after ")]
+    assert len(beats) >= 3  # two warm-up calls of 0.3 s: ~5 beats
+    (warm,) = [m for m in text if m.startswith("    slow: ") and m.endswith(" a call (warm-up)")]
+    assert 0.25 <= _seconds(warm.removeprefix("    slow: ").removesuffix(" a call (warm-up)")) <= 0.5
+    (estimate,) = [m for m in text if m.startswith("    timing slow, quick: about ")]
+    assert re.fullmatch(r"    timing slow, quick: about (.+) more \(4 rounds\)", estimate)
+    assert 1.0 <= _seconds(estimate.split("about ")[1].split(" more")[0]) <= 1.6
+    rounds = [m for m in text if re.match(r"    slow: round \d of 4 took ", m)]
+    assert [int(m.split("round ")[1][0]) for m in rounds] == [1, 2, 3, 4]
+    lefts = [_seconds(m.split("about ")[1].removesuffix(" left")) for m in rounds]
+    assert lefts == sorted(lefts, reverse=True) and lefts[-1] == 0.0 and 0.7 <= lefts[0] <= 1.1
+    assert not [m for m in text if "quick" in m and m is not estimate]
+    assert text.index(beats[-1]) < text.index(warm) < text.index(estimate) and text.index(estimate) < text.index(rounds[0])
+
+    # a budget of 0.5 s: calls of 0.2 s stop after 3 rounds (0.6 s), not 7, and the estimate says so
+    budget: list[str] = []
+    time_paired({"slow": lambda: time.sleep(0.2)}, 7, 0.0, budget_s=0.5, log=budget.append, heartbeat_s=10.0,
+                slow_call_s=0.15)
+    assert budget[1].endswith("more (3 rounds)") and budget[-1].startswith("    slow: round 3 of 3 took ")
+    assert len([m for m in budget if " round " in m]) == 3
+
+    quiet: list[str] = []
+    threads = threading.active_count()
+    time_paired({"quick": lambda: None}, 3, 0.0, log=quiet.append, heartbeat_s=0.1, slow_call_s=0.2)
+    time_paired(fns, 2, 0.0, heartbeat_s=0.05, slow_call_s=0.01)  # no log: nothing to say it with
+    assert quiet == [] and threading.active_count() == threads
+
+
+def test_duration_words():
+    assert [duration(s) for s in (0.04, 9.9, 42.4, 185, 4812)] == ["0.0 s", "9.9 s", "42 s", "3 min 5 s",
+                                                                   "1 h 20 min"]
+
+
 def test_median_ratio_pairs_rounds():
     """Per-round ratios 0.5, 0.25, 0.125, 9: median 0.375 (not 1 / their inverse's median, 1 / 3,
     nor the ratio of the medians, 1 / 3)."""
@@ -248,7 +300,7 @@ BANDWIDTH = {"bytes": 64 << 20, "torch_threads": 2, "numpy_gbs": 5.0, "torch_1t_
 def test_run_bench_ratios_from_known_medians(transformer_tiny, monkeypatch):
     """run_bench with the timer and the bandwidth replaced by known figures: every function
     still runs once (real engines); each ratio is checked against the figures by hand."""
-    def known_medians(fns, threads, repeats, sample_s):
+    def known_medians(fns, threads, repeats, sample_s, log=None):
         table = GEN_MED if "eager_cache" in fns else STEP_MED
         out = {}
         for name, fn in fns.items():

@@ -23,7 +23,7 @@ import numpy as np
 from seqexport import families
 from seqexport.bench.cases import advancing_step
 from seqexport.bench.int4 import linears_sessions, step_floor
-from seqexport.bench.timing import rss_now, time_paired
+from seqexport.bench.timing import Log, rss_now, time_paired
 from seqexport.errors import UsageError
 from seqexport.manifest import MANIFEST, read_manifest
 from seqexport.runtime.generate import SearchOptions, generate
@@ -57,7 +57,8 @@ SAMPLE_S = 0.5
 
 
 def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16, threads: int = 2,
-                   repeats: int = 5, sample_s: float = SAMPLE_S, log=lambda msg: None) -> dict:
+                   repeats: int = 5, sample_s: float = SAMPLE_S, log: Log | None = None) -> dict:
+    say = log or (lambda msg: None)
     q = read_manifest(folder, verify=False).get("quantization") or {}
     label = q.get("weights", "int8")
     names = ("float32", label)
@@ -78,27 +79,29 @@ def run_int8_bench(folder, baseline, *, contexts=(16, 64), new_tokens: int = 16,
     # int4: the step's linears alone, timed in the same calls as the first context's steps
     alone, linears = linears_sessions(Path(folder), Path(baseline), threads) if label == "int4" else (None, {})
     for context in contexts:
-        log(f"  {label} vs float32: step and prefill at context {context}")
+        say(f"  {label} vs float32: step and prefill at context {context}")
         state = bench.decode_state(fp32, 1, context, rng, bench.PROMPT_LEN[False])
         tokens = rng.integers(1, fp32.vocab_size, 1, dtype=np.int64)
         # each model steps its own copy as in a decode (stepping a shared state would copy its cache every call)
         fns = {n: advancing_step(m, tokens, state) for n, m in models.items()}
         beside = {f"linears_{n}": fn for n, fn in linears.items()} if context == contexts[0] else {}
-        step = time_paired(fns | beside, repeats, sample_s)
+        step = time_paired(fns | beside, repeats, sample_s, log=log)
         if beside:
             alone |= {"context": context, "float32_ms": step["linears_float32"] * 1e3,
                       "int4_ms": step["linears_int4"] * 1e3, "ratio": step["linears_int4"] / step["linears_float32"]}
             alone |= step_floor(step["float32"] * 1e3, step[label] * 1e3, alone)
         prompt = [list(map(int, bench.generation_prompts(fp32, 1, context, rng)[0]))]
-        prefill = time_paired({n: (lambda m=m, p=prompt: m.begin(p)) for n, m in models.items()}, repeats, sample_s)
+        prefill = time_paired({n: (lambda m=m, p=prompt: m.begin(p)) for n, m in models.items()}, repeats, sample_s,
+                              log=log)
         rows.append({"context": context, **{f"step_{n}_ms": step[n] * 1e3 for n in names},
                      "step_ratio": step[label] / step["float32"],
                      **{f"prefill_{n}_ms": prefill[n] * 1e3 for n in names},
                      "prefill_ratio": prefill[label] / prefill["float32"]})
-    log(f"  {label} vs float32: generation of {new_tokens} tokens")
+    say(f"  {label} vs float32: generation of {new_tokens} tokens")
     prompts = bench.generation_prompts(fp32, 1, bench.PROMPT_LEN[True], rng)
     options = SearchOptions(max_new_tokens=new_tokens, eos_id=-1)
-    gen = time_paired({n: (lambda m=m: generate(m, prompts, options)) for n, m in models.items()}, repeats, sample_s)
+    gen = time_paired({n: (lambda m=m: generate(m, prompts, options)) for n, m in models.items()}, repeats, sample_s,
+                      log=log)
     out = {
         "weights": label,
         "quantization": {k: q[k] for k in ("bits", "mode", "block_size", "accuracy_level", "include_head") if k in q},

@@ -86,7 +86,7 @@ def _time_cases(cases: Iterable[Case], threads: int, repeats: int, sample_s: flo
     for case in cases:
         log(f"  {case.label}")
         with torch.inference_mode():
-            med = time_eager_and_ort(case.fns, threads, repeats, sample_s)
+            med = time_eager_and_ort(case.fns, threads, repeats, sample_s, log)
         rows.append({**case.row, **_ms(med)})
     return rows
 
@@ -101,7 +101,7 @@ def _generation(rt, ckpt, bench, batch: int, prompt_len: int, new_tokens: int, t
               "eager_nocache": families.eager_model(ckpt, rt.tokenizer, cache=False), "ort": rt}
     fns = {name: (lambda m=m: generate(m, prompts, options)) for name, m in models.items()}
     with torch.inference_mode():
-        med = time_eager_and_ort(fns, threads, repeats, sample_s)
+        med = time_eager_and_ort(fns, threads, repeats, sample_s, log)
     made = batch * new_tokens
     row = {"batch": batch, "new_tokens": new_tokens, "prompt_len": prompts.shape[1],
            **{f"{k}_tps": None if v is None else made / v for k, v in med.items()}}

@@ -5,17 +5,90 @@ import os
 import platform
 import resource
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 Fn = Callable[[], object]
+Log = Callable[[str], None]
+
+# A warm-up call still running is reported this often; a timed call this slow reports what is
+# left. (A Mamba prefill of 100 000 tokens spends minutes in one eager call: without these
+# lines the terminal stayed silent that long.)
+HEARTBEAT_S = 30.0
+SLOW_CALL_S = 10.0
+
+
+def duration(seconds: float) -> str:
+    """'0.4 s', '42 s', '3 min 5 s', '1 h 20 min'."""
+    if seconds < 9.95:
+        return f"{seconds:.1f} s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+@contextmanager
+def still_running(log: Log | None, what: str, every_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Log '<what>: still running after …' every `every_s` seconds until the block ends
+    (a thread that sleeps in between: nothing for a call that ends sooner)."""
+    if log is None:
+        yield
+        return
+    done, start = threading.Event(), time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            log(f"    {what}: still running after {duration(time.perf_counter() - start)}")
+
+    thread = threading.Thread(target=beat, name="bench-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def rounds_run(round_s: float, repeats: int, budget_s: float) -> int:
+    """How many of `repeats` rounds `time_paired` gives a function whose round takes `round_s`:
+    all of them, or 3 and then as many as fit in `budget_s`."""
+    n, total = 0, 0.0
+    for r in range(repeats):
+        if r >= 3 and total > budget_s:
+            break
+        total += round_s
+        n += 1
+    return n
+
+
+def _warm_up(fn: Fn, name: str, log: Log | None, heartbeat_s: float, slow_call_s: float) -> float:
+    """Call `fn` until warm (twice; once if slower than 1 s); seconds of the last call. A slow
+    call beats while it runs and says what it took (see `time_paired`)."""
+    with still_running(log, f"{name} (warm-up)", heartbeat_s):
+        t = time.perf_counter()
+        fn()
+        once = time.perf_counter() - t
+        if once < 1.0:  # a slow function is warm after one call
+            t = time.perf_counter()
+            fn()
+            once = time.perf_counter() - t
+    if log and once >= slow_call_s:
+        log(f"    {name}: {duration(once)} a call (warm-up)")
+    return once
 
 
 def time_paired(fns: dict[str, Fn], repeats: int, sample_s: float,
-                torch_threads: dict[str, int] | None = None, budget_s: float = 30.0) -> dict[str, float]:
+                torch_threads: dict[str, int] | None = None, budget_s: float = 30.0,
+                log: Log | None = None, heartbeat_s: float = HEARTBEAT_S,
+                slow_call_s: float = SLOW_CALL_S) -> dict[str, float]:
     """Median seconds per call of each function.
 
     Each function is warmed up (twice; once if slower than 1 s); then, for `repeats` rounds,
@@ -24,6 +97,11 @@ def time_paired(fns: dict[str, Fn], repeats: int, sample_s: float,
     another process is an outlier, not the norm. A function whose samples have taken
     `budget_s` stops after 3 rounds. `torch_threads` sets torch's intra-op thread count
     before a function's calls (untimed).
+
+    With `log`, slow work says so: a warm-up call still running every `heartbeat_s`; a
+    warm-up call slower than `slow_call_s`, its time; once the warm-ups have measured them,
+    the rounds' time when over `slow_call_s`; and after each call slower than `slow_call_s`,
+    the time left. Quick functions log nothing.
     """
     torch_threads = torch_threads or {}
     default = torch.get_num_threads()
@@ -33,20 +111,19 @@ def time_paired(fns: dict[str, Fn], repeats: int, sample_s: float,
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
 
-    calls = {}
-    for name, fn in fns.items():
-        threads_for(name)
-        t = time.perf_counter()
-        fn()
-        once = time.perf_counter() - t
-        if once < 1.0:  # a slow function is warm after one call
-            t = time.perf_counter()
-            fn()
-            once = time.perf_counter() - t
-        calls[name] = max(1, int(sample_s / max(once, 1e-7)))
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    clock = time.perf_counter
+    calls, round_s = {}, {}
     try:
+        for name, fn in fns.items():
+            threads_for(name)
+            once = _warm_up(fn, name, log, heartbeat_s, slow_call_s)
+            calls[name] = max(1, int(sample_s / max(once, 1e-7)))
+            round_s[name] = calls[name] * once
+        rounds = {name: rounds_run(round_s[name], repeats, budget_s) for name in fns}
+        left = sum(rounds[name] * round_s[name] for name in fns)
+        if log and left >= slow_call_s:
+            log(f"    timing {', '.join(fns)}: about {duration(left)} more ({max(rounds.values())} rounds)")
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        clock = time.perf_counter
         for r in range(repeats):
             for name, fn in fns.items():
                 got = samples[name]
@@ -57,12 +134,17 @@ def time_paired(fns: dict[str, Fn], repeats: int, sample_s: float,
                     t = clock()
                     fn()
                     got.append(clock() - t)
+                left -= round_s[name]
+                if log and got[-1] >= slow_call_s:
+                    log(f"    {name}: round {r + 1} of {rounds[name]} took {duration(got[-1])}; "
+                        f"about {duration(max(left, 0.0))} left")
     finally:
         torch.set_num_threads(default)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def time_eager_and_ort(fns: dict[str, Fn], threads: int, repeats: int, sample_s: float) -> dict[str, float]:
+def time_eager_and_ort(fns: dict[str, Fn], threads: int, repeats: int, sample_s: float,
+                       log: Log | None = None) -> dict[str, float]:
     """`time_paired`, every `eager*` function timed at `threads` torch threads and at 1.
 
     On a busy 2-core machine torch's OpenMP threads can stall at each barrier while a
@@ -75,7 +157,7 @@ def time_eager_and_ort(fns: dict[str, Fn], threads: int, repeats: int, sample_s:
         for name, fn in fns.items():
             if name.startswith("eager"):
                 timed[name + "_1t"], per_fn[name + "_1t"] = fn, 1
-    med = time_paired(timed, repeats, sample_s, per_fn)
+    med = time_paired(timed, repeats, sample_s, per_fn, log=log)
     out: dict[str, float] = {}
     for name in fns:
         out[name] = med[name]
