@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 261 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 267 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -961,11 +961,11 @@ FAULTS = (
           "        if not is_token_id(i):\n",
           "        if False:\n", ("tests/test_reliability.py::test_decode_refuses_ids_that_are_not_token_ids_and_skips_those_past_the_vocabulary",)),
     Fault("M256", "browser runtime: a startId given to a decoder-only model ignored silently",
-          "seqexport/web/static/seqexport.mjs", "    if (o.startId !== null && !this.roles.begin)\n",
+          "seqexport/web/static/seqexport.mjs", "    if (!this.roles.begin)\n",
           "    if (false)\n", ("tests/test_web.py::test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime",)),
     Fault("M257", "browser runtime: a startId past the vocabulary fed to the decoder",
           "seqexport/web/static/seqexport.mjs",
-          "!(Number.isInteger(o.startId) && o.startId >= 0 && o.startId < this.vocabSize)", "false", ("tests/test_web.py::test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime",)),
+          "!(Number.isInteger(startId) && startId >= 0 && startId < this.vocabSize)", "false", ("tests/test_web.py::test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime",)),
     Fault("M258", "Engine.submit(stop=5): accepted, the request then ends as an 'error' on the engine thread",
           "seqexport/runtime/engine/request.py", "        if hook is not None and not callable(hook):\n",
           "        if False:\n", ("tests/test_reliability.py::test_the_python_api_refuses_arguments_of_the_wrong_kind_by_name",)),
@@ -988,7 +988,7 @@ FAULTS = (
           "seqexport/cli/quantize.py", "    check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)\n",
           "", ("tests/test_quantize.py::test_bad_requests_are_one_line_exit_2",)),
     Fault("M266", "browser runtime: a misspelt option (maxNewToken) taken, the default used silently",
-          "seqexport/web/static/seqexport.mjs", "  if (unknown !== undefined)\n", "  if (false)\n",
+          "seqexport/web/static/seqexport.mjs", "  if (unknown !== undefined) throw", "  if (false) throw",
           ("tests/test_web.py::test_the_pages_model_takes_a_start_id_only_where_a_decoder_does_as_the_python_runtime",)),
     Fault("M267", "a folder where tokenizer_config.json should be: a bare IsADirectoryError at export",
           "seqexport/checkpoints/tokenizers.py", "    except OSError as e:  # a folder of that name, no permission",
@@ -1006,6 +1006,24 @@ FAULTS = (
     Fault("M271", "the rounds' estimate counts every repeat, past the budget's stop after 3",
           "seqexport/bench/timing.py", "        if r >= 3 and total > budget_s:\n            break\n", "",
           ("tests/test_bench.py::test_slow_timing_reports_progress_and_quick_timing_is_quiet",)),
+    Fault("M272", "browser runtime: start(ids, {startId}) on a decoder-only model ignores it (and -1 reaches ORT)",
+          "seqexport/web/static/seqexport.mjs", "    this._checkStartId(startId);\n", "",
+          ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
+    Fault("M273", "browser runtime: another model's state stepped (fed to the wrong graphs)",
+          "seqexport/web/static/seqexport.mjs", "    if (state.model !== this)\n", "    if (false)\n",
+          ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
+    Fault("M274", "browser runtime: a disposed state stepped",
+          "seqexport/web/static/seqexport.mjs", "    if (state.disposed) throw", "    if (false) throw",
+          ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
+    Fault("M275", "browser runtime: a text prompt taken as ids (NaN token ids)",
+          "seqexport/web/static/seqexport.mjs", "  if (typeof promptIds === \"string\")\n", "  if (false)\n",
+          ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
+    Fault("M276", "browser runtime: loadModel ignores the folder's runtime.json (no limits: ORT fails past the table)",
+          "seqexport/web/static/seqexport.mjs", "  const described = await runtimeRecord(new URL(RUNTIME_JSON, base));",
+          "  const described = {};", ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
+    Fault("M277", "site: no runtime.json beside a model's manifest",
+          "seqexport/web/site.py", "            (tmp / record[\"path\"] / RUNTIME_JSON).write_text(", "            (tmp / \"unused.json\").write_text(",
+          ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
 )
 
 

@@ -364,6 +364,125 @@ def test_a_branch_and_a_grown_cache_in_the_page_match_the_python_runtime(page):
     np.testing.assert_allclose(got["moreLogits"], want[0], rtol=1e-3, atol=1e-3)
 
 
+MISUSE = """
+const [lm, ed, promptText, done] = arguments;
+(async () => {
+  const { loadModel } = await import("./seqexport.mjs");
+  const said = {};
+  const attempt = async (name, f) => {
+    try { await f(); said[name] = null; } catch (e) { said[name] = `${e.constructor.name}: ${e.message}`; }
+  };
+  // each model from its folder alone: what it knows of itself comes from the site's runtime.json
+  const L = await loadModel(`./models/${lm}/`, { backend: "wasm" });
+  const E = await loadModel(`./models/${ed}/`, { backend: "wasm" });
+  const known = (m) => ({ name: m.name, promptFrame: m.promptFrame, maxPromptTokens: m.maxPromptTokens,
+                          maxNewTokensLimit: m.maxNewTokensLimit });
+  const ids = L.encodePrompt(promptText), eds = E.encodePrompt(promptText);
+  const first = (r) => Array.from(r.logits);
+  const plain = await L.start(ids);
+  const typed = await L.start(BigInt64Array.from(ids, BigInt));  // ids as BigInts: the same prompt
+  const edState = (await E.start(eds)).state;
+  const gone = (await L.start(ids)).state;
+  gone.dispose();
+  const steps = [
+    ["start(text)", () => L.start(promptText)], ["start(number)", () => L.start(5)],
+    ["start(null)", () => L.start(null)], ["start(float id)", () => L.start([...ids.slice(0, 2), 1.5])],
+    ["start(string id)", () => L.start([String(ids[0])])],
+    ["start(misspelt option)", () => L.start(ids, { startID: 3 })],
+    ["start(lm, startId)", () => L.start(ids, { startId: 3 })],
+    ["start(ed, startId -1)", () => E.start(eds, { startId: -1 })],
+    ["start(ed, startId past vocab)", () => E.start(eds, { startId: E.vocabSize })],
+    ["start(ed, startId string)", () => E.start(eds, { startId: "3" })],
+    ["step(no state)", () => L.step(5, undefined)], ["step(object)", () => L.step(5, {})],
+    ["step(another model's state)", () => L.step(5, edState)], ["step(disposed)", () => L.step(5, gone)],
+    ["step(string token)", () => L.step("5", plain.state)], ["step(bigint token)", () => L.step(5n, plain.state)],
+    ["encodePrompt(number)", () => L.encodePrompt(123)],
+    ["generate(options 5)", () => L.generateIds(ids, 5)],
+    ["generate(doSample string)", () => L.generateIds(ids, { doSample: "no", maxNewTokens: 2 })],
+    ["generate(temperature string)", () => L.generateIds(ids, { doSample: true, temperature: "2", maxNewTokens: 2 })],
+    ["generate(topP string)", () => L.generateIds(ids, { doSample: true, topP: "0.5", maxNewTokens: 2 })],
+    ["generate(seed 2**64)", () => L.generateIds(ids, { doSample: true, seed: 2 ** 64, maxNewTokens: 2 })],
+    ["generate(eosId string)", () => L.generateIds(ids, { eosId: "3", maxNewTokens: 2 })],
+    ["generate(past the table)", () => E.generateIds(eds, { maxNewTokens: E.maxNewTokensLimit + 1, eosId: -1 })],
+    ["load(no url)", () => loadModel(undefined)],
+    ["load(backend cuda)", () => loadModel(`./models/${lm}/`, { backend: "cuda" })],
+    ["load(misspelt option)", () => loadModel(`./models/${lm}/`, { backnd: "wasm" })],
+    ["load(threads -1)", () => loadModel(`./models/${lm}/`, { backend: "wasm", threads: -1 })],
+    ["load(threads string)", () => loadModel(`./models/${lm}/`, { backend: "wasm", threads: "2" })],
+    ["load(verify string)", () => loadModel(`./models/${lm}/`, { backend: "wasm", verify: "no" })],
+  ];
+  for (const [name, f] of steps) await attempt(name, f);
+  // the models still work after all that
+  const after = await L.step(ids[0], plain.state);
+  return { said, known: { lm: known(L), ed: known(E) }, plain: first(plain), typed: first(typed),
+           after: Array.from(after.logits).length };
+})().then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits(page):
+    """The page's runtime API called wrongly, as a developer embedding it might: every call is a
+    ModelError naming the value and what was expected (before: NaN token ids from a string
+    prompt, a TypeError from a missing state, another model's state fed to ORT, a startId ignored
+    by a decoder-only model or read as the last token by ORT's negative indexing, options and
+    backends misspelt and ignored). A model loaded from its site folder with no options knows
+    the Python runtime's prompt frame and limits (the site's runtime.json), so a decode past the
+    positional table is refused by name rather than failing inside ORT."""
+    url, driver, site = page
+    lm, ed = [f for f in ("mamba", "transformer") if f in BUNDLED]
+    assert browser.open_page(driver, url, lm) == "ready"
+    got = driver.execute_async_script(MISUSE, lm, ed, "5 March 2021")
+    assert "error" not in got, got
+    for family in (lm, ed):
+        model, record = rt.load(site[1][family], provider="cpu"), site_record(site, family)
+        assert got["known"][family == ed and "ed" or "lm"] == {
+            "name": family, "promptFrame": model.prompt_frame, "maxPromptTokens": record["max_prompt_tokens"],
+            "maxNewTokensLimit": model.max_new_tokens_limit}
+        assert json.loads((site[0] / record["path"] / "runtime.json").read_text())["max_new_tokens_limit"] \
+            == model.max_new_tokens_limit
+    v, limit = rt.load(site[1][lm], provider="cpu").vocab_size, rt.load(site[1][ed], provider="cpu").max_new_tokens_limit
+    ved = rt.load(site[1][ed], provider="cpu").vocab_size
+    said = got["said"]
+    ids_first = rt.load(site[1][lm], provider="cpu").encode("5 March 2021")[0]
+    want = {
+        "start(text)": "promptIds: expected an array of token ids, got a string (model.encodePrompt(text) gives its ids)",
+        "start(number)": "promptIds: expected an array of token ids, got 5",
+        "start(null)": "promptIds: expected an array of token ids, got null",
+        "start(float id)": f"token id 1.5 is not an integer in [0, {v})",
+        "start(string id)": f'token id "{ids_first}" is not an integer in [0, {v})',
+        "start(misspelt option)": "unknown option startID; expected some of startId",
+        "start(lm, startId)": f"startId 3 does not apply to this {lm} model: it continues the prompt",
+        "start(ed, startId -1)": f"startId -1 is not a token id of this model: expected an id in [0, {ved})",
+        "start(ed, startId past vocab)": f"startId {ved} is not a token id of this model: expected an id in [0, {ved})",
+        "start(ed, startId string)": 'startId "3" is not a token id of this model',
+        "step(no state)": "state: expected what this model's start() or step() returned, got undefined",
+        "step(object)": "state: expected what this model's start() or step() returned, got an object",
+        "step(another model's state)": f"state: it came from another model ({ed}); {lm} steps only its own states",
+        "step(disposed)": "state: it was disposed; step a state that has not been",
+        "step(string token)": f'token id "5" is not an integer in [0, {v})',
+        "step(bigint token)": f"token id 5n is not an integer in [0, {v})",
+        "encodePrompt(number)": "the prompt must be text (a string), got 123",
+        "generate(options 5)": "generate: expected an object of options, got 5",
+        "generate(doSample string)": 'doSample must be true or false, got "no"',
+        "generate(temperature string)": 'temperature must be a number > 0, got "2"',
+        "generate(topP string)": 'top-p must be a number in (0, 1], got "0.5"',
+        "generate(seed 2**64)": "seed must be an integer >= 0 (and < 2**53), got 18446744073709552000",
+        "generate(eosId string)": 'eosId must be a token id (or -1: never), got "3"',
+        "generate(past the table)": f"max new tokens {limit + 1} exceeds what {ed} can hold: its decoder has {limit} positions",
+        "load(no url)": "loadModel: expected the URL of an exported folder, got undefined",
+        "load(backend cuda)": 'backend "cuda": expected one of "auto", "wasm", "webgpu"',
+        "load(misspelt option)": "unknown option backnd; expected some of backend, ",
+        "load(threads -1)": "threads must be an integer >= 1, got -1",
+        "load(threads string)": 'threads must be an integer >= 1, got "2"',
+        "load(verify string)": 'verify must be true or false, got "no"',
+    }
+    assert set(said) == set(want)
+    for name, fragment in want.items():
+        assert said[name] is not None and said[name].startswith("ModelError: "), (name, said[name])
+        assert fragment in said[name], (name, said[name])
+    assert got["typed"] == got["plain"] and got["after"] == v
+
+
 JS_UNITS = """
 const [hfJson, rwkvText, texts, seeds, eosIds, endedIds, done] = arguments;
 (async () => {

@@ -121,7 +121,8 @@ def time_paired(fns: dict[str, Fn], repeats: int, sample_s: float,
         rounds = {name: rounds_run(round_s[name], repeats, budget_s) for name in fns}
         left = sum(rounds[name] * round_s[name] for name in fns)
         if log and left >= slow_call_s:
-            log(f"    timing {', '.join(fns)}: about {duration(left)} more ({max(rounds.values())} rounds)")
+            most = max(rounds.values())
+            log(f"    timing {', '.join(fns)}: about {duration(left)} more ({most} round{'' if most == 1 else 's'})")
         samples: dict[str, list[float]] = {name: [] for name in fns}
         clock = time.perf_counter
         for r in range(repeats):

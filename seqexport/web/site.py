@@ -39,6 +39,7 @@ ORT_FILES = {
 }
 ORT = "onnxruntime-web"
 HF_TOKENIZERS = "@huggingface/tokenizers"
+RUNTIME_JSON = "runtime.json"  # beside each model's manifest.json in the site
 MAX_PROMPT_TOKENS = 2048  # the page refuses longer prompts (as `seqexport serve` does by default)
 
 
@@ -137,6 +138,12 @@ def describe_model(folder: Path, name: str, max_prompt_tokens: int, examples) ->
     return record, files
 
 
+def runtime_record(record: dict) -> dict:
+    """The part of a model's site.json record that its page's runtime needs beside the manifest
+    (written as models/<name>/runtime.json: `loadModel(folder)` with no options knows its limits)."""
+    return {k: record[k] for k in ("name", "prompt_frame", "max_prompt_tokens", "max_new_tokens_limit")}
+
+
 def _checked_examples(model, name: str, examples, max_prompt_tokens: int) -> list[str]:
     """The --example prompts, each one the page will take: not empty, and (where the model has
     a tokenizer) no longer than its prompt limit; UsageError naming the first that is not."""
@@ -219,6 +226,8 @@ def build_site(folders, out, overwrite: bool = False, webgpu: bool = True, max_p
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / rel)
         (tmp / "site.json").write_text(json.dumps(site, indent=2) + "\n")
+        for record in records:  # what a model loaded from its folder alone reads (seqexport.mjs)
+            (tmp / record["path"] / RUNTIME_JSON).write_text(json.dumps(runtime_record(record), indent=2) + "\n")
     ort_bytes = sum((out / "ort" / f).stat().st_size for b in backends for f in ORT_FILES[b])
     return site | {"bytes": {"models": sum(r["bytes"] for r in records), "runtime_wasm": _size(out, "wasm"),
                              "runtime_all": ort_bytes, "total": _tree_size(out)}}

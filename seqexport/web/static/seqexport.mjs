@@ -27,6 +27,34 @@ const PAST_LEN = "past_len"; // the appended state's growing dim
 /** An error the user can act on (a bad prompt, a file the site lacks); the page shows its message. */
 export class ModelError extends Error {}
 
+/** A value as an error message shows it: a string quoted (the id "5" is not the id 5), a bigint
+ * with its n, an object by its kind. */
+export function shown(v) {
+  if (typeof v === "string") return JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}…` : v);
+  if (typeof v === "bigint") return `${v}n`;
+  if (v === null || typeof v !== "object") return String(v);
+  if (Array.isArray(v)) return `an array of ${v.length}`;
+  return v.constructor && v.constructor !== Object ? `a ${v.constructor.name}` : "an object";
+}
+
+/** `options` (an object, or nothing) with none but the `known` keys: a misspelt option would
+ * otherwise be ignored, the call running with the default instead. */
+function checkedKeys(options, known, what) {
+  if (options == null) return {};
+  if (typeof options !== "object" || Array.isArray(options))
+    throw new ModelError(`${what}: expected an object of options, got ${shown(options)}`);
+  const unknown = Object.keys(options).find((k) => !known.includes(k));
+  if (unknown !== undefined) throw new ModelError(`unknown option ${unknown}; expected some of ${known.join(", ")}`);
+  return options;
+}
+
+const BACKENDS = ["auto", "wasm", "webgpu"];
+
+function checkBackend(asked) {
+  if (!BACKENDS.includes(asked))
+    throw new ModelError(`backend ${shown(asked)}: expected one of ${BACKENDS.map((b) => `"${b}"`).join(", ")}`);
+}
+
 // --- onnxruntime-web, from this site's own copy ------------------------------------------------
 
 const BUNDLES = { wasm: "ort.wasm.min.mjs", webgpu: "ort.webgpu.min.mjs" };
@@ -52,6 +80,7 @@ async function importOrt(backend, ortUrl) {
 
 /** "webgpu" when the browser offers a WebGPU adapter, else "wasm". */
 export async function pickBackend(asked = "auto") {
+  checkBackend(asked);
   if (asked === "wasm") return "wasm";
   const gpu = globalThis.navigator?.gpu;
   let adapter = null;
@@ -102,6 +131,18 @@ async function fetchChecked(base, file, sha256, size, what, verify) {
 const ARRAYS = { int64: BigInt64Array, float32: Float32Array, float16: Uint16Array };
 const product = (dims) => dims.reduce((a, b) => a * b, 1);
 
+/** Prompt ids as a list of numbers (an Array, a typed array, BigInts): text or a lone number is
+ * refused by name (Array.from would make NaNs of a string's characters, nothing of a number). */
+const notAnId = (v, vocab) => (Number.isInteger(v) ? `is outside [0, ${vocab})` : `is not an integer in [0, ${vocab})`);
+
+function promptIdList(promptIds) {
+  if (typeof promptIds === "string")
+    throw new ModelError("promptIds: expected an array of token ids, got a string (model.encodePrompt(text) gives its ids)");
+  if (promptIds == null || typeof promptIds !== "object" || typeof promptIds[Symbol.iterator] !== "function")
+    throw new ModelError(`promptIds: expected an array of token ids, got ${shown(promptIds)}`);
+  return Array.from(promptIds, (i) => (typeof i === "bigint" ? Number(i) : i));
+}
+
 function int64(ort, values, dims) {
   return new ort.Tensor("int64", BigInt64Array.from(values, (v) => BigInt(v)), dims);
 }
@@ -151,17 +192,20 @@ export function graphRoles(manifest) {
 
 /** A sequence's state: ort.Tensors by input name, appended buffers, how many tokens it holds. */
 class SeqState {
-  constructor(tensors, buffers, length, pastLength, sourceMask) {
+  constructor(model, tensors, buffers, length, pastLength, sourceMask) {
+    this.model = model; // the Model whose start/step made it: another model's graphs cannot read it
     this.tensors = tensors; // state input name -> ort.Tensor (replaced and static state)
     this.buffers = buffers; // state input name -> {data, dims, axis, writer} (appended state)
     this.length = length; // tokens fed so far
     this.pastLength = pastLength; // valid slots of the appended buffers
     this.sourceMask = sourceMask; // the begin graph's mask, read by every decoding step
+    this.disposed = false;
   }
 
-  /** Free the GPU buffers of this state (WebGPU); a state must not be used after. */
+  /** Free the GPU buffers of this state (WebGPU); a state must not be used after (step refuses it). */
   dispose(keep = null) {
     for (const [name, t] of Object.entries(this.tensors)) if (t.location === "gpu-buffer" && keep?.tensors[name] !== t) t.dispose();
+    this.disposed = true;
   }
 }
 
@@ -184,7 +228,8 @@ export class Model {
   /** Text -> prompt ids, framed as the model was trained. */
   encodePrompt(text) {
     if (!this.tokenizer) throw new ModelError("this export has no tokenizer; give the prompt as token ids");
-    if (typeof text !== "string" || !text.trim()) throw new ModelError("The prompt is empty: type some text first.");
+    if (typeof text !== "string") throw new ModelError(`the prompt must be text (a string), got ${shown(text)}`);
+    if (!text.trim()) throw new ModelError("The prompt is empty: type some text first.");
     return encodePrompt(this.tokenizer, this.promptFrame, text, this.manifest.tokenizer);
   }
 
@@ -192,7 +237,7 @@ export class Model {
     if (!ids.length) throw new ModelError("The prompt is empty: type some text first.");
     const vocab = this.specs[graph].inputs.find((t) => t.role === "tokens").vocab_size;
     const bad = ids.find((i) => !Number.isInteger(i) || i < 0 || (vocab && i >= vocab));
-    if (bad !== undefined) throw new ModelError(`token id ${bad} is outside [0, ${vocab})`);
+    if (bad !== undefined) throw new ModelError(`token id ${shown(bad)} ${notAnId(bad, vocab)}`);
     if (this.maxPromptTokens && ids.length > this.maxPromptTokens)
       throw new ModelError(`The prompt is ${ids.length} tokens long; ${this.name} takes at most ${this.maxPromptTokens}. Shorten it.`);
   }
@@ -225,7 +270,7 @@ export class Model {
         }
       }
     }
-    const state = new SeqState(tensors, buffers, 0, 0, sourceMask);
+    const state = new SeqState(this, tensors, buffers, 0, 0, sourceMask);
     for (const b of Object.values(buffers)) b.writer = state;
     return state;
   }
@@ -238,8 +283,10 @@ export class Model {
    * Feed the prompt: returns the logits after it (Float32Array of the vocabulary) and the state.
    * An encoder-decoder runs its encoder on the prompt, then its decoder on the start token.
    */
-  async start(promptIds, { startId = null } = {}) {
-    promptIds = Array.from(promptIds, Number);
+  async start(promptIds, options = {}) {
+    const { startId = null } = checkedKeys(options, ["startId"], "start");
+    promptIds = promptIdList(promptIds);
+    this._checkStartId(startId);
     const { begin } = this.roles;
     this._checkPrompt(promptIds, begin ?? this.roles.prefill);
     if (begin) {
@@ -275,10 +322,25 @@ export class Model {
     return result;
   }
 
+  /** A decoder start token only where a decoder takes one (ignored, it would look as if it had
+   * been used), and one it can embed: as the Python runtime's check_start_id. */
+  _checkStartId(startId) {
+    if (startId === null) return;
+    if (!this.roles.begin)
+      throw new ModelError(`startId ${shown(startId)} does not apply to this ${this.name} model: it continues the prompt (put the token first in the prompt instead)`);
+    if (!(Number.isInteger(startId) && startId >= 0 && startId < this.vocabSize))
+      throw new ModelError(`startId ${shown(startId)} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
+  }
+
   /** One token in, the logits after it and the next state out; `state` stays usable (a branch). */
   async step(token, state) {
     if (!Number.isInteger(token) || token < 0 || token >= this.vocabSize)
-      throw new ModelError(`token id ${token} is outside [0, ${this.vocabSize})`);
+      throw new ModelError(`token id ${shown(token)} ${notAnId(token, this.vocabSize)}`);
+    if (!(state instanceof SeqState))
+      throw new ModelError(`state: expected what this model's start() or step() returned, got ${shown(state)}`);
+    if (state.model !== this)
+      throw new ModelError(`state: it came from another model (${state.model.name}); ${this.name} steps only its own states`);
+    if (state.disposed) throw new ModelError("state: it was disposed; step a state that has not been");
     if (this.maxNewTokensLimit && state.length + 1 > this.maxNewTokensLimit)
       throw new ModelError(`the context of ${state.length + 1} tokens exceeds the model's ${this.maxNewTokensLimit} positions`);
     return this._advance(this.roles.step, [token], state, true);
@@ -331,7 +393,7 @@ export class Model {
   async _advance(graph, ids, state, keepLast) {
     const spec = this.specs[graph];
     const buffers = this._writable(state, ids.length);
-    const current = new SeqState(state.tensors, buffers, state.length, state.pastLength, state.sourceMask);
+    const current = new SeqState(this, state.tensors, buffers, state.length, state.pastLength, state.sourceMask);
     let out;
     const t0 = performance.now();
     try {
@@ -341,7 +403,7 @@ export class Model {
     }
     const tensors = { ...state.tensors };
     for (const [o, inp] of spec.feeds ?? []) tensors[inp] = out[o];
-    const next = new SeqState(tensors, buffers, state.length + ids.length, state.pastLength, state.sourceMask);
+    const next = new SeqState(this, tensors, buffers, state.length + ids.length, state.pastLength, state.sourceMask);
     for (const [o, inp] of spec.appends ?? []) writeNew(buffers[inp], out[o], state.pastLength);
     if ((spec.appends ?? []).length) next.pastLength = state.pastLength + ids.length;
     for (const b of Object.values(buffers)) b.writer = next;
@@ -360,11 +422,7 @@ export class Model {
     const unpickable = o.eosIds.find((id) => id >= this.vocabSize);
     if (unpickable !== undefined)
       throw new ModelError(`eosId ${unpickable} is not a token id of this model: expected -1 (never) or an id in [0, ${this.vocabSize})`);
-    // a start token only where a decoder takes one, and one it can embed (as SearchOptions)
-    if (o.startId !== null && !this.roles.begin)
-      throw new ModelError(`startId ${o.startId} does not apply to this ${this.name} model: it continues the prompt (put the token first in the prompt instead)`);
-    if (o.startId !== null && !(Number.isInteger(o.startId) && o.startId >= 0 && o.startId < this.vocabSize))
-      throw new ModelError(`startId ${o.startId} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
+    this._checkStartId(o.startId); // before anything is run (start checks it too)
     if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
     const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
@@ -437,23 +495,25 @@ export function searchOptions(options, tokenizer) {
     eosId: tokenizer?.eosIds ?? null, startId: null,
   };
   // a misspelt option (maxNewToken) would decode with the default instead, silently
-  const unknown = Object.keys(options ?? {}).find((k) => !(k in defaults));
-  if (unknown !== undefined)
-    throw new ModelError(`unknown option ${unknown}; expected some of ${Object.keys(defaults).join(", ")}`);
-  const o = { ...defaults, ...options };
+  const o = { ...defaults, ...checkedKeys(options, Object.keys(defaults), "generate") };
   // the ids that end a row, as eos_for() gives them: one id, a list, or none
   o.eosIds = o.eosId == null ? [] : Array.isArray(o.eosId) ? [...o.eosId] : [o.eosId];
   for (const id of o.eosIds)
-    if (!Number.isInteger(id) || id < -1) throw new ModelError(`eosId must be a token id (or -1: never), got ${id}`);
+    if (!Number.isInteger(id) || id < -1) throw new ModelError(`eosId must be a token id (or -1: never), got ${shown(id)}`);
+  // below 2**53: past it a JavaScript number is not the integer typed (a seed would not be
+  // the one Python draws from)
   const integer = (name, least) => {
-    if (!Number.isInteger(o[name]) || o[name] < least) throw new ModelError(`${name} must be an integer >= ${least}, got ${o[name]}`);
+    if (!Number.isSafeInteger(o[name]) || o[name] < least)
+      throw new ModelError(`${name} must be an integer >= ${least} (and < 2**53), got ${shown(o[name])}`);
   };
   integer("maxNewTokens", 1);
   integer("topK", 0);
-  if (!(o.temperature > 0 && Number.isFinite(o.temperature))) throw new ModelError(`temperature must be > 0, got ${o.temperature}`);
-  if (!(o.topP > 0 && o.topP <= 1)) throw new ModelError(`top-p must be in (0, 1], got ${o.topP}`);
+  if (typeof o.doSample !== "boolean") throw new ModelError(`doSample must be true or false, got ${shown(o.doSample)}`);
+  const number = (v) => typeof v === "number" && Number.isFinite(v);
+  if (!(number(o.temperature) && o.temperature > 0)) throw new ModelError(`temperature must be a number > 0, got ${shown(o.temperature)}`);
+  if (!(number(o.topP) && o.topP > 0 && o.topP <= 1)) throw new ModelError(`top-p must be a number in (0, 1], got ${shown(o.topP)}`);
   if (o.seed !== null) integer("seed", 0);
-  o.doSample = !!o.doSample;
+  if (o.startId !== null) integer("startId", 0);
   return o;
 }
 
@@ -466,6 +526,7 @@ export function searchOptions(options, tokenizer) {
  * promptFrame, maxPromptTokens, maxNewTokensLimit.
  */
 export async function loadModel(url, options = {}) {
+  options = checkedLoadOptions(url, options);
   const base = new URL(url, globalThis.location?.href ?? HERE);
   const manifestUrl = new URL("manifest.json", base);
   let manifest;
@@ -477,6 +538,7 @@ export async function loadModel(url, options = {}) {
   if (manifest?.format !== "seqexport" || typeof manifest.graphs !== "object")
     throw new ModelError(`${manifestUrl.pathname} is not a seqexport manifest`);
   const roles = graphRoles(manifest);
+  const described = await runtimeRecord(new URL(RUNTIME_JSON, base));
   const files = fileCache(base, manifest, options.verify ?? true);
   const asked = options.backend ?? "auto";
   const backend = await pickBackend(asked);
@@ -495,15 +557,61 @@ export async function loadModel(url, options = {}) {
   );
   const ran = fallback ? "wasm" : backend;
   return new Model({
-    name: options.name ?? manifest.family,
+    name: options.name ?? described.name ?? manifest.family,
     manifest, ort, sessions, tokenizer, backend: ran, fallback,
     threads: ran === "wasm" ? (globalThis.crossOriginIsolated ? ort.env.wasm.numThreads : 1) : null,
     // structural defaults (as the Python families frame prompts) when no site.json says more:
     // an encoder's source ends with eos, a language model's prompt starts with bos
-    promptFrame: options.promptFrame ?? (roles.begin ? { bos: false, suffix: "", eos: true } : { bos: true, suffix: "", eos: false }),
-    maxPromptTokens: options.maxPromptTokens ?? null,
-    maxNewTokensLimit: options.maxNewTokensLimit ?? null,
+    promptFrame: options.promptFrame ?? described.prompt_frame ??
+      (roles.begin ? { bos: false, suffix: "", eos: true } : { bos: true, suffix: "", eos: false }),
+    maxPromptTokens: options.maxPromptTokens ?? described.max_prompt_tokens ?? null,
+    maxNewTokensLimit: options.maxNewTokensLimit ?? described.max_new_tokens_limit ?? null,
   });
+}
+
+const LOAD_OPTIONS = ["backend", "ortUrl", "hfTokenizersUrl", "threads", "verify", "name", "promptFrame",
+  "maxPromptTokens", "maxNewTokensLimit"];
+
+/** loadModel's arguments checked, each error naming the value (a misspelt option, a backend
+ * ORT does not have, a thread count ORT would replace with its default without a word). */
+function checkedLoadOptions(url, options) {
+  if (!(typeof url === "string" && url) && !(url instanceof URL))
+    throw new ModelError(`loadModel: expected the URL of an exported folder, got ${shown(url)}`);
+  const o = checkedKeys(options, LOAD_OPTIONS, "loadModel");
+  if (o.backend !== undefined) checkBackend(o.backend);
+  for (const name of ["threads", "maxPromptTokens", "maxNewTokensLimit"])
+    if (o[name] != null && !(Number.isSafeInteger(o[name]) && o[name] >= 1))
+      throw new ModelError(`${name} must be an integer >= 1, got ${shown(o[name])}`);
+  if (o.verify !== undefined && typeof o.verify !== "boolean")
+    throw new ModelError(`verify must be true or false, got ${shown(o.verify)}`);
+  return o;
+}
+
+// What the Python runtime says of the model and the manifest cannot (the prompt frame, the
+// positional limit): `seqexport web` writes it beside each model's manifest, so a model loaded
+// from its folder alone knows its limits. A folder without one (an export served as it is)
+// gets the structural defaults.
+const RUNTIME_JSON = "runtime.json";
+
+async function runtimeRecord(url) {
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (e) {
+    throw new ModelError(`cannot load ${url.pathname}: ${e.message}`);
+  }
+  if (response.status === 404) return {};
+  if (!response.ok) throw new ModelError(`cannot load ${url.pathname}: HTTP ${response.status} ${response.statusText}`.trim());
+  let record;
+  try {
+    record = await response.json();
+  } catch (e) {
+    throw new ModelError(`${url.pathname} is not JSON: ${e.message}`);
+  }
+  const limit = (v) => v == null || (Number.isSafeInteger(v) && v >= 1);
+  if (record === null || typeof record !== "object" || !limit(record.max_prompt_tokens) || !limit(record.max_new_tokens_limit))
+    throw new ModelError(`${url.pathname}: expected {name, prompt_frame, max_prompt_tokens, max_new_tokens_limit} as seqexport web writes it`);
+  return record;
 }
 
 class SessionError extends ModelError {}
