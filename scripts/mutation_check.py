@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 267 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 275 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1024,6 +1024,24 @@ FAULTS = (
     Fault("M277", "site: no runtime.json beside a model's manifest",
           "seqexport/web/site.py", "            (tmp / record[\"path\"] / RUNTIME_JSON).write_text(", "            (tmp / \"unused.json\").write_text(",
           ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
+    Fault("M278", "server: a body's Content-Length over the limit not refused up front (its first MiB read)",
+          "seqexport/serve/app.py", "        if name == b\"content-length\" and value.isdigit() and int(value) > limit:",
+          "        if False:", ("tests/test_serve.py::test_oversized_requests_are_refused_as_they_arrive",)),
+    Fault("M279", "server: a chunked body read whole, however large (memory grows by its size)",
+          "seqexport/serve/app.py", "        if size > limit:\n", "        if False:\n", ("tests/test_serve.py::test_oversized_requests_are_refused_as_they_arrive",)),
+    Fault("M280", "front: a chunked body held whole, however large",
+          "seqexport/serve/front.py", "        if r.size > self.front.body_limit:", "        if False:", ("tests/test_serve_front.py::test_the_front_refuses_oversized_requests_as_they_arrive_and_answers_pipelined_ones",)),
+    Fault("M281", "front: a body's Content-Length over the limit not refused up front",
+          "seqexport/serve/front.py", "        if length.isdigit() and int(length) > limit:", "        if False:", ("tests/test_serve_front.py::test_the_front_refuses_oversized_requests_as_they_arrive_and_answers_pipelined_ones",)),
+    Fault("M282", "front: a header line held whole, however long",
+          "seqexport/serve/front.py", "            if self.head_bytes > HEAD_LIMIT:", "            if False:", ("tests/test_serve_front.py::test_the_front_refuses_oversized_requests_as_they_arrive_and_answers_pipelined_ones",)),
+    Fault("M283", "server: uvicorn holds a header line whole, however long",
+          "seqexport/serve/head_limit.py", "            if self._head_bytes > HEAD_LIMIT:", "            if False:", ("tests/test_serve.py::test_oversized_requests_are_refused_as_they_arrive",)),
+    Fault("M284", "serve: the front's body limit not taken from --max-prompt-tokens",
+          "seqexport/serve/run.py", "Front(folder, host, port, body_limit=limit)", "Front(folder, host, port)", ("tests/test_serve_ray.py::test_the_embedded_default_refuses_oversized_requests_at_its_front",)),
+    Fault("M285", "front: a connection paused for its pipelined requests never read again",
+          "seqexport/serve/front.py", "                    self.transport.resume_reading()\n", "                    pass\n",
+          ("tests/test_serve_front.py::test_the_front_refuses_oversized_requests_as_they_arrive_and_answers_pipelined_ones",)),
 )
 
 

@@ -15,6 +15,7 @@ import seqexport.runtime as rt
 from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.serve.process import ServerProcess
 from seqexport.training.dates import make_split
+from tests import raw_http
 
 MAX_PROMPT = 64
 
@@ -224,6 +225,17 @@ def test_client_disconnect_frees_its_row(server):
         time.sleep(0.5)
         assert requests.get(server.url + "/health", timeout=5).json()["active_rows"] == 1
     assert wait_idle(server)["active_rows"] == 0
+
+
+def test_oversized_requests_are_refused_as_they_arrive(server):
+    raw_http.oversized_requests_are_refused_as_they_arrive(server.port, server.proc.pid, MAX_PROMPT)
+    # requests pipelined on one connection are answered, in order
+    prompts = [p for p, _ in make_split("test", 40, seed=3)]
+    answers = raw_http.pipelined(server.port, prompts)
+    assert [s for s, _ in answers] == [200] * len(prompts)
+    one = {p: requests.post(server.url + "/v1/completions", json={"prompt": p, "max_tokens": 4, "temperature": 0},
+                            timeout=30).json()["choices"][0]["text"] for p in prompts[:5]}
+    assert [b["choices"][0]["text"] for _, b in answers[:5]] == [one[p] for p in prompts[:5]]
 
 
 def test_full_queue_is_503_with_retry_after_and_a_slow_request_times_out(dates, tmp_path):

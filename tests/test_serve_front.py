@@ -17,6 +17,8 @@ import requests
 
 from seqexport.serve.front import Front
 from seqexport.serve.process import ServerProcess, free_port
+from seqexport.training.dates import make_split
+from tests import raw_http
 
 PROMPTS = ["5 May 2021", "the 3rd of March 1999", "Sunday 12 Oct 1999"]
 
@@ -155,3 +157,18 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_row(replicas, front):
     while requests.get(replicas[1].url + "/health", timeout=10).json()["active_rows"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert requests.get(replicas[1].url + "/health", timeout=10).json()["active_rows"] == 0
+
+
+def test_the_front_refuses_oversized_requests_as_they_arrive_and_answers_pipelined_ones(replicas, front):
+    """As the replicas themselves (test_serve.py): 300 MB bodies and header lines are refused as
+    they arrive (413, 431), this process (where the front runs) growing by a few MB at most, the
+    body limit exact to the byte; then 40 requests pipelined on one connection (more than the
+    front reads ahead: its reading waits, then goes on) are answered in order, as one at a time."""
+    f, url = front(*replicas)
+    assert f.body_limit == max(1 << 20, 64 * 2048)  # `serve`'s default --max-prompt-tokens
+    raw_http.oversized_requests_are_refused_as_they_arrive(f.port, "self", 2048)
+    prompts = [p for p, _ in make_split("test", 40, seed=4)]
+    answers = raw_http.pipelined(f.port, prompts)
+    assert [s for s, _ in answers] == [200] * len(prompts)
+    want = [complete(replicas[0].url, p, max_tokens=4).json()["choices"][0]["token_ids"] for p in prompts]
+    assert [b["choices"][0]["token_ids"] for _, b in answers] == want

@@ -27,11 +27,15 @@ from seqexport.cli import cli
 from seqexport.runtime.tokenizer import encode_prompt
 from seqexport.serve.process import ServerProcess, free_port, reap_session, session_pids
 from seqexport.training.dates import make_split
+from tests import raw_http
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray's own pydantic fields
 
 CLIENTS = 16
 PER_CLIENT = 10  # 160 requests, half of them streamed
+
+
+LONG_PROMPTS = 32768  # --max-prompt-tokens: a body limit of 2 MiB
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +49,18 @@ def two_replicas(dates, tmp_path_factory):
     """`seqexport serve` with its embedded Ray, two replicas; (server, their pids, its log)."""
     log = tmp_path_factory.mktemp("ray") / "server.log"
     with ServerProcess(dates[0], "--replicas", "2", "--replica-cpus", "0.5", "--threads", "1", "--max-rows", "8",
-                       ready_timeout=180, log=log) as server:
+                       "--max-prompt-tokens", str(LONG_PROMPTS), ready_timeout=180, log=log) as server:
         first = replica_pids(server, 2)
         assert len(first) == 2, log.read_text()[-3000:]
         yield server, first, log
     assert not server.session_pids()  # Ray's processes went with the server
+
+
+def test_the_embedded_default_refuses_oversized_requests_at_its_front(two_replicas):
+    """The front `serve` runs takes its body limit from --max-prompt-tokens (64 bytes a token:
+    2 MiB here, not the 1 MiB floor), and holds no oversized request (tests/raw_http.py)."""
+    server, _, _ = two_replicas
+    raw_http.oversized_requests_are_refused_as_they_arrive(server.port, server.proc.pid, LONG_PROMPTS)
 
 
 def replica_pids(server, want: int, seconds: float = 90.0) -> set[int]:

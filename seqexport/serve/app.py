@@ -31,6 +31,8 @@ from seqexport.serve.protocol import (
     ChunkEvents,
     CompletionParams,
     HTTPError,
+    body_limit,
+    body_too_large,
     chunk_body,
     completion_body,
     parse_completion,
@@ -76,6 +78,7 @@ class ServingHost:
                              pin_threads=config.pin_threads).start()
         self.metrics = ServerMetrics(self.engine)
         self.name = config.model_name or Path(config.folder).resolve().name
+        self.body_limit = body_limit(config.max_prompt_tokens)
         self.created = int(time.time())
 
     def close(self) -> None:
@@ -229,7 +232,7 @@ class Completions:
 
     async def __call__(self, scope, receive, send) -> None:
         host = self.host
-        params = parse_completion(await _body(receive))
+        params = parse_completion(await _body(scope, receive, host.body_limit))
         if params.model is not None and params.model != host.name:
             raise HTTPError(404, f"model: {params.model!r} is not served here; this server has {host.name!r}",
                             "model", kind="not_found_error")
@@ -259,13 +262,22 @@ class Completions:
         await _send_json(send, body)
 
 
-async def _body(receive) -> bytes:
-    chunks, more = [], True
+async def _body(scope, receive, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it is known to pass `limit`: by its
+    Content-Length before any of it is read, else (chunked) once the bytes read pass it."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise body_too_large(limit, int(value))
+    chunks, more, size = [], True, 0
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
         more = message.get("more_body", False)
     return b"".join(chunks)
 

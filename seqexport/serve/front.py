@@ -17,12 +17,14 @@ import json
 import logging
 from pathlib import Path
 
-from seqexport.serve.protocol import HTTPError, sse
+from seqexport.serve.protocol import HEAD_LIMIT, MIN_BODY_LIMIT, HTTPError, body_too_large, sse
 from seqexport.serve.proxy import BACKOFF_S, RETRIES
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the front reads the registry for replicas Ray (re)started
+PIPELINED = 16  # requests read ahead on one connection; past them its reading waits
+REASONS = {413: b"Content Too Large", 431: b"Request Header Fields Too Large"}
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"expect",
               b"proxy-connection", b"te", b"upgrade", b"trailer"}
 
@@ -98,10 +100,13 @@ class _Replica:
 
 
 class _Asked:
-    __slots__ = ("method", "url", "version", "headers", "body", "keep_alive")
+    __slots__ = ("method", "url", "version", "headers", "body", "keep_alive", "size", "refused")
 
     def __init__(self):
         self.url, self.headers, self.body = b"", [], []
+        self.keep_alive: bool | None = None  # False once the head is refused
+        self.size = 0  # bytes of the body read so far
+        self.refused: HTTPError | None = None  # answered by the front itself: too large
 
     def upstream(self) -> bytes:
         """The request as sent to a replica: HTTP/1.1, keep-alive, its body with a Content-Length."""
@@ -121,19 +126,30 @@ class _Client(asyncio.Protocol):
         import httptools
 
         self.front, self.parser = front, httptools.HttpRequestParser(self)
-        self.ready, self.current, self.gone = [], None, False
+        self.ready, self.current, self.gone, self.paused = [], None, False, False
+        # bytes read while a request's head is unfinished (a read that ended one head or request
+        # is not counted: the limit is HEAD_LIMIT and at most one read), and the heads ended
+        self.in_head, self.head_bytes, self.ends, self.closing = True, 0, 0, False
         self.transport = self.task = self.upstream = self._drained = None
 
     def connection_made(self, transport):
         self.transport = transport
 
     def data_received(self, data):
+        ends = self.ends
         try:
             self.parser.feed_data(data)
         except Exception as e:  # not HTTP: this client only
             log.debug("front: a client's bytes: %r", e)
             self.transport.close()
             return
+        if self.in_head and not self.closing:
+            self.head_bytes = self.head_bytes + len(data) if ends == self.ends else 0
+            if self.head_bytes > HEAD_LIMIT:
+                self._head_too_large()
+        if len(self.ready) >= PIPELINED and not self.paused:  # a client far ahead of its answers
+            self.paused = True
+            self.transport.pause_reading()
         if self.ready and self.task is None:
             self.task = self.front._loop.create_task(self._serve())
 
@@ -162,29 +178,74 @@ class _Client(asyncio.Protocol):
     def on_message_begin(self):
         self.current = _Asked()
 
+    # A request's head and body are held until they are whole, so each has a limit: past it the
+    # request is answered by the front at once (431, 413), the rest of it read and dropped (a
+    # 500 MB body or header was held whole before; the client now gets the answer once it reads).
     def on_url(self, url):
         self.current.url += url
 
     def on_header(self, name, value):
         self.current.headers.append((name, value))
 
+    def _head_too_large(self) -> None:
+        """A head still unfinished past HEAD_LIMIT (httptools holds a header until its line ends,
+        so no callback would see it): 431 in turn, nothing more read, then the connection closes."""
+        r = _Asked() if self.current is None or self.current.refused is not None else self.current
+        r.keep_alive = False
+        self._refuse(r, HTTPError(431, f"request line and headers: over {HEAD_LIMIT} bytes"))
+        self.paused = self.closing = True  # for good: the connection ends after the answer
+        self.transport.pause_reading()
+
+    def _refuse(self, r: _Asked, error: HTTPError) -> None:
+        r.refused, r.url, r.headers, r.body = error, b"", [], []
+        self.ready.append(r)  # answered in turn, without waiting for the rest of it
+
     def on_headers_complete(self):
+        self.in_head, self.ends = False, self.ends + 1
         r = self.current
-        r.method, r.version, r.keep_alive = self.parser.get_method(), self.parser.get_http_version(), \
-            self.parser.should_keep_alive()
-        if any(n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in r.headers):
+        r.method, r.version = self.parser.get_method(), self.parser.get_http_version()
+        r.keep_alive = r.keep_alive is not False and self.parser.should_keep_alive()
+        if r.refused is not None:
+            return
+        limit = self.front.body_limit
+        length = next((v for n, v in r.headers if n.lower() == b"content-length"), b"")
+        if length.isdigit() and int(length) > limit:
+            self._refuse(r, body_too_large(limit, int(length)))
+        elif any(n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in r.headers):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body):
-        self.current.body.append(body)
+        r = self.current
+        if r.refused is not None:
+            return
+        r.size += len(body)
+        if r.size > self.front.body_limit:
+            self._refuse(r, body_too_large(self.front.body_limit))
+        else:
+            r.body.append(body)
 
     def on_message_complete(self):
-        self.ready.append(self.current)
+        self.in_head, self.head_bytes, self.ends = True, 0, self.ends + 1  # the next request's head, if any
+        if self.current.refused is None:
+            self.ready.append(self.current)
 
     async def _serve(self) -> None:
         try:
             while self.ready and not self.gone:
                 request = self.ready.pop(0)
+                if self.paused and not self.closing and len(self.ready) < PIPELINED:
+                    self.paused = False
+                    self.transport.resume_reading()
+                if request.refused is not None:
+                    body = json.dumps(request.refused.body()).encode()
+                    self.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+                               % (request.refused.status, REASONS[request.refused.status], len(body),
+                                  b"" if request.keep_alive else b"connection: close\r\n", body))
+                    await self.drain()
+                    if not request.keep_alive:
+                        self.transport.close()
+                        return
+                    continue
                 if not await self.front._answer(self, request) or not request.keep_alive:
                     self.transport.close()
                     return
@@ -288,8 +349,10 @@ class Front:
         front.close()
     """
 
-    def __init__(self, registry, host: str, port: int, retries: int = RETRIES, backoff_s: float = BACKOFF_S):
+    def __init__(self, registry, host: str, port: int, retries: int = RETRIES, backoff_s: float = BACKOFF_S,
+                 body_limit: int = MIN_BODY_LIMIT):
         self.registry = Registry(registry)
+        self.body_limit = body_limit  # protocol.body_limit of the replicas' max_prompt_tokens
         self.host, self.port, self.retries, self.backoff_s = host, port, retries, backoff_s
         self.replicas: dict[int, _Replica] = {}
         self._turn = 0

@@ -54,6 +54,27 @@ IGNORED = {"user"}  # accepted and not used
 MAX_STOPS = 4  # as OpenAI
 
 
+# A request body may hold this much a prompt token (a list of int64 ids: up to 21 bytes each; text
+# with JSON's \\u escapes: 6-12 bytes a character, a few characters a token), and never less than
+# 1 MiB in all. Past it the body is refused (413) as it arrives, before it is read into memory: a
+# 500 MB body was buffered whole (the server's memory rose by as much) before JSON refused it.
+BODY_BYTES_PER_TOKEN = 64
+MIN_BODY_LIMIT = 1 << 20
+HEAD_LIMIT = 64 << 10  # request line and headers: past it, 431
+
+
+def body_limit(max_prompt_tokens: int) -> int:
+    """The largest request body a server taking prompts of up to `max_prompt_tokens` accepts."""
+    return max(MIN_BODY_LIMIT, BODY_BYTES_PER_TOKEN * max_prompt_tokens)
+
+
+def body_too_large(limit: int, length: int | None = None) -> HTTPError:
+    """413, closing the connection (the rest of the body is not read)."""
+    size = f"{length} bytes, over" if length is not None else "over"
+    return HTTPError(413, f"request body: {size} this server's limit of {limit} bytes ({BODY_BYTES_PER_TOKEN} "
+                          "bytes a prompt token, at least 1 MiB; --max-prompt-tokens raises it)")
+
+
 def _bad(param: str, message: str) -> HTTPError:
     return HTTPError(400, f"{param}: {message}", param)
 

@@ -43,6 +43,7 @@ def _answer_http(app, registry: str):
     import uvicorn
 
     from seqexport.serve.front import Registry
+    from seqexport.serve.head_limit import HeadLimited
 
     path = Registry(registry).socket_path()
     if len(path.encode()) < 100:  # (a Unix socket's path has room for 107 bytes, or 103)
@@ -54,7 +55,7 @@ def _answer_http(app, registry: str):
         address = sock.getsockname()[1]
     sock.listen(1024)
     # only the front connects, and keeps its connections: no keep-alive timeout to race it
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", http="httptools",
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", http=HeadLimited,
                                            timeout_keep_alive=3600, access_log=False))
 
     def run():

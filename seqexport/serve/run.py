@@ -10,19 +10,21 @@ from pathlib import Path
 
 from seqexport.errors import UsageError
 from seqexport.serve.app import ServeConfig
+from seqexport.serve.protocol import body_limit
 
 
 def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | None = None) -> None:
     import uvicorn
 
     from seqexport.serve.app import ServingHost, build_app
+    from seqexport.serve.head_limit import HeadLimited
 
     with _listening(host, port) as sock:  # before the model loads: a port in use fails at once, in one line
         serving = ServingHost(config, manifest)  # the manifest `serve` checked: its files are hashed once
         try:
             log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
                 f"on http://{host}:{port} (no Ray)")
-            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning",
+            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning", http=HeadLimited,
                                                    timeout_graceful_shutdown=5))
             # uvicorn raises the signal it shut down on again once stopped; uvicorn.run swallows it too
             with contextlib.suppress(KeyboardInterrupt):
@@ -79,7 +81,7 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
         ray.init(address=address, logging_level=logging.WARNING)
     else:  # the embedded default: a new local Ray instance for this process only
         if scaling.get("autoscale") is None:
-            front = _front(host, port)  # listening before Ray starts: a port in use fails at once
+            front = _front(host, port, body_limit(config.max_prompt_tokens))  # listening before Ray starts: a port in use fails at once
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
         if ray.util.get_node_ip_address() != "127.0.0.1":
             log(f"warning: Ray listens on {ray.util.get_node_ip_address()}, not only on 127.0.0.1 "
@@ -107,12 +109,12 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
         ray.shutdown()
 
 
-def _front(host: str, port: int):
+def _front(host: str, port: int, limit: int):
     from seqexport.serve.front import Front
 
     folder = tempfile.mkdtemp(prefix="seqexport-replicas-")
     try:
-        return Front(folder, host, port).start()
+        return Front(folder, host, port, body_limit=limit).start()
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         raise _bind_error(host, port, e) from None
