@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 275 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 277 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1042,6 +1042,12 @@ FAULTS = (
     Fault("M285", "front: a connection paused for its pipelined requests never read again",
           "seqexport/serve/front.py", "                    self.transport.resume_reading()\n", "                    pass\n",
           ("tests/test_serve_front.py::test_the_front_refuses_oversized_requests_as_they_arrive_and_answers_pipelined_ones",)),
+    Fault("M286", "server: a route or method not served answered with FastAPI's bare {\"detail\"}",
+          "seqexport/serve/app.py", "    @app.exception_handler(StarletteHTTPException)", "    @app.exception_handler(418)",
+          ("tests/test_serve.py::test_a_route_or_method_not_served_is_an_openai_style_error_naming_what_is",)),
+    Fault("M287", "server: the OpenAI client's chat call told only 'no such route'",
+          "seqexport/serve/app.py", "    if e.status_code == 404 and path.rstrip(\"/\").endswith(\"/chat/completions\"):",
+          "    if False:", ("tests/test_serve.py::test_a_route_or_method_not_served_is_an_openai_style_error_naming_what_is",)),
 )
 
 

@@ -3,6 +3,7 @@ here) with real clients: the `openai` package and plain HTTP for server-sent eve
 reference is generate() on each prompt alone, in this process."""
 
 import json
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -201,6 +202,25 @@ def test_bad_requests_get_4xx_json_naming_the_field(server, body, status, param,
 def test_the_openai_client_sees_a_clear_error(server, dates):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client(server).completions.create(model=dates[1].folder.name, prompt="5 May", max_tokens=-3)
+
+
+def test_a_route_or_method_not_served_is_an_openai_style_error_naming_what_is(server, dates):
+    """The OpenAI client's chat call (what most code tries first) and other routes and methods
+    not served: 404 / 405 with the JSON error every other answer has, naming the routes that are
+    (it was FastAPI's bare {"detail": "Not Found"}), 405 with its Allow header."""
+    with pytest.raises(openai.NotFoundError) as caught:
+        client(server).chat.completions.create(model=dates[1].folder.name, messages=[{"role": "user", "content": "5 May"}])
+    assert "chat completions are not served" in str(caught.value) and "POST it to /v1/completions" in str(caught.value)
+    routes = "POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
+    for method, path, status, allow in (("GET", "/v1/completions", 405, "POST"), ("POST", "/health", 405, "GET"),
+                                        ("GET", "/v1/nothing", 404, None), ("DELETE", "/v1/models", 405, "GET")):
+        r = requests.request(method, server.url + path, timeout=30)
+        error = r.json()["error"]
+        assert r.status_code == status and error["code"] == status, r.text
+        assert error["message"].startswith(f"{method} {path}: ") and error["message"].endswith(routes)
+        assert r.headers.get("allow") == allow
+    metrics = requests.get(server.url + "/metrics", timeout=30).text  # counted as refused
+    assert re.search(r'^seqexport_rejected_requests_total\{status="405"\} [1-9]', metrics, re.M), metrics
 
 
 def wait_idle(server, seconds=10.0) -> dict:

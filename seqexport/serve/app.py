@@ -20,6 +20,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from seqexport.errors import InputError, SeqexportError, UsageError
@@ -190,6 +191,22 @@ def end_error(req) -> HTTPError | None:
     return None
 
 
+ROUTES = "POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
+
+
+def route_error(method: str, path: str, e: StarletteHTTPException) -> HTTPError:
+    """Starlette's 404 / 405 (or another routing error) as an HTTPError naming the routes."""
+    if e.status_code == 404 and path.rstrip("/").endswith("/chat/completions"):
+        return HTTPError(404, f"{path}: chat completions are not served (seqexport applies no chat template); "
+                              f"put the conversation into a prompt and POST it to /v1/completions", kind="not_found_error")
+    if e.status_code == 404:
+        return HTTPError(404, f"{method} {path}: no such route; this server answers {ROUTES}", kind="not_found_error")
+    if e.status_code == 405:
+        return HTTPError(405, f"{method} {path}: method not allowed; this server answers {ROUTES}",
+                         headers=dict(e.headers or {}))
+    return HTTPError(e.status_code, f"{method} {path}: {e.detail}", headers=dict(e.headers or {}))
+
+
 def build_app(host: ServingHost) -> FastAPI:
     app = FastAPI(title="seqexport", docs_url=None, redoc_url=None)
 
@@ -198,6 +215,12 @@ def build_app(host: ServingHost) -> FastAPI:
         if e.status < 500:
             host.metrics.rejected.labels(str(e.status)).inc()
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, e: StarletteHTTPException):
+        # a path or method with no route: the OpenAI-style error every other answer has (an
+        # OpenAI client showed FastAPI's {"detail": "Not Found"}), naming what is served
+        return await http_error(request, route_error(request.method, request.url.path, e))
 
     @app.get("/health")
     async def health():
