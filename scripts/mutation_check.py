@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 277 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 279 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1048,6 +1048,10 @@ FAULTS = (
     Fault("M287", "server: the OpenAI client's chat call told only 'no such route'",
           "seqexport/serve/app.py", "    if e.status_code == 404 and path.rstrip(\"/\").endswith(\"/chat/completions\"):",
           "    if False:", ("tests/test_serve.py::test_a_route_or_method_not_served_is_an_openai_style_error_naming_what_is",)),
+    Fault("M288", "page: ?model= a model the site lacks opens another one without a word",
+          "seqexport/web/static/app.mjs", "    if (missing) showError(missing);\n", "", ("tests/test_web.py::test_an_address_naming_a_model_or_option_the_site_lacks_says_so",)),
+    Fault("M289", "page: ?threads=abc replaced by the default without a word",
+          "seqexport/web/static/app.mjs", "/^[0-9]+$/.test(t) ? Number(t) : t", "Number(t) || undefined", ("tests/test_web.py::test_an_address_naming_a_model_or_option_the_site_lacks_says_so",)),
 )
 
 

@@ -364,6 +364,29 @@ def test_a_branch_and_a_grown_cache_in_the_page_match_the_python_runtime(page):
     np.testing.assert_allclose(got["moreLogits"], want[0], rtol=1e-3, atol=1e-3)
 
 
+def test_an_address_naming_a_model_or_option_the_site_lacks_says_so(page):
+    """?model= a model the site lacks opens the first one with a visible notice naming what the
+    site has (it opened silently); ?threads= or ?backend= that are not ones ORT takes stop the
+    load with a message naming the value (they were replaced by defaults without a word)."""
+    from selenium.webdriver.common.by import By
+
+    url, driver, site = page
+    names = [m["name"] for m in json.loads((site[0] / "site.json").read_text())["models"]]
+    driver.get(url + "?model=nope&backend=wasm")
+    assert browser.wait_state(driver) == "ready"
+    message = driver.find_element(By.ID, "error")
+    assert message.is_displayed() and message.text == (
+        f'This site has no model named "nope" (it has {", ".join(names)}); showing {names[0]}.')
+    assert driver.execute_script("return document.getElementById('model').value") == names[0]
+    assert browser.run_prompt(driver, "5 March 2021")["state"] == "done"  # the page works
+    for query, said in (("threads=abc", 'threads must be an integer >= 1, got "abc"'),
+                        ("threads=0", "threads must be an integer >= 1, got 0"),
+                        ("backend=cuda", 'backend "cuda": expected one of "auto", "wasm", "webgpu"')):
+        driver.get(url + f"?model={names[0]}&{query}")
+        assert browser.wait_state(driver) == "load-error", query
+        assert said in driver.find_element(By.ID, "error").text, query
+
+
 MISUSE = """
 const [lm, ed, promptText, done] = arguments;
 (async () => {

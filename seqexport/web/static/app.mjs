@@ -49,8 +49,18 @@ function backendLabel(model) {
   return "WebGPU";
 }
 
+/** ?threads=N as loadModel takes it: a number where the address holds digits, else the text as
+ * given (so that loadModel's message names it: `got "abc"`, not a default taken silently). */
+function threadsAsked() {
+  const t = params.get("threads");
+  return t === null ? undefined : /^[0-9]+$/.test(t) ? Number(t) : t;
+}
+
 async function selectModel(name) {
   const entry = site.models.find((m) => m.name === name) ?? site.models[0];
+  // a link with a model this site lacks (a typo, a model since removed) opens the first one, saying so
+  const missing = entry.name === name ? null :
+    `This site has no model named "${name}" (it has ${site.models.map((m) => m.name).join(", ")}); showing ${entry.name}.`;
   $("model").value = entry.name;
   current?.model.release().catch(() => {}); // the sessions of the model left
   current = null;
@@ -72,7 +82,7 @@ async function selectModel(name) {
   else $("max-new-tokens").removeAttribute("max");
   const mine = (loading = loadModel(entry.path, {
     backend: params.get("backend") ?? "auto",
-    threads: Number(params.get("threads")) || undefined,
+    threads: threadsAsked(),
     name: entry.name,
     promptFrame: entry.prompt_frame,
     maxPromptTokens: entry.max_prompt_tokens,
@@ -86,6 +96,7 @@ async function selectModel(name) {
     $("status").className = "status ready";
     $("status").textContent = `${entry.name} ready · ${model.manifest.family} · ${backendLabel(model)}`;
     if (model.fallback) showError(model.fallback);
+    if (missing) showError(missing);
     setState("ready");
   } catch (e) {
     if (loading !== mine) return;
