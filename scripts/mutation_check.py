@@ -1010,7 +1010,7 @@ FAULTS = (
           "seqexport/web/static/seqexport.mjs", "    this._checkStartId(startId);\n", "",
           ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
     Fault("M273", "browser runtime: another model's state stepped (fed to the wrong graphs)",
-          "seqexport/web/static/seqexport.mjs", "    if (state.model !== this)\n", "    if (false)\n",
+          "seqexport/web/static/seqexport.mjs", "    if (state.model !== this) {\n", "    if (false) {\n",
           ("tests/test_web.py::test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits",)),
     Fault("M274", "browser runtime: a disposed state stepped",
           "seqexport/web/static/seqexport.mjs", "    if (state.disposed) throw", "    if (false) throw",

@@ -398,6 +398,7 @@ const [lm, ed, promptText, done] = arguments;
   // each model from its folder alone: what it knows of itself comes from the site's runtime.json
   const L = await loadModel(`./models/${lm}/`, { backend: "wasm" });
   const E = await loadModel(`./models/${ed}/`, { backend: "wasm" });
+  const L2 = await loadModel(`./models/${lm}/`, { backend: "wasm" });  // the same folder again
   const known = (m) => ({ name: m.name, promptFrame: m.promptFrame, maxPromptTokens: m.maxPromptTokens,
                           maxNewTokensLimit: m.maxNewTokensLimit });
   const ids = L.encodePrompt(promptText), eds = E.encodePrompt(promptText);
@@ -418,6 +419,7 @@ const [lm, ed, promptText, done] = arguments;
     ["start(ed, startId string)", () => E.start(eds, { startId: "3" })],
     ["step(no state)", () => L.step(5, undefined)], ["step(object)", () => L.step(5, {})],
     ["step(another model's state)", () => L.step(5, edState)], ["step(disposed)", () => L.step(5, gone)],
+    ["step(another load's state)", () => L2.step(5, plain.state)],
     ["step(string token)", () => L.step("5", plain.state)], ["step(bigint token)", () => L.step(5n, plain.state)],
     ["encodePrompt(number)", () => L.encodePrompt(123)],
     ["generate(options 5)", () => L.generateIds(ids, 5)],
@@ -482,6 +484,7 @@ def test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits(page):
         "step(object)": "state: expected what this model's start() or step() returned, got an object",
         "step(another model's state)": f"state: it came from another model ({ed}); {lm} steps only its own states",
         "step(disposed)": "state: it was disposed; step a state that has not been",
+        "step(another load's state)": f"state: it came from another loadModel() of {lm}; {lm} steps only its own states",
         "step(string token)": f'token id "5" is not an integer in [0, {v})',
         "step(bigint token)": f"token id 5n is not an integer in [0, {v})",
         "encodePrompt(number)": "the prompt must be text (a string), got 123",

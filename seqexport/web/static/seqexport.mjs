@@ -338,8 +338,10 @@ export class Model {
       throw new ModelError(`token id ${shown(token)} ${notAnId(token, this.vocabSize)}`);
     if (!(state instanceof SeqState))
       throw new ModelError(`state: expected what this model's start() or step() returned, got ${shown(state)}`);
-    if (state.model !== this)
-      throw new ModelError(`state: it came from another model (${state.model.name}); ${this.name} steps only its own states`);
+    if (state.model !== this) {
+      const other = state.model.name === this.name ? `another loadModel() of ${this.name}` : `another model (${state.model.name})`;
+      throw new ModelError(`state: it came from ${other}; ${this.name} steps only its own states`);
+    }
     if (state.disposed) throw new ModelError("state: it was disposed; step a state that has not been");
     if (this.maxNewTokensLimit && state.length + 1 > this.maxNewTokensLimit)
       throw new ModelError(`the context of ${state.length + 1} tokens exceeds the model's ${this.maxNewTokensLimit} positions`);
