@@ -84,13 +84,15 @@ def exact_body(port: int, size: int, prompt: str) -> tuple[int, dict | None, boo
     return send(port, post_head(size), [core + b" " * (size - len(core))])
 
 
-def pipelined(port: int, prompts: list[str], max_tokens: int = 4) -> list[tuple[int, dict | None]]:
-    """Every request written at once on one connection, then every answer read in order."""
+def pipelined(port: int, prompts: list[str], max_tokens: int = 4, pad: int = 0,
+              timeout: float = 120.0) -> list[tuple[int, dict | None]]:
+    """Every request written at once on one connection (each body padded with `pad` bytes of
+    JSON whitespace: more than one read of the server's), then every answer read in order."""
     requests = []
     for p in prompts:
-        body = json.dumps({"prompt": p, "max_tokens": max_tokens, "temperature": 0}).encode()
+        body = json.dumps({"prompt": p, "max_tokens": max_tokens, "temperature": 0}).encode() + b" " * pad
         requests.append(post_head(len(body)) + body)
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(b"".join(requests))
         out, rest = [], b""
         for _ in prompts:

@@ -152,6 +152,11 @@ class _Client(asyncio.Protocol):
             self.transport.pause_reading()
         if self.ready and self.task is None:
             self.task = self.front._loop.create_task(self._serve())
+            # held by the front: the loop keeps only a weak reference to a task, and a connection
+            # paused for reading is no longer held by the loop either, so a task awaiting a
+            # replica's connect was collected with its client mid-request (the client saw EOF)
+            self.front._serving.add(self.task)
+            self.task.add_done_callback(self.front._serving.discard)
 
     def connection_lost(self, exc):
         self.gone = True
@@ -357,6 +362,7 @@ class Front:
         self.replicas: dict[int, _Replica] = {}
         self._turn = 0
         self._loop = self._server = self._thread = None
+        self._serving: set[asyncio.Task] = set()  # the clients' running _serve tasks
 
     def start(self) -> "Front":
         import threading
