@@ -437,10 +437,12 @@ const [lm, ed, promptText, done] = arguments;
     ["load(verify string)", () => loadModel(`./models/${lm}/`, { backend: "wasm", verify: "no" })],
   ];
   for (const [name, f] of steps) await attempt(name, f);
-  // the models still work after all that
+  // the models still work after all that; an option set to undefined is the default
   const after = await L.step(ids[0], plain.state);
+  const undef = await L.generateIds(ids, { maxNewTokens: 3, startId: undefined, seed: undefined });
+  const dflt = await L.generateIds(ids, { maxNewTokens: 3 });
   return { said, known: { lm: known(L), ed: known(E) }, plain: first(plain), typed: first(typed),
-           after: Array.from(after.logits).length };
+           after: Array.from(after.logits).length, undefinedOptions: [undef, dflt] };
 })().then(done, (e) => done({ error: String(e) }));
 """
 
@@ -507,6 +509,7 @@ def test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits(page):
         assert said[name] is not None and said[name].startswith("ModelError: "), (name, said[name])
         assert fragment in said[name], (name, said[name])
     assert got["typed"] == got["plain"] and got["after"] == v
+    assert got["undefinedOptions"][0] == got["undefinedOptions"][1] and len(got["undefinedOptions"][0]) >= 1
 
 
 JS_UNITS = """

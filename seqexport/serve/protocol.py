@@ -69,7 +69,8 @@ def body_limit(max_prompt_tokens: int) -> int:
 
 
 def body_too_large(limit: int, length: int | None = None) -> HTTPError:
-    """413, closing the connection (the rest of the body is not read)."""
+    """413 (the server reads the rest of the body and drops it: a client that sends it all
+    before reading still gets this answer; the connection stays open)."""
     size = f"{length} bytes, over" if length is not None else "over"
     return HTTPError(413, f"request body: {size} this server's limit of {limit} bytes ({BODY_BYTES_PER_TOKEN} "
                           "bytes a prompt token, at least 1 MiB; --max-prompt-tokens raises it)")

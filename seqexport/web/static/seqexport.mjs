@@ -38,14 +38,15 @@ export function shown(v) {
 }
 
 /** `options` (an object, or nothing) with none but the `known` keys: a misspelt option would
- * otherwise be ignored, the call running with the default instead. */
+ * otherwise be ignored, the call running with the default instead. Keys set to undefined are
+ * left out (`{ startId: maybe }`: the default, as an absent key). */
 function checkedKeys(options, known, what) {
   if (options == null) return {};
   if (typeof options !== "object" || Array.isArray(options))
     throw new ModelError(`${what}: expected an object of options, got ${shown(options)}`);
   const unknown = Object.keys(options).find((k) => !known.includes(k));
   if (unknown !== undefined) throw new ModelError(`unknown option ${unknown}; expected some of ${known.join(", ")}`);
-  return options;
+  return Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
 }
 
 const BACKENDS = ["auto", "wasm", "webgpu"];
@@ -131,10 +132,10 @@ async function fetchChecked(base, file, sha256, size, what, verify) {
 const ARRAYS = { int64: BigInt64Array, float32: Float32Array, float16: Uint16Array };
 const product = (dims) => dims.reduce((a, b) => a * b, 1);
 
-/** Prompt ids as a list of numbers (an Array, a typed array, BigInts): text or a lone number is
- * refused by name (Array.from would make NaNs of a string's characters, nothing of a number). */
 const notAnId = (v, vocab) => (Number.isInteger(v) ? `is outside [0, ${vocab})` : `is not an integer in [0, ${vocab})`);
 
+/** Prompt ids as a list of numbers (an Array, a typed array, BigInts): text or a lone number is
+ * refused by name (Array.from would make NaNs of a string's characters, nothing of a number). */
 function promptIdList(promptIds) {
   if (typeof promptIds === "string")
     throw new ModelError("promptIds: expected an array of token ids, got a string (model.encodePrompt(text) gives its ids)");
