@@ -57,12 +57,17 @@ def still_running(log: Log | None, what: str, every_s: float = HEARTBEAT_S) -> I
         thread.join()
 
 
+def _budget_spent(r: int, spent_s: float, budget_s: float) -> bool:
+    """Whether a function that has spent `spent_s` in rounds 0..r-1 sits out round r and the
+    rest: at least 3 rounds each, then until the budget is spent."""
+    return r >= 3 and spent_s > budget_s
+
+
 def rounds_run(round_s: float, repeats: int, budget_s: float) -> int:
-    """How many of `repeats` rounds `time_paired` gives a function whose round takes `round_s`:
-    all of them, or 3 and then as many as fit in `budget_s`."""
+    """How many of `repeats` rounds `time_paired` gives a function whose round takes `round_s`."""
     n, total = 0, 0.0
     for r in range(repeats):
-        if r >= 3 and total > budget_s:
+        if _budget_spent(r, total, budget_s):
             break
         total += round_s
         n += 1
@@ -128,7 +133,7 @@ def time_paired(fns: dict[str, Fn], repeats: int, sample_s: float,
         for r in range(repeats):
             for name, fn in fns.items():
                 got = samples[name]
-                if r >= 3 and sum(got) > budget_s:
+                if _budget_spent(r, sum(got), budget_s):
                     continue
                 threads_for(name)
                 for _ in range(calls[name]):

@@ -13,18 +13,24 @@ ends with an error event and [DONE].
 """
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
-from seqexport.serve.protocol import HEAD_LIMIT, MIN_BODY_LIMIT, HTTPError, body_too_large, sse
+from seqexport.serve.protocol import (
+    MIN_BODY_LIMIT,
+    HeadBytes,
+    HTTPError,
+    body_too_large,
+    head_too_large,
+    raw_response,
+    sse,
+)
 from seqexport.serve.proxy import BACKOFF_S, RETRIES
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the front reads the registry for replicas Ray (re)started
 PIPELINED = 16  # requests read ahead on one connection; past them its reading waits
-REASONS = {413: b"Content Too Large", 431: b"Request Header Fields Too Large"}
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"expect",
               b"proxy-connection", b"te", b"upgrade", b"trailer"}
 
@@ -104,7 +110,7 @@ class _Asked:
 
     def __init__(self):
         self.url, self.headers, self.body = b"", [], []
-        self.keep_alive: bool | None = None  # False once the head is refused
+        self.keep_alive = False  # read from the head once it is whole
         self.size = 0  # bytes of the body read so far
         self.refused: HTTPError | None = None  # answered by the front itself: too large
 
@@ -127,26 +133,22 @@ class _Client(asyncio.Protocol):
 
         self.front, self.parser = front, httptools.HttpRequestParser(self)
         self.ready, self.current, self.gone, self.paused = [], None, False, False
-        # bytes read while a request's head is unfinished (a read that ended one head or request
-        # is not counted: the limit is HEAD_LIMIT and at most one read), and the heads ended
-        self.in_head, self.head_bytes, self.ends, self.closing = True, 0, 0, False
+        self.head, self.closing = HeadBytes(), False
         self.transport = self.task = self.upstream = self._drained = None
 
     def connection_made(self, transport):
         self.transport = transport
 
     def data_received(self, data):
-        ends = self.ends
+        ends = self.head.ends
         try:
             self.parser.feed_data(data)
         except Exception as e:  # not HTTP: this client only
             log.debug("front: a client's bytes: %r", e)
             self.transport.close()
             return
-        if self.in_head and not self.closing:
-            self.head_bytes = self.head_bytes + len(data) if ends == self.ends else 0
-            if self.head_bytes > HEAD_LIMIT:
-                self._head_too_large()
+        if not self.closing and self.head.over(ends, len(data)):
+            self._head_too_large()
         if len(self.ready) >= PIPELINED and not self.paused:  # a client far ahead of its answers
             self.paused = True
             self.transport.pause_reading()
@@ -193,11 +195,11 @@ class _Client(asyncio.Protocol):
         self.current.headers.append((name, value))
 
     def _head_too_large(self) -> None:
-        """A head still unfinished past HEAD_LIMIT (httptools holds a header until its line ends,
-        so no callback would see it): 431 in turn, nothing more read, then the connection closes."""
+        """A head still unfinished past HEAD_LIMIT (see HeadBytes): 431 in turn, nothing more
+        read, then the connection closes."""
         r = _Asked() if self.current is None or self.current.refused is not None else self.current
         r.keep_alive = False
-        self._refuse(r, HTTPError(431, f"request line and headers: over {HEAD_LIMIT} bytes"))
+        self._refuse(r, head_too_large())
         self.paused = self.closing = True  # for good: the connection ends after the answer
         self.transport.pause_reading()
 
@@ -206,12 +208,12 @@ class _Client(asyncio.Protocol):
         self.ready.append(r)  # answered in turn, without waiting for the rest of it
 
     def on_headers_complete(self):
-        self.in_head, self.ends = False, self.ends + 1
+        self.head.head_ended()
         r = self.current
-        r.method, r.version = self.parser.get_method(), self.parser.get_http_version()
-        r.keep_alive = r.keep_alive is not False and self.parser.should_keep_alive()
-        if r.refused is not None:
+        if r.refused is not None:  # its head was too large: answered as it is, then the connection closes
             return
+        r.method, r.version, r.keep_alive = self.parser.get_method(), self.parser.get_http_version(), \
+            self.parser.should_keep_alive()
         limit = self.front.body_limit
         length = next((v for n, v in r.headers if n.lower() == b"content-length"), b"")
         if length.isdigit() and int(length) > limit:
@@ -230,7 +232,7 @@ class _Client(asyncio.Protocol):
             r.body.append(body)
 
     def on_message_complete(self):
-        self.in_head, self.head_bytes, self.ends = True, 0, self.ends + 1  # the next request's head, if any
+        self.head.message_ended()
         if self.current.refused is None:
             self.ready.append(self.current)
 
@@ -242,10 +244,7 @@ class _Client(asyncio.Protocol):
                     self.paused = False
                     self.transport.resume_reading()
                 if request.refused is not None:
-                    body = json.dumps(request.refused.body()).encode()
-                    self.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
-                               % (request.refused.status, REASONS[request.refused.status], len(body),
-                                  b"" if request.keep_alive else b"connection: close\r\n", body))
+                    self.write(raw_response(request.refused, close=not request.keep_alive))
                     await self.drain()
                     if not request.keep_alive:
                         self.transport.close()
@@ -456,10 +455,9 @@ class Front:
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
                 self._refresh()
-        busy = HTTPError(503, "no replica answered this request (one went away); retry", kind="server_busy")
-        body = json.dumps(busy.body()).encode()
-        client.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                      b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        busy = HTTPError(503, "no replica answered this request (one went away); retry", kind="server_busy",
+                         headers={"Retry-After": "1"})
+        client.write(raw_response(busy))
         await client.drain()
         return True
 

@@ -13,6 +13,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 
 class HTTPError(Exception):
@@ -74,6 +75,44 @@ def body_too_large(limit: int, length: int | None = None) -> HTTPError:
     size = f"{length} bytes, over" if length is not None else "over"
     return HTTPError(413, f"request body: {size} this server's limit of {limit} bytes ({BODY_BYTES_PER_TOKEN} "
                           "bytes a prompt token, at least 1 MiB; --max-prompt-tokens raises it)")
+
+
+def head_too_large() -> HTTPError:
+    return HTTPError(431, f"request line and headers: over {HEAD_LIMIT} bytes")
+
+
+class HeadBytes:
+    """Bytes read while a request's head is unfinished, for a parser (httptools) that holds a
+    header until its line ends, so no callback sees a head grow. A read that ended a head or a
+    request is not counted (where the new head began in it is unknown): the limit is HEAD_LIMIT
+    and at most one read. The parser's owner calls `head_ended` / `message_ended` from its
+    callbacks and `over(ends, n)` after feeding a read of `n` bytes (`ends`: `.ends` before)."""
+
+    def __init__(self):
+        self.in_head, self.count, self.ends = True, 0, 0
+
+    def head_ended(self) -> None:
+        self.in_head, self.ends = False, self.ends + 1
+
+    def message_ended(self) -> None:
+        self.in_head, self.count, self.ends = True, 0, self.ends + 1  # the next request's head, if any
+
+    def over(self, ends: int, n: int) -> bool:
+        if not self.in_head:
+            return False
+        self.count = self.count + n if ends == self.ends else 0
+        return self.count > HEAD_LIMIT
+
+
+def raw_response(error: HTTPError, close: bool = False) -> bytes:
+    """`error` as a whole HTTP/1.1 response with its JSON body, for code below the ASGI app (the
+    front, uvicorn's protocol) that answers a request itself."""
+    body = json.dumps(error.body()).encode()
+    head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
+            *(f"{k.lower()}: {v}" for k, v in error.headers.items()), f"content-length: {len(body)}"]
+    if close:
+        head.append("connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 def _bad(param: str, message: str) -> HTTPError:

@@ -29,7 +29,7 @@ export class ModelError extends Error {}
 
 /** A value as an error message shows it: a string quoted (the id "5" is not the id 5), a bigint
  * with its n, an object by its kind. */
-export function shown(v) {
+function shown(v) {
   if (typeof v === "string") return JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}…` : v);
   if (typeof v === "bigint") return `${v}n`;
   if (v === null || typeof v !== "object") return String(v);
@@ -97,13 +97,16 @@ export async function pickBackend(asked = "auto") {
 
 // --- fetching the export's files ---------------------------------------------------------------
 
-async function fetchFile(url, what) {
+/** The response for `url`; a ModelError naming `what` if it cannot be had (null for a 404 when
+ * the file is `optional`). */
+async function fetchFile(url, what, optional = false) {
   let response;
   try {
     response = await fetch(url);
   } catch (e) {
     throw new ModelError(`cannot load ${what} ${url.pathname}: ${e.message}`);
   }
+  if (optional && response.status === 404) return null;
   if (!response.ok)
     throw new ModelError(`cannot load ${what} ${url.pathname}: HTTP ${response.status} ${response.statusText}`.trim());
   return response;
@@ -425,7 +428,6 @@ export class Model {
     const unpickable = o.eosIds.find((id) => id >= this.vocabSize);
     if (unpickable !== undefined)
       throw new ModelError(`eosId ${unpickable} is not a token id of this model: expected -1 (never) or an id in [0, ${this.vocabSize})`);
-    this._checkStartId(o.startId); // before anything is run (start checks it too)
     if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
     const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
@@ -597,14 +599,8 @@ function checkedLoadOptions(url, options) {
 const RUNTIME_JSON = "runtime.json";
 
 async function runtimeRecord(url) {
-  let response;
-  try {
-    response = await fetch(url);
-  } catch (e) {
-    throw new ModelError(`cannot load ${url.pathname}: ${e.message}`);
-  }
-  if (response.status === 404) return {};
-  if (!response.ok) throw new ModelError(`cannot load ${url.pathname}: HTTP ${response.status} ${response.statusText}`.trim());
+  const response = await fetchFile(url, "the runtime record", true);
+  if (response === null) return {};
   let record;
   try {
     record = await response.json();
