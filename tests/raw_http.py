@@ -19,7 +19,7 @@ def peak_rss(pid: int | str = "self", reset: bool = False) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def _response(sock: socket.socket) -> tuple[int, dict | None, bytes]:
+def read_response(sock: socket.socket) -> tuple[int, dict | None, bytes]:
     """One response read whole (its Content-Length): status, its JSON body (None if not JSON),
     and what was read past it."""
     data = b""
@@ -55,7 +55,7 @@ def send(port: int, head: bytes, pieces, timeout: float = 60.0) -> tuple[int, di
                 sock.sendall(piece)
         except (BrokenPipeError, ConnectionResetError):
             sent_all = False
-        status, body, _ = _response(sock)
+        status, body, _ = read_response(sock)
         return status, body, sent_all
 
 
@@ -96,7 +96,7 @@ def pipelined(port: int, prompts: list[str], max_tokens: int = 4, pad: int = 0,
         sock.sendall(b"".join(requests))
         out, rest = [], b""
         for _ in prompts:
-            status, body, rest = _response(_Prefixed(sock, rest))
+            status, body, rest = read_response(_Prefixed(sock, rest))
             out.append((status, body))
         return out
 

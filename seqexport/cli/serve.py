@@ -66,6 +66,12 @@ def _engine_kwargs(kw: dict) -> dict:
 @click.option("--model-name", help="The model id clients name [the folder's name].")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds a request may take before it ends with 504.")
+@click.option("--client-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds a client may take to send a whole request (408 after), or to take none of its "
+                   "answer (cut after); an idle connection closes after it too.")
+@click.option("--max-connections", type=click.IntRange(min=1),
+              help="Client connections held at once; past it a new one closes the one idle longest, or gets "
+                   "503 if every one has a request being answered [what the open-file limit leaves].")
 @click.option("--config-out", type=click.Path(dir_okay=False),
               help="Write a Ray Serve config file (for `serve deploy` on a cluster) and exit.")
 @engine_options
@@ -75,6 +81,12 @@ def serve(folder, **kw):
     Also GET /v1/models, /health and /metrics (Prometheus). Needs the `serve` extra.
     """
     check_output_path(kw["config_out"], "--config-out")
+    given = click.get_current_context().get_parameter_source
+    limits = [f"--{n.replace('_', '-')}" for n in ("client_timeout", "max_connections")
+              if given(n) is not click.core.ParameterSource.DEFAULT]
+    if limits and (kw["address"] or kw["autoscale"] or kw["config_out"]):
+        raise UsageError(f"{' and '.join(limits)}: held by `serve`'s own front (the embedded default, or --no-ray); "
+                         "with --address, --autoscale or --config-out Ray Serve's HTTP proxy takes the requests")
     serve_command(folder, log=lambda msg: click.echo(msg, err=True), **_engine_kwargs(kw))
 
 
@@ -131,10 +143,12 @@ def parse_autoscale(text: str | None) -> tuple[int, int] | None:
 
 
 def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: str | None, replicas: int,
-                  autoscale: str | None, replica_cpus: float, config_out: str | None, log, **engine) -> None:
+                  autoscale: str | None, replica_cpus: float, config_out: str | None, log,
+                  client_timeout: float = 30.0, max_connections: int | None = None, **engine) -> None:
     folder = str(Path(folder).resolve())  # replicas may start in another working directory
     from seqexport.manifest import read_manifest
     from seqexport.serve.app import ServeConfig
+    from seqexport.serve.clients import ClientLimits
     from seqexport.serve.run import run_plain, run_ray
 
     manifest = read_manifest(folder)  # a missing or altered export fails here, in one line
@@ -147,12 +161,13 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
         write_config(config_out, config, host, port, scaling)
         log(f"wrote {config_out}: deploy it with `serve deploy {config_out}` on a Ray cluster")
         return
+    limits = ClientLimits(client_timeout, max_connections)
     if use_ray:
-        run_ray(config, host, port, address, scaling, log)
+        run_ray(config, host, port, address, scaling, log, limits)
     else:
         if address or replicas != 1 or autoscale:
             raise UsageError("--address, --replicas and --autoscale need Ray; drop --no-ray")
-        run_plain(config, host, port, log, manifest)
+        run_plain(config, host, port, log, manifest, limits)
 
 
 def write_config(path: str, config, host: str, port: int, scaling: dict) -> None:

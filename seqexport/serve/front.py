@@ -16,6 +16,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from seqexport.serve.clients import ClientLimits
 from seqexport.serve.protocol import (
     MIN_BODY_LIMIT,
     HeadBytes,
@@ -134,12 +135,17 @@ class _Client(asyncio.Protocol):
         self.front, self.parser = front, httptools.HttpRequestParser(self)
         self.ready, self.current, self.gone, self.paused = [], None, False, False
         self.head, self.closing = HeadBytes(), False
-        self.transport = self.task = self.upstream = self._drained = None
+        self.transport = self.task = self.upstream = self._drained = self.clock = None
 
     def connection_made(self, transport):
         self.transport = transport
+        self.clock = self.front.limits.opened(transport)  # None: too many connections, 503 written
+        if self.clock is None:
+            self.gone = True
 
     def data_received(self, data):
+        if self.clock is None:
+            return
         ends = self.head.ends
         try:
             self.parser.feed_data(data)
@@ -162,17 +168,23 @@ class _Client(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.gone = True
+        if self.clock is not None:
+            self.clock.lost()
         if self.upstream is not None:
             self.upstream.close()  # the replica sees its client go: the row is freed
         self.resume_writing()
 
     def pause_writing(self):
         self._drained = self.front._loop.create_future()
+        if self.clock is not None:
+            self.clock.write_paused()
 
     def resume_writing(self):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self._drained = None
+        if self.clock is not None:
+            self.clock.write_resumed()
 
     def write(self, data: bytes) -> None:
         if data and not self.gone:
@@ -184,6 +196,7 @@ class _Client(asyncio.Protocol):
 
     def on_message_begin(self):
         self.current = _Asked()
+        self.clock.began()
 
     # A request's head and body are held until they are whole, so each has a limit: past it the
     # request is answered by the front at once (431, 413), the rest of it read and dropped (a
@@ -206,6 +219,7 @@ class _Client(asyncio.Protocol):
     def _refuse(self, r: _Asked, error: HTTPError) -> None:
         r.refused, r.url, r.headers, r.body = error, b"", [], []
         self.ready.append(r)  # answered in turn, without waiting for the rest of it
+        self.clock.answering()
 
     def on_headers_complete(self):
         self.head.head_ended()
@@ -233,8 +247,10 @@ class _Client(asyncio.Protocol):
 
     def on_message_complete(self):
         self.head.message_ended()
+        self.clock.ended()
         if self.current.refused is None:
             self.ready.append(self.current)
+            self.clock.answering()
 
     async def _serve(self) -> None:
         try:
@@ -258,6 +274,8 @@ class _Client(asyncio.Protocol):
             self.transport.close()
         finally:
             self.task = None
+            if not self.ready:  # all answered: the next request must come within the client timeout
+                self.clock.ready()
 
 
 class _Relay:
@@ -354,9 +372,10 @@ class Front:
     """
 
     def __init__(self, registry, host: str, port: int, retries: int = RETRIES, backoff_s: float = BACKOFF_S,
-                 body_limit: int = MIN_BODY_LIMIT):
+                 body_limit: int = MIN_BODY_LIMIT, limits: ClientLimits | None = None):
         self.registry = Registry(registry)
         self.body_limit = body_limit  # protocol.body_limit of the replicas' max_prompt_tokens
+        self.limits = limits or ClientLimits()  # how long a client may take, how many are held
         self.host, self.port, self.retries, self.backoff_s = host, port, retries, backoff_s
         self.replicas: dict[int, _Replica] = {}
         self._turn = 0

@@ -43,7 +43,7 @@ def _answer_http(app, registry: str):
     import uvicorn
 
     from seqexport.serve.front import Registry
-    from seqexport.serve.head_limit import HeadLimited
+    from seqexport.serve.uvicorn_limits import limited_protocol
 
     path = Registry(registry).socket_path()
     if len(path.encode()) < 100:  # (a Unix socket's path has room for 107 bytes, or 103)
@@ -54,8 +54,9 @@ def _answer_http(app, registry: str):
         sock.bind(("127.0.0.1", 0))
         address = sock.getsockname()[1]
     sock.listen(1024)
-    # only the front connects, and keeps its connections: no keep-alive timeout to race it
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", http=HeadLimited,
+    # only the front connects, and keeps its connections: no keep-alive timeout to race it, and
+    # no client limits (the front holds its clients to them)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", http=limited_protocol(None),
                                            timeout_keep_alive=3600, access_log=False))
 
     def run():

@@ -10,21 +10,24 @@ from pathlib import Path
 
 from seqexport.errors import UsageError
 from seqexport.serve.app import ServeConfig
+from seqexport.serve.clients import ClientLimits
 from seqexport.serve.protocol import body_limit
 
 
-def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | None = None) -> None:
+def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | None = None,
+              limits: ClientLimits | None = None) -> None:
     import uvicorn
 
     from seqexport.serve.app import ServingHost, build_app
-    from seqexport.serve.head_limit import HeadLimited
+    from seqexport.serve.uvicorn_limits import limited_protocol
 
     with _listening(host, port) as sock:  # before the model loads: a port in use fails at once, in one line
         serving = ServingHost(config, manifest)  # the manifest `serve` checked: its files are hashed once
         try:
             log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
                 f"on http://{host}:{port} (no Ray)")
-            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning", http=HeadLimited,
+            http = limited_protocol(limits or ClientLimits())
+            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning", http=http,
                                                    timeout_graceful_shutdown=5))
             # uvicorn raises the signal it shut down on again once stopped; uvicorn.run swallows it too
             with contextlib.suppress(KeyboardInterrupt):
@@ -60,7 +63,8 @@ EMBEDDED_ENV = {
 }
 
 
-def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scaling: dict, log) -> None:
+def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scaling: dict, log,
+            limits: ClientLimits | None = None) -> None:
     """Under Ray Serve until SIGINT/SIGTERM. The embedded default (no `address`), unless it
     autoscales: no Ray proxy; each replica answers HTTP itself on 127.0.0.1 and `Front` relays
     requests to them from this process (`seqexport.serve.proxy`). Joining a cluster, or
@@ -81,7 +85,7 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
         ray.init(address=address, logging_level=logging.WARNING)
     else:  # the embedded default: a new local Ray instance for this process only
         if scaling.get("autoscale") is None:
-            front = _front(host, port, body_limit(config.max_prompt_tokens))  # listening before Ray starts: a port in use fails at once
+            front = _front(host, port, body_limit(config.max_prompt_tokens), limits or ClientLimits())  # listening before Ray starts: a port in use fails at once
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
         if ray.util.get_node_ip_address() != "127.0.0.1":
             log(f"warning: Ray listens on {ray.util.get_node_ip_address()}, not only on 127.0.0.1 "
@@ -109,12 +113,12 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
         ray.shutdown()
 
 
-def _front(host: str, port: int, limit: int):
+def _front(host: str, port: int, limit: int, limits: ClientLimits):
     from seqexport.serve.front import Front
 
     folder = tempfile.mkdtemp(prefix="seqexport-replicas-")
     try:
-        return Front(folder, host, port, body_limit=limit).start()
+        return Front(folder, host, port, body_limit=limit, limits=limits).start()
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         raise _bind_error(host, port, e) from None

@@ -1,0 +1,257 @@
+"""Slow, idle, stalled and too many clients (seqexport.serve.clients), over real sockets, on both
+of `serve`'s HTTP servers: uvicorn (`serve --no-ray`, a subprocess) and the embedded default's
+front (in this process, over a `serve --no-ray` replica). Before, none of them was timed out: a
+half-sent request or an idle connection was held for good, a client that stopped reading its
+stream kept its row, and 250 of them past an open-file limit of 200 locked new clients out."""
+
+import json
+import select
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from seqexport.serve.clients import ClientLimits
+from seqexport.serve.front import Front
+from seqexport.serve.process import ServerProcess, free_port
+from tests.raw_http import read_response
+
+TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 6
+SLACK_S = 1.5  # the sweep's period (a quarter of the timeout here) and a loaded machine's delays
+
+
+@pytest.fixture(scope="module")
+def folder(bundled_exports):
+    return bundled_exports("mamba")[1]
+
+
+@pytest.fixture(scope="module")
+def replica(folder):
+    with ServerProcess(folder, "--no-ray", "--threads", "1", "--max-rows", "8") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def plain(folder):
+    with ServerProcess(folder, "--no-ray", "--threads", "1", "--max-rows", "8", "--client-timeout", str(TIMEOUT_S),
+                       "--max-connections", str(MAX_CONNECTIONS)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def front(replica, tmp_path_factory):
+    registry = tmp_path_factory.mktemp("replicas")
+    (registry / str(replica.proc.pid)).write_text(str(replica.port))
+    f = Front(registry, "127.0.0.1", free_port(), limits=ClientLimits(TIMEOUT_S, MAX_CONNECTIONS)).start()
+    yield f
+    f.close()
+
+
+@pytest.fixture(params=["uvicorn", "front"])
+def server(request, replica):
+    """(port, the replica's /health URL: its rows) of the server under test."""
+    if request.param == "uvicorn":
+        s = request.getfixturevalue("plain")
+        return s.port, s.url + "/health"
+    return request.getfixturevalue("front").port, replica.url + "/health"
+
+
+def body(max_tokens=4, stream=False) -> bytes:
+    return json.dumps({"prompt": "5 May 2021", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+                       "ignore_eos": True}).encode()
+
+
+def head(length: int) -> bytes:
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % length)
+
+
+def connect(port: int, rcvbuf: int | None = None) -> socket.socket:
+    s = socket.socket()
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    data = b""
+    while more := s.recv(65536):
+        data += more
+    return data
+
+
+def rows(health: str) -> int:
+    with urllib.request.urlopen(health, timeout=10) as r:
+        return json.load(r)["active_rows"]
+
+
+def wait_rows(health: str, n: int, seconds: float) -> float:
+    """Seconds until the replica runs `n` rows (fails past `seconds`)."""
+    start = time.monotonic()
+    while rows(health) != n:
+        assert time.monotonic() - start < seconds, f"still {rows(health)} rows after {seconds} s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def request_ok(port: int) -> None:
+    with connect(port) as s:
+        payload = body()
+        s.sendall(head(len(payload)) + payload)
+        status, answer, _ = read_response(s)
+        assert status == 200 and answer["choices"][0]["text"], answer
+
+
+@pytest.mark.parametrize("sent", ["half a head", "a head and half its body", "a body trickled",
+                                  "a refused body's rest"])
+def test_a_request_that_does_not_arrive_whole_in_time_gets_408_then_the_connection_closes(server, sent):
+    port, _ = server
+    payload = body()
+    with connect(port) as s:
+        start = time.monotonic()
+        if sent == "half a head":
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+        elif sent == "a head and half its body":
+            s.sendall(head(len(payload)) + payload[:10])
+        elif sent == "a body trickled":  # a byte every tenth of a second: never idle, never whole in time
+            s.sendall(head(len(payload)))
+            for byte in payload[:-1]:
+                if select.select([s], [], [], 0.1)[0]:  # answered: no more bytes (they would reset it)
+                    break
+                s.sendall(bytes([byte]))
+        else:  # over the body limit by its Content-Length: 413 at once, then its rest is waited for
+            s.sendall(head(5 << 20) + b"{")
+            assert read_response(s)[0] == 413
+        status, error, rest = read_response(s)
+        assert rest + read_until_closed(s) == b""
+        took = time.monotonic() - start
+    assert status == 408 and error["error"]["type"] == "request_timeout"
+    assert "did not arrive whole within 1 s" in error["error"]["message"]
+    assert TIMEOUT_S <= took < TIMEOUT_S + SLACK_S + (len(payload) * 0.1 if sent == "a body trickled" else 0)
+    request_ok(port)
+
+
+@pytest.mark.parametrize("before", ["nothing", "a request answered"])
+def test_an_idle_connection_closes_after_the_timeout_with_no_answer(server, before):
+    port, _ = server
+    with connect(port) as s:
+        if before == "a request answered":
+            payload = body()
+            s.sendall(head(len(payload)) + payload)
+            assert read_response(s)[0] == 200
+        start = time.monotonic()
+        assert read_until_closed(s) == b""
+        assert TIMEOUT_S * 0.9 <= time.monotonic() - start < TIMEOUT_S + SLACK_S
+
+
+def test_a_slow_client_within_the_timeout_is_served(server):
+    """The clock runs from the connection being ready for a request, not from its last byte, and
+    a request answered sets it again: a request sent over 0.6 s, then another after 0.6 s idle."""
+    port, _ = server
+    payload = body()
+    with connect(port) as s:
+        for _ in range(2):
+            time.sleep(0.6 * TIMEOUT_S)
+            whole = head(len(payload)) + payload
+            for k in range(0, len(whole), len(whole) // 4 + 1):
+                s.sendall(whole[k:k + len(whole) // 4 + 1])
+                time.sleep(0.05)
+            assert read_response(s)[0] == 200
+
+
+def test_a_client_that_takes_none_of_its_stream_is_cut_and_its_row_freed(server):
+    """A stream of 200 000 tokens (over a minute of the model's time) to a client that reads
+    nothing: once the server's buffers are full, its row is freed within the timeout."""
+    port, health = server
+    wait_rows(health, 0, 30)
+    with connect(port, rcvbuf=4096) as s:
+        payload = body(max_tokens=200_000, stream=True)
+        s.sendall(head(len(payload)) + payload)
+        wait_rows(health, 1, 10)
+        freed_after = wait_rows(health, 0, 20)  # buffers filling (~1-3 s), then the timeout
+    assert freed_after < 15
+    request_ok(port)
+
+
+def test_past_max_connections_the_longest_idle_makes_room_then_503_when_all_are_answered(server):
+    port, health = server
+    wait_rows(health, 0, 30)
+    idle = []
+    for _ in range(MAX_CONNECTIONS):
+        idle.append(connect(port))
+        time.sleep(0.05)  # each waiting a little less long than the one before
+    try:
+        request_ok(port)  # a seventh: the first idle one made room for it
+        idle[0].settimeout(5)
+        assert idle[0].recv(100) == b""  # closed, with no answer (it had sent nothing)
+        for s in idle[1:]:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):  # still open: nothing to read, no EOF
+                s.recv(100)
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.3)
+    busy = []
+    try:  # every connection with a request being answered: nothing to make room with
+        for k in range(MAX_CONNECTIONS):
+            if k == MAX_CONNECTIONS - 1:  # /health's connection (uvicorn's own) no longer needed
+                wait_rows(health, MAX_CONNECTIONS - 1, 10)
+            s = connect(port)
+            payload = body(max_tokens=100_000)  # answered whole at the end: nothing written until then
+            s.sendall(head(len(payload)) + payload)
+            busy.append(s)
+        time.sleep(0.5)  # the last request read whole
+        with connect(port) as s:
+            status, error, _ = read_response(s)
+            assert read_until_closed(s) == b""
+        assert status == 503 and error["error"]["type"] == "server_busy"
+        assert f"holds {MAX_CONNECTIONS} connections" in error["error"]["message"]
+    finally:
+        for s in busy:
+            s.close()
+        wait_rows(health, 0, 30)  # the hung-up requests' rows freed
+    request_ok(port)
+
+
+def test_slow_clients_past_the_open_file_limit_do_not_lock_new_ones_out(folder):
+    """`serve --no-ray` under an open-file limit of 200 and the default connection limit (what
+    the open-file limit leaves): 250 connections each sending half a head. Before, new clients
+    were reset while those were held; now each new one closes the oldest waiting one."""
+    server = ServerProcess(folder, "--no-ray", "--threads", "1", "--client-timeout", "30")
+    server.args = ["prlimit", "--nofile=200", "--", *server.args]
+    with server:
+        slow = []
+        try:
+            for _ in range(250):
+                s = connect(server.port)
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+                slow.append(s)
+            for _ in range(5):
+                start = time.monotonic()
+                request_ok(server.port)
+                assert time.monotonic() - start < 5  # at once, not after a client timeout
+            out = subprocess.run(["ls", f"/proc/{server.proc.pid}/fd"], capture_output=True, text=True).stdout
+            assert len(out.split()) < 200
+        finally:
+            for s in slow:
+                s.close()
+
+
+def test_client_limits_apply_to_serves_own_front_only(folder):
+    from click.testing import CliRunner
+
+    from seqexport.cli import cli
+
+    for extra in (["--address", "auto"], ["--autoscale", "1:2"], ["--config-out", "x.yaml"]):
+        result = CliRunner().invoke(cli, ["serve", str(folder), "--client-timeout", "5", *extra])
+        assert result.exit_code == 2, result.output
+        assert "--client-timeout: held by `serve`'s own front" in result.output
+    result = CliRunner().invoke(cli, ["serve", str(folder), "--client-timeout", "0"])
+    assert result.exit_code == 2 and "--client-timeout" in result.output
+
