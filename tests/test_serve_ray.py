@@ -36,6 +36,7 @@ PER_CLIENT = 10  # 160 requests, half of them streamed
 
 
 LONG_PROMPTS = 32768  # --max-prompt-tokens: a body limit of 2 MiB
+CLIENT_TIMEOUT = 10  # --client-timeout: long enough for a 300 MB body refused by its length to be read and dropped
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,8 @@ def two_replicas(dates, tmp_path_factory):
     """`seqexport serve` with its embedded Ray, two replicas; (server, their pids, its log)."""
     log = tmp_path_factory.mktemp("ray") / "server.log"
     with ServerProcess(dates[0], "--replicas", "2", "--replica-cpus", "0.5", "--threads", "1", "--max-rows", "8",
-                       "--max-prompt-tokens", str(LONG_PROMPTS), ready_timeout=180, log=log) as server:
+                       "--max-prompt-tokens", str(LONG_PROMPTS), "--client-timeout", str(CLIENT_TIMEOUT),
+                       ready_timeout=180, log=log) as server:
         first = replica_pids(server, 2)
         assert len(first) == 2, log.read_text()[-3000:]
         yield server, first, log
@@ -61,6 +63,19 @@ def test_the_embedded_default_refuses_oversized_requests_at_its_front(two_replic
     2 MiB here, not the 1 MiB floor), and holds no oversized request (tests/raw_http.py)."""
     server, _, _ = two_replicas
     raw_http.oversized_requests_are_refused_as_they_arrive(server.port, server.proc.pid, LONG_PROMPTS)
+
+
+def test_the_embedded_default_holds_its_clients_to_client_timeout(two_replicas):
+    """The front `serve` runs takes --client-timeout (its clock: tests/test_serve_clients.py):
+    half a request head gets 408 once it is up, not at the default 30 s, nor never."""
+    server, _, _ = two_replicas
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+        start = time.monotonic()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+        status, error, _ = raw_http.read_response(s)
+        took = time.monotonic() - start
+    assert status == 408 and f"within {CLIENT_TIMEOUT} s" in error["error"]["message"]
+    assert CLIENT_TIMEOUT <= took < CLIENT_TIMEOUT + 5
 
 
 def replica_pids(server, want: int, seconds: float = 90.0) -> set[int]:
