@@ -243,15 +243,20 @@ def test_slow_clients_past_the_open_file_limit_do_not_lock_new_ones_out(folder):
                 s.close()
 
 
-def test_client_limits_apply_to_serves_own_front_only(folder):
+def test_client_limits_apply_to_serves_own_front_only(folder, tmp_path):
     from click.testing import CliRunner
 
     from seqexport.cli import cli
 
-    for extra in (["--address", "auto"], ["--autoscale", "1:2"], ["--config-out", "x.yaml"]):
-        result = CliRunner().invoke(cli, ["serve", str(folder), "--client-timeout", "5", *extra])
+    config = tmp_path / "serve.yaml"
+    # --config-out first: were the options taken, it writes its file and exits at once (the
+    # others would start a server)
+    for extra in (["--config-out", str(config)], ["--address", "auto"], ["--autoscale", "1:2"]):
+        result = CliRunner().invoke(cli, ["serve", str(folder), "--client-timeout", "5", "--max-connections", "9",
+                                          *extra])
         assert result.exit_code == 2, result.output
-        assert "--client-timeout: held by `serve`'s own front" in result.output
+        assert "--client-timeout and --max-connections: held by `serve`'s own front" in result.output
+        assert not config.exists()
     result = CliRunner().invoke(cli, ["serve", str(folder), "--client-timeout", "0"])
     assert result.exit_code == 2 and "--client-timeout" in result.output
 

@@ -1,6 +1,7 @@
 """`seqexport generate`: parse prompts, decode from an exported folder with the torch-free runtime,
 print as text or ids, streaming."""
 
+import re
 import sys
 
 import click
@@ -13,7 +14,7 @@ from seqexport.errors import UsageError
 @cli.command()
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--text", multiple=True, help="Prompt text (repeat for a batch); needs a tokenizer in the manifest.")
-@click.option("--ids", multiple=True, help='Prompt token ids, e.g. "1 2 3" (repeat for a batch).')
+@click.option("--ids", multiple=True, help='Prompt token ids, e.g. "1 2 3" or "1,2,3" (repeat for a batch).')
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Stop after this many new tokens.")
 @click.option("--greedy/--sample", default=True, help="Greedy decoding (default) or sampling.")
@@ -41,10 +42,13 @@ def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_
 
 
 def parse_ids(s: str) -> list[int]:
+    items = re.split(r"\s*,\s*|\s+", s.strip()) if s.strip() else []
+    if "" in items:  # "1,,2" or "1, 2,": an id left out, not a separator doubled
+        raise UsageError(f"--ids {s!r}: an empty item between commas; expected integers separated by spaces or commas")
     try:
-        ids = [int(x) for x in s.replace(",", " ").split()]
+        ids = [int(x) for x in items]
     except ValueError:
-        raise UsageError(f"--ids {s!r}: expected integers separated by spaces") from None
+        raise UsageError(f"--ids {s!r}: expected integers separated by spaces or commas") from None
     if not ids:
         raise UsageError(f"--ids {s!r}: expected at least one token id")
     if min(ids) < 0:
