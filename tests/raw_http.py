@@ -96,12 +96,12 @@ def pipelined(port: int, prompts: list[str], max_tokens: int = 4, pad: int = 0,
         sock.sendall(b"".join(requests))
         out, rest = [], b""
         for _ in prompts:
-            status, body, rest = read_response(_Prefixed(sock, rest))
+            status, body, rest = read_response(PrefixedSocket(sock, rest))
             out.append((status, body))
         return out
 
 
-class _Prefixed:
+class PrefixedSocket:
     """A socket whose first recv returns bytes already read past the previous response."""
 
     def __init__(self, sock, first: bytes):

@@ -1,8 +1,10 @@
-"""Slow, idle, stalled and too many clients (seqexport.serve.clients), over real sockets, on both
-of `serve`'s HTTP servers: uvicorn (`serve --no-ray`, a subprocess) and the embedded default's
-front (in this process, over a `serve --no-ray` replica). Before, none of them was timed out: a
-half-sent request or an idle connection was held for good, a client that stopped reading its
-stream kept its row, and 250 of them past an open-file limit of 200 locked new clients out."""
+"""Slow, idle, stalled and too many clients (seqexport.serve.clients), and bytes that are not
+HTTP, over real sockets, on both of `serve`'s HTTP servers: uvicorn (`serve --no-ray`, a
+subprocess) and the embedded default's front (in this process, over a `serve --no-ray`
+replica). Before, no client was timed out: a half-sent request or an idle connection was held
+for good, a client that stopped reading its stream kept its row, and 250 of them past an
+open-file limit of 200 locked new clients out; bytes that were not HTTP got plain text
+(uvicorn) or a closed connection (the front)."""
 
 import json
 import select
@@ -16,7 +18,7 @@ import pytest
 from seqexport.serve.clients import ClientLimits
 from seqexport.serve.front import Front
 from seqexport.serve.process import ServerProcess, free_port
-from tests.raw_http import read_response
+from tests.raw_http import PrefixedSocket, read_response
 
 TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 6
@@ -260,3 +262,52 @@ def test_client_limits_apply_to_serves_own_front_only(folder, tmp_path):
     result = CliRunner().invoke(cli, ["serve", str(folder), "--client-timeout", "0"])
     assert result.exit_code == 2 and "--client-timeout" in result.output
 
+
+
+NOT_HTTP = {
+    "no method": (b"GARBAGE\r\n\r\n", "Invalid method encountered"),
+    "a negative length": (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: -5\r\n\r\n",
+                          "Invalid character in Content-Length"),
+    "two lengths": (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+                    "Duplicate Content-Length"),
+    "a bad chunk": (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+                    "Invalid character in chunk size"),
+    "HTTP/9.9": (b"GET /health HTTP/9.9\r\n\r\n", "Invalid HTTP version"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_HTTP))
+def test_bytes_that_are_not_http_get_400_json_naming_why_then_the_connection_closes(server, case):
+    port, _ = server
+    raw, why = NOT_HTTP[case]
+    with connect(port) as s:
+        s.sendall(raw)
+        status, error, rest = read_response(s)
+        assert rest + read_until_closed(s) == b""
+    assert status == 400 and error["error"]["message"] == f"malformed HTTP request: {why}", error
+    request_ok(port)
+
+
+def test_the_requests_before_bytes_that_are_not_http_are_answered_first(server):
+    """Pipelined: the requests before the bad bytes are answered, in turn, then the 400 (uvicorn
+    sent its 400 at once, and theirs were lost)."""
+    port, _ = server
+    payload = body(max_tokens=30)
+    with connect(port) as s:
+        s.sendall((head(len(payload)) + payload) * 2 + b"GARBAGE\r\n\r\n")
+        statuses, rest = [], b""
+        for _ in range(3):
+            status, answer, rest = read_response(PrefixedSocket(s, rest))
+            statuses.append(status)
+        assert statuses == [200, 200, 400] and "Invalid method" in answer["error"]["message"]
+        assert rest + read_until_closed(s) == b""
+
+
+def test_the_front_answers_a_websocket_upgrade_as_plain_http_then_closes(front):
+    with connect(front.port) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\nxx")
+        status, health, rest = read_response(s)
+        answered = time.monotonic()
+        assert status == 200 and health["status"] == "ok"
+        assert rest + read_until_closed(s) == b""
+        assert time.monotonic() - answered < 0.5 * TIMEOUT_S  # closed after the answer, not idle

@@ -23,6 +23,7 @@ from seqexport.serve.protocol import (
     HTTPError,
     body_too_large,
     head_too_large,
+    malformed,
     raw_response,
     sse,
 )
@@ -144,17 +145,20 @@ class _Client(asyncio.Protocol):
             self.gone = True
 
     def data_received(self, data):
-        if self.clock is None:
+        from httptools import HttpParserUpgrade
+
+        if self.clock is None or self.closing:  # refused, or ended after what it asked: nothing more read
             return
         ends = self.head.ends
         try:
             self.parser.feed_data(data)
-        except Exception as e:  # not HTTP: this client only
+        except HttpParserUpgrade:  # (WebSocket) its request is answered as plain HTTP; past it, not HTTP
+            self._stop_reading()
+        except Exception as e:  # not HTTP (httptools names why): answered in turn, then the connection closes
             log.debug("front: a client's bytes: %r", e)
-            self.transport.close()
-            return
+            self._end_with(malformed(e))
         if not self.closing and self.head.over(ends, len(data)):
-            self._head_too_large()
+            self._end_with(head_too_large())
         if len(self.ready) >= PIPELINED and not self.paused:  # a client far ahead of its answers
             self.paused = True
             self.transport.pause_reading()
@@ -207,13 +211,20 @@ class _Client(asyncio.Protocol):
     def on_header(self, name, value):
         self.current.headers.append((name, value))
 
-    def _head_too_large(self) -> None:
-        """A head still unfinished past HEAD_LIMIT (see HeadBytes): 431 in turn, nothing more
-        read, then the connection closes."""
+    def _end_with(self, error: HTTPError) -> None:
+        """A request the connection cannot go past (a head still unfinished past HEAD_LIMIT, see
+        HeadBytes; bytes that are not HTTP): `error` in turn, nothing more read, then the
+        connection closes."""
         r = _Asked() if self.current is None or self.current.refused is not None else self.current
         r.keep_alive = False
-        self._refuse(r, head_too_large())
-        self.paused = self.closing = True  # for good: the connection ends after the answer
+        self._refuse(r, error)
+        self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        """For good: the connection ends once what it asked for is answered."""
+        if self.ready:
+            self.ready[-1].keep_alive = False
+        self.paused = self.closing = True
         self.transport.pause_reading()
 
     def _refuse(self, r: _Asked, error: HTTPError) -> None:

@@ -81,6 +81,12 @@ def head_too_large() -> HTTPError:
     return HTTPError(431, f"request line and headers: over {HEAD_LIMIT} bytes")
 
 
+def malformed(why: Exception | str) -> HTTPError:
+    """400 for bytes that are not an HTTP request, naming the parser's reason (httptools': e.g.
+    "Invalid character in Content-Length"); the connection then closes (the parser cannot go on)."""
+    return HTTPError(400, f"malformed HTTP request: {why}")
+
+
 class HeadBytes:
     """Bytes read while a request's head is unfinished, for a parser (httptools) that holds a
     header until its line ends, so no callback sees a head grow. A read that ended a head or a

@@ -10,10 +10,12 @@ embedded default's front counts them); past HEAD_LIMIT the answer is 431 as JSON
 limit, and the connection closes. uvicorn times nothing out but an idle keep-alive connection
 after an answer; the rest is `ClientLimits`'."""
 
+import sys
+
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from seqexport.serve.clients import ClientClock, ClientLimits
-from seqexport.serve.protocol import HeadBytes, head_too_large, raw_response
+from seqexport.serve.protocol import HeadBytes, head_too_large, malformed, raw_response
 
 
 def limited_protocol(limits: ClientLimits | None) -> type:
@@ -27,6 +29,7 @@ class LimitedHttp(HttpToolsProtocol):
     _head: HeadBytes | None = None
     _clock: ClientClock | None = None
     _refused = False
+    _last_answer: bytes | None = None  # a 400 for bytes past requests still being answered
 
     def connection_made(self, transport) -> None:
         self._head = HeadBytes()
@@ -53,20 +56,31 @@ class LimitedHttp(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._head.message_ended()
         super().on_message_complete()
+        # uvicorn runs the app from the head on; a request is waited on until it is whole,
+        # unless it was answered before (a 413 by its Content-Length)
+        whole = self.cycle is not None and not self.cycle.response_complete
+        if whole:
+            self._whole.add(self.cycle)
         if self._clock is not None:
             self._clock.ended()
-            # uvicorn runs the app from the head on; a request is waited on until it is whole,
-            # unless it was answered before (a 413 by its Content-Length)
-            if self.cycle is not None and not self.cycle.response_complete:
-                self._whole.add(self.cycle)
+            if whole:
                 self._clock.answering()
+
+    def _unanswered(self) -> bool:
+        """Whether a whole request is still being answered, or waits to be."""
+        self._whole = {c for c in self._whole if not c.response_complete}
+        return bool(self._whole)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._clock is not None:
-            self._whole = {c for c in self._whole if not c.response_complete}
-            if not self._whole:
-                self._clock.ready()
+        if self._unanswered():
+            return
+        if self._last_answer is not None:
+            if not self.transport.is_closing():
+                self.transport.write(self._last_answer)
+                self.transport.close()
+        elif self._clock is not None:
+            self._clock.ready()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -77,6 +91,19 @@ class LimitedHttp(HttpToolsProtocol):
         super().resume_writing()
         if self._clock is not None:
             self._clock.write_resumed()
+
+    def send_400_response(self, msg: str) -> None:
+        """Bytes that are not HTTP: 400 as JSON naming httptools' reason (uvicorn's answer is
+        plain text, "Invalid HTTP request received."), then the connection closes. uvicorn
+        calls this from its `except httptools.HttpParserError`: that error is the one handled."""
+        why = sys.exception() or msg
+        self._refused = True
+        answer = raw_response(malformed(why), close=True)
+        if self._unanswered():  # whole requests before the bytes: after their answers (uvicorn's
+            self._last_answer = answer  # 400 went out at once, and they were lost)
+            return
+        self.transport.write(answer)
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
