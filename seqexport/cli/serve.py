@@ -7,6 +7,7 @@ import click
 
 from seqexport.cli.group import check_output_path, cli
 from seqexport.errors import UsageError
+from seqexport.serve.clients import DEFAULT_TIMEOUT_S
 
 
 def engine_options(f):
@@ -66,7 +67,8 @@ def _engine_kwargs(kw: dict) -> dict:
 @click.option("--model-name", help="The model id clients name [the folder's name].")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds a request may take before it ends with 504.")
-@click.option("--client-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+@click.option("--client-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
+              show_default=True,
               help="Seconds a client may take to send a whole request (408 after), or to take none of its "
                    "answer (cut after); an idle connection closes after it too.")
 @click.option("--max-connections", type=click.IntRange(min=1),
@@ -144,7 +146,7 @@ def parse_autoscale(text: str | None) -> tuple[int, int] | None:
 
 def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: str | None, replicas: int,
                   autoscale: str | None, replica_cpus: float, config_out: str | None, log,
-                  client_timeout: float = 30.0, max_connections: int | None = None, **engine) -> None:
+                  client_timeout: float = DEFAULT_TIMEOUT_S, max_connections: int | None = None, **engine) -> None:
     folder = str(Path(folder).resolve())  # replicas may start in another working directory
     from seqexport.manifest import read_manifest
     from seqexport.serve.app import ServeConfig
