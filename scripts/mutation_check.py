@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 301 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 303 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1118,6 +1118,12 @@ FAULTS = (
     Fault("M311", "front: a WebSocket upgrade's connection left open, its parser dead",
           "seqexport/serve/front.py", "        except HttpParserUpgrade:  # (WebSocket) its request is answered as plain HTTP; past it, not HTTP\n            self._stop_reading()\n",
           "        except HttpParserUpgrade:\n            pass\n", ("tests/test_serve_clients.py::test_the_front_answers_a_websocket_upgrade_as_plain_http_then_closes",)),
+    Fault("M312", "serve: --max-connections past the open-file limit left there (accept() fails past it)",
+          "seqexport/serve/clients.py", "    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))",
+          "    pass", ("tests/test_serve_clients.py::test_max_connections_past_the_open_file_limit_raises_it_or_is_refused",)),
+    Fault("M313", "serve: --max-connections past the hard open-file limit a traceback, not exit 2",
+          "seqexport/serve/clients.py", "    if hard != resource.RLIM_INFINITY and need > hard:",
+          "    if False:", ("tests/test_serve_clients.py::test_max_connections_past_the_open_file_limit_raises_it_or_is_refused",)),
 )
 
 

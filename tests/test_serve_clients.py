@@ -10,8 +10,10 @@ import json
 import select
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -311,3 +313,32 @@ def test_the_front_answers_a_websocket_upgrade_as_plain_http_then_closes(front):
         assert status == 200 and health["status"] == "ok"
         assert rest + read_until_closed(s) == b""
         assert time.monotonic() - answered < 0.5 * TIMEOUT_S  # closed after the answer, not idle
+
+
+def test_max_connections_past_the_open_file_limit_raises_it_or_is_refused(folder):
+    """Asked for more connections than the open-file limit leaves, `serve` raises its soft limit
+    (up to the hard one) before it loads the model, or exits 2 naming both; it held the
+    connections past the limit before, and accept() reset the clients past it."""
+    command = [sys.executable, "-m", "seqexport.cli", "serve", str(folder), "--no-ray", "--max-connections", "1000"]
+    out = subprocess.run(["prlimit", "--nofile=200:300", "--", *command], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert "--max-connections 1000: the open-file limit (soft 200, hard 300) leaves room for" in out.stderr
+    assert "Traceback" not in out.stderr
+    server = ServerProcess(folder, "--no-ray", "--threads", "1", "--max-connections", "1000")
+    server.args = ["prlimit", "--nofile=200:4096", "--", *server.args]
+    with server:
+        limits = Path(f"/proc/{server.proc.pid}/limits").read_text()
+        soft = int(next(line for line in limits.splitlines() if line.startswith("Max open files")).split()[3])
+        assert 1000 < soft <= 4096
+        held = []
+        try:
+            for _ in range(400):  # past the old limit of 200: every one held, none closed for room
+                held.append(connect(server.port))
+            request_ok(server.port)
+            for s in held:
+                s.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    s.recv(100)
+        finally:
+            for s in held:
+                s.close()

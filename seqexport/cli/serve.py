@@ -150,7 +150,7 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
     folder = str(Path(folder).resolve())  # replicas may start in another working directory
     from seqexport.manifest import read_manifest
     from seqexport.serve.app import ServeConfig
-    from seqexport.serve.clients import ClientLimits
+    from seqexport.serve.clients import ClientLimits, make_room_for
     from seqexport.serve.run import run_plain, run_ray
 
     manifest = read_manifest(folder)  # a missing or altered export fails here, in one line
@@ -163,6 +163,8 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
         write_config(config_out, config, host, port, scaling)
         log(f"wrote {config_out}: deploy it with `serve deploy {config_out}` on a Ray cluster")
         return
+    if max_connections:  # before the model loads: a limit too low for it fails at once
+        make_room_for(max_connections)
     limits = ClientLimits(client_timeout, max_connections)
     if use_ray:
         run_ray(config, host, port, address, scaling, log, limits)

@@ -21,6 +21,7 @@ import logging
 import os
 import resource
 
+from seqexport.errors import UsageError
 from seqexport.serve.protocol import HTTPError, raw_response
 
 log = logging.getLogger(__name__)
@@ -29,19 +30,44 @@ DEFAULT_TIMEOUT_S = 30.0
 SWEEP_S = 1.0  # how often the deadlines are looked at (more often for a shorter timeout)
 
 
+def _files_held() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # not Linux
+        return 64
+
+
+def _left(soft: int, held: int) -> int:
+    """Connections an open-file limit of `soft` leaves: less the files held, less an eighth of
+    it (at least 64) kept back for what the process opens later (a connection past the limit
+    is then refused by us, not by accept() failing, which resets the client and retries only
+    a second later)."""
+    return soft - held - max(64, soft // 8)
+
+
 def default_max_connections() -> int:
-    """What this process's open-file limit leaves for client connections: the files it holds
-    now (the model, the engine's threads, Ray's) and an eighth of the limit (at least 64) kept
-    back for what it opens later, so a connection past the limit is refused by us, not by
-    accept() failing (which resets the client, and retries only a second later)."""
+    """What this process's open-file limit leaves for client connections, with the files it
+    holds now (the model, the engine's threads, Ray's)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
-    try:
-        held = len(os.listdir("/proc/self/fd"))
-    except OSError:  # not Linux
-        held = 64
-    return max(8, soft - held - max(64, soft // 8))
+    return max(8, _left(soft, _files_held()))
+
+
+def make_room_for(max_connections: int) -> None:
+    """Raise this process's open-file limit (its soft one, up to the hard one) so it leaves room
+    for `max_connections`, or UsageError naming both limits: past the open-file limit, accept()
+    fails and new clients are reset however many connections the server means to hold."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = _files_held()
+    if soft == resource.RLIM_INFINITY or _left(soft, held) >= max_connections:
+        return
+    need = max(held + max_connections + 64, -(-(held + max_connections) * 8 // 7))
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise UsageError(f"--max-connections {max_connections}: the open-file limit (soft {soft}, hard {hard}) "
+                         f"leaves room for {max(0, _left(hard, held))}; raise it (ulimit -n, or LimitNOFILE "
+                         "under systemd) or ask for fewer")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def request_timed_out(timeout_s: float) -> HTTPError:
