@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 303 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 305 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1074,7 +1074,7 @@ FAULTS = (
           "seqexport/serve/clients.py", "        self.limits.connections.pop(self, None)",
           "        pass", ("tests/test_serve_clients.py::test_past_max_connections_the_longest_idle_makes_room_then_503_when_all_are_answered",)),
     Fault("M297", "clients: the default connection limit blind to the open-file limit",
-          "seqexport/serve/clients.py", "    return max(8, soft - held - max(64, soft // 8))",
+          "seqexport/serve/clients.py", "    return max(8, _left(soft, _files_held()))",
           "    return 1 << 20", ("tests/test_serve_clients.py::test_slow_clients_past_the_open_file_limit_do_not_lock_new_ones_out",)),
     Fault("M298", "front: a connection's clock not set again after its answers (an idle keep-alive connection held)",
           "seqexport/serve/front.py", "            if not self.ready:  # all answered: the next request must come within the client timeout\n                self.clock.ready()\n",
@@ -1117,13 +1117,19 @@ FAULTS = (
           "        if False:  #", ("tests/test_serve_clients.py::test_the_requests_before_bytes_that_are_not_http_are_answered_first",)),
     Fault("M311", "front: a WebSocket upgrade's connection left open, its parser dead",
           "seqexport/serve/front.py", "        except HttpParserUpgrade:  # (WebSocket) its request is answered as plain HTTP; past it, not HTTP\n            self._stop_reading()\n",
-          "        except HttpParserUpgrade:\n            pass\n", ("tests/test_serve_clients.py::test_the_front_answers_a_websocket_upgrade_as_plain_http_then_closes",)),
+          "        except HttpParserUpgrade:\n            pass\n", ("tests/test_serve_clients.py::test_a_websocket_upgrade_is_answered_as_plain_http_then_the_connection_closes",)),
     Fault("M312", "serve: --max-connections past the open-file limit left there (accept() fails past it)",
           "seqexport/serve/clients.py", "    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))",
           "    pass", ("tests/test_serve_clients.py::test_max_connections_past_the_open_file_limit_raises_it_or_is_refused",)),
     Fault("M313", "serve: --max-connections past the hard open-file limit a traceback, not exit 2",
           "seqexport/serve/clients.py", "    if hard != resource.RLIM_INFINITY and need > hard:",
           "    if False:", ("tests/test_serve_clients.py::test_max_connections_past_the_open_file_limit_raises_it_or_is_refused",)),
+    Fault("M314", "uvicorn: an upgrade request's connection kept after its plain answer (its parser stopped)",
+          "seqexport/serve/uvicorn_limits.py", "            self.cycle.keep_alive = False\n",
+          "            pass\n", ("tests/test_serve_clients.py::test_a_websocket_upgrade_is_answered_as_plain_http_then_the_connection_closes",)),
+    Fault("M315", "serve --no-ray: an upgrade request handed to uvicorn's WebSocket handshake (a text/plain 400)",
+          "seqexport/serve/run.py", "http=http, ws=\"none\",",
+          "http=http,", ("tests/test_serve_clients.py::test_a_websocket_upgrade_is_answered_as_plain_http_then_the_connection_closes",)),
 )
 
 

@@ -305,8 +305,9 @@ def test_the_requests_before_bytes_that_are_not_http_are_answered_first(server):
         assert rest + read_until_closed(s) == b""
 
 
-def test_the_front_answers_a_websocket_upgrade_as_plain_http_then_closes(front):
-    with connect(front.port) as s:
+def test_a_websocket_upgrade_is_answered_as_plain_http_then_the_connection_closes(server):
+    port, _ = server
+    with connect(port) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\nxx")
         status, health, rest = read_response(s)
         answered = time.monotonic()

@@ -55,9 +55,9 @@ def _answer_http(app, registry: str):
         address = sock.getsockname()[1]
     sock.listen(1024)
     # only the front connects, and keeps its connections: no keep-alive timeout to race it, and
-    # no client limits (the front holds its clients to them)
+    # no client limits (the front holds its clients to them); no WebSocket, as in run_plain
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", http=limited_protocol(None),
-                                           timeout_keep_alive=3600, access_log=False))
+                                           ws="none", timeout_keep_alive=3600, access_log=False))
 
     def run():
         try:

@@ -27,7 +27,9 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
             log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
                 f"on http://{host}:{port} (no Ray)")
             http = limited_protocol(limits or ClientLimits())
-            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning", http=http,
+            # no WebSocket (nothing is served over one): an upgrade request is answered as plain
+            # HTTP, as the front answers it, not with uvicorn's WebSocket handshake errors
+            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning", http=http, ws="none",
                                                    timeout_graceful_shutdown=5))
             # uvicorn raises the signal it shut down on again once stopped; uvicorn.run swallows it too
             with contextlib.suppress(KeyboardInterrupt):

@@ -105,6 +105,13 @@ class LimitedHttp(HttpToolsProtocol):
         self.transport.write(answer)
         self.transport.close()
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """An upgrade request (WebSocket; none is served, `ws="none"`): answered as plain HTTP,
+        then the connection closes, as the front does (past it the bytes are not HTTP). uvicorn
+        warned to install a WebSocket library and kept the connection."""
+        if self.cycle is not None:
+            self.cycle.keep_alive = False
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
