@@ -182,6 +182,24 @@ def test_a_client_that_takes_none_of_its_stream_is_cut_and_its_row_freed(server)
     request_ok(port)
 
 
+def test_a_client_reading_its_stream_slowly_is_not_cut(server):
+    """A client taking 1 KB every tenth of a second, once the socket's buffers are full (about
+    5 s here: a client reading nothing is cut about 6 s in), keeps the server's writing paused
+    for longer than the timeout, yet takes some of its answer at every look: it is not cut."""
+    port, health = server
+    wait_rows(health, 0, 30)
+    with connect(port, rcvbuf=4096) as s:
+        payload = body(max_tokens=200_000, stream=True)
+        s.sendall(head(len(payload)) + payload)
+        wait_rows(health, 1, 10)
+        end = time.monotonic() + 8 + 4 * TIMEOUT_S
+        while time.monotonic() < end:
+            assert s.recv(1024), "cut"
+            time.sleep(0.1)
+        assert rows(health) == 1
+    wait_rows(health, 0, 20)
+
+
 def test_past_max_connections_the_longest_idle_makes_room_then_503_when_all_are_answered(server):
     port, health = server
     wait_rows(health, 0, 30)

@@ -86,13 +86,14 @@ class ClientClock:
     `answering` (a whole request waits for, or gets, its answer), `write_paused` /
     `write_resumed` (the transport's flow control), `lost` (connection_lost)."""
 
-    __slots__ = ("limits", "transport", "waiting_since", "partial", "stalled_since")
+    __slots__ = ("limits", "transport", "waiting_since", "partial", "stalled_since", "buffered")
 
     def __init__(self, limits: "ClientLimits", transport, now: float):
         self.limits, self.transport = limits, transport
         self.waiting_since: float | None = now  # ready for a request not yet whole, since when
         self.partial = False  # some of that request has come
         self.stalled_since: float | None = None  # the client taking none of the answer, since when
+        self.buffered = 0  # bytes of the answer held for the client at the last look
 
     def ready(self) -> None:
         self.waiting_since = self.limits.now()
@@ -108,6 +109,7 @@ class ClientClock:
 
     def write_paused(self) -> None:
         self.stalled_since = self.limits.now()
+        self.buffered = self.transport.get_write_buffer_size()
 
     def write_resumed(self) -> None:
         self.stalled_since = None
@@ -118,6 +120,8 @@ class ClientClock:
     def late(self, now: float) -> bool:
         """Close the connection if it is past a deadline; whether it was."""
         timeout = self.limits.timeout_s
+        if self.stalled_since is not None and self._took_some():
+            self.stalled_since = now  # a slow reader, not a stalled one
         if self.stalled_since is not None and now - self.stalled_since >= timeout:
             log.debug("a client took none of its answer for %g s: connection cut", timeout)
             self.transport.abort()  # close() would wait for the buffer to drain: it never will
@@ -127,6 +131,15 @@ class ClientClock:
             return False
         self.lost()
         return True
+
+    def _took_some(self) -> bool:
+        """Whether the client took some of its answer since the last look: while writing is
+        paused nothing is added to the buffer, so it shrinks only as the client reads. (The
+        pause lasts until the buffer drains to a quarter of its high-water mark: a client
+        reading 1 KB/s stayed paused over a minute, and was cut as if it read nothing.)"""
+        size = self.transport.get_write_buffer_size()
+        took, self.buffered = size < self.buffered, size
+        return took
 
     def close_waiting(self) -> None:
         """A connection no request of which is being answered: 408 if a request began, else just closed."""
