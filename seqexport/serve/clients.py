@@ -17,9 +17,12 @@ past it: a new client's connection was reset, and 181 were still held 40 s later
   new one; with none waiting (every connection's request being answered) the new one gets 503.
 """
 
+import fcntl
 import logging
 import os
 import resource
+import struct
+import termios
 
 from seqexport.errors import UsageError
 from seqexport.serve.protocol import HTTPError, raw_response
@@ -70,6 +73,19 @@ def make_room_for(max_connections: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
+def untaken(transport) -> int:
+    """Bytes written for the client that it has not taken: the transport's buffer and, on
+    Linux, the socket's send queue (SIOCOUTQ: sent but not acknowledged, or not sent)."""
+    size = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(termios, "TIOCOUTQ"):  # (SIOCOUTQ's number on Linux)
+        try:
+            size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        except OSError:  # closed meanwhile, or not a socket the kernel counts this for
+            pass
+    return size
+
+
 def request_timed_out(timeout_s: float) -> HTTPError:
     return HTTPError(408, f"the request did not arrive whole within {timeout_s:g} s of the connection being "
                           "ready for it (--client-timeout); send it again", kind="request_timeout")
@@ -109,7 +125,7 @@ class ClientClock:
 
     def write_paused(self) -> None:
         self.stalled_since = self.limits.now()
-        self.buffered = self.transport.get_write_buffer_size()
+        self.buffered = untaken(self.transport)
 
     def write_resumed(self) -> None:
         self.stalled_since = None
@@ -134,10 +150,12 @@ class ClientClock:
 
     def _took_some(self) -> bool:
         """Whether the client took some of its answer since the last look: while writing is
-        paused nothing is added to the buffer, so it shrinks only as the client reads. (The
-        pause lasts until the buffer drains to a quarter of its high-water mark: a client
-        reading 1 KB/s stayed paused over a minute, and was cut as if it read nothing.)"""
-        size = self.transport.get_write_buffer_size()
+        paused nothing more is written, so what is untaken shrinks only as the client reads.
+        (Writing stays paused until the transport's buffer drains to a quarter of its
+        high-water mark, and the transport's buffer moves into the kernel's only once a third
+        of the kernel's is free: a client reading 10 KB/s stayed paused, the transport's buffer
+        unchanged, for minutes, and was cut as if it read nothing.)"""
+        size = untaken(self.transport)
         took, self.buffered = size < self.buffered, size
         return took
 
