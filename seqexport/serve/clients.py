@@ -17,12 +17,9 @@ past it: a new client's connection was reset, and 181 were still held 40 s later
   new one; with none waiting (every connection's request being answered) the new one gets 503.
 """
 
-import fcntl
 import logging
 import os
-import resource
 import struct
-import termios
 
 from seqexport.errors import UsageError
 from seqexport.serve.protocol import HTTPError, raw_response
@@ -51,6 +48,8 @@ def _left(soft: int, held: int) -> int:
 def default_max_connections() -> int:
     """What this process's open-file limit leaves for client connections, with the files it
     holds now (the model, the engine's threads, Ray's)."""
+    import resource  # (POSIX: imported where used, so the CLI still imports elsewhere)
+
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
@@ -61,6 +60,8 @@ def make_room_for(max_connections: int) -> None:
     """Raise this process's open-file limit (its soft one, up to the hard one) so it leaves room
     for `max_connections`, or UsageError naming both limits: past the open-file limit, accept()
     fails and new clients are reset however many connections the server means to hold."""
+    import resource
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held = _files_held()
     if soft == resource.RLIM_INFINITY or _left(soft, held) >= max_connections:
@@ -76,6 +77,9 @@ def make_room_for(max_connections: int) -> None:
 def untaken(transport) -> int:
     """Bytes written for the client that it has not taken: the transport's buffer and, on
     Linux, the socket's send queue (SIOCOUTQ: sent but not acknowledged, or not sent)."""
+    import fcntl
+    import termios
+
     size = transport.get_write_buffer_size()
     sock = transport.get_extra_info("socket")
     if sock is not None and hasattr(termios, "TIOCOUTQ"):  # (SIOCOUTQ's number on Linux)
