@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 307 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 309 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1113,8 +1113,8 @@ FAULTS = (
           "seqexport/serve/uvicorn_limits.py", "    def send_400_response(self, msg: str) -> None:",
           "    def _unused_400_response(self, msg: str) -> None:", ("tests/test_serve_clients.py::test_bytes_that_are_not_http_get_400_json_naming_why_then_the_connection_closes",)),
     Fault("M310", "uvicorn: the 400 for bad bytes sent before the answers of the requests before them (those lost)",
-          "seqexport/serve/uvicorn_limits.py", "        if self._unanswered():  # whole requests before the bytes",
-          "        if False:  #", ("tests/test_serve_clients.py::test_the_requests_before_bytes_that_are_not_http_are_answered_first",)),
+          "seqexport/serve/uvicorn_limits.py", "        if self._unanswered():\n            self._last_answer = answer",
+          "        if False:\n            self._last_answer = answer", ("tests/test_serve_clients.py::test_the_requests_before_a_connection_ending_error_are_answered_first",)),
     Fault("M311", "front: a WebSocket upgrade's connection left open, its parser dead",
           "seqexport/serve/front.py", "        except HttpParserUpgrade:  # (WebSocket) its request is answered as plain HTTP; past it, not HTTP\n            self._stop_reading()\n",
           "        except HttpParserUpgrade:\n            pass\n", ("tests/test_serve_clients.py::test_a_websocket_upgrade_is_answered_as_plain_http_then_the_connection_closes",)),
@@ -1136,6 +1136,12 @@ FAULTS = (
     Fault("M317", "clients: a slow reader judged by the transport's buffer alone (it moves into the kernel's only in large steps)",
           "seqexport/serve/clients.py", "            size += struct.unpack(\"i\", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b\"\\0\" * 4))[0]",
           "            pass", ("tests/test_serve_clients.py::test_a_client_reading_its_stream_slowly_is_not_cut",)),
+    Fault("M318", "front: a connection ended mid-request closed with bytes unread (the kernel's reset drops answers the client has not read)",
+          "seqexport/serve/front.py", "        if not self.closing or self.gone:\n",
+          "        if True:\n", ("tests/test_serve_clients.py::test_the_requests_before_a_connection_ending_error_are_answered_first",)),
+    Fault("M319", "uvicorn: a 431 sent before the answers of the requests before it (those lost)",
+          "seqexport/serve/uvicorn_limits.py", "            self._end_with(raw_response(head_too_large(), close=True))",
+          "            self.transport.write(raw_response(head_too_large(), close=True))\n            self.transport.close()", ("tests/test_serve_clients.py::test_the_requests_before_a_connection_ending_error_are_answered_first",)),
 )
 
 

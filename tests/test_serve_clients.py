@@ -315,18 +315,21 @@ def test_bytes_that_are_not_http_get_400_json_naming_why_then_the_connection_clo
     request_ok(port)
 
 
-def test_the_requests_before_bytes_that_are_not_http_are_answered_first(server):
-    """Pipelined: the requests before the bad bytes are answered, in turn, then the 400 (uvicorn
-    sent its 400 at once, and theirs were lost)."""
+@pytest.mark.parametrize("after", ["bytes that are not HTTP", "a head past 64 KiB"])
+def test_the_requests_before_a_connection_ending_error_are_answered_first(server, after):
+    """Pipelined: the requests before the bad bytes are answered, in turn, then the 400 or 431
+    (uvicorn sent its answer at once, and theirs were lost)."""
     port, _ = server
     payload = body(max_tokens=30)
+    bad, status, words = (b"GARBAGE\r\n\r\n", 400, "Invalid method") if after == "bytes that are not HTTP" else \
+        (b"GET /health HTTP/1.1\r\nx-big: " + b"a" * (1 << 20), 431, "over 65536 bytes")  # (a read past)
     with connect(port) as s:
-        s.sendall((head(len(payload)) + payload) * 2 + b"GARBAGE\r\n\r\n")
+        s.sendall((head(len(payload)) + payload) * 2 + bad)
         statuses, rest = [], b""
         for _ in range(3):
-            status, answer, rest = read_response(PrefixedSocket(s, rest))
-            statuses.append(status)
-        assert statuses == [200, 200, 400] and "Invalid method" in answer["error"]["message"]
+            code, answer, rest = read_response(PrefixedSocket(s, rest))
+            statuses.append(code)
+        assert statuses == [200, 200, status] and words in answer["error"]["message"]
         assert rest + read_until_closed(s) == b""
 
 

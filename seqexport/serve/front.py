@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the front reads the registry for replicas Ray (re)started
 PIPELINED = 16  # requests read ahead on one connection; past them its reading waits
+LINGER_S = 5.0  # how long a connection ended mid-request reads and drops its client's bytes (_Client._end)
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"expect",
               b"proxy-connection", b"te", b"upgrade", b"trailer"}
 
@@ -227,6 +228,20 @@ class _Client(asyncio.Protocol):
         self.paused = self.closing = True
         self.transport.pause_reading()
 
+    def _end(self) -> None:
+        """Close once the answers are written. A connection whose reading stopped with bytes
+        unread (a head too large, bytes that are not HTTP) is half-closed instead, the rest read
+        and dropped until the client closes or LINGER_S pass (nginx's lingering close): closed
+        with bytes unread, the kernel resets it, and a reset can drop the answers the client
+        has not read yet (a client still sending a 1 MB header lost its 200s and its 431)."""
+        if not self.closing or self.gone:
+            self.transport.close()
+            return
+        self.transport.resume_reading()  # data_received drops what comes now
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.front._loop.call_later(LINGER_S, self.transport.close)
+
     def _refuse(self, r: _Asked, error: HTTPError) -> None:
         r.refused, r.url, r.headers, r.body = error, b"", [], []
         self.ready.append(r)  # answered in turn, without waiting for the rest of it
@@ -274,11 +289,11 @@ class _Client(asyncio.Protocol):
                     self.write(raw_response(request.refused, close=not request.keep_alive))
                     await self.drain()
                     if not request.keep_alive:
-                        self.transport.close()
+                        self._end()
                         return
                     continue
                 if not await self.front._answer(self, request) or not request.keep_alive:
-                    self.transport.close()
+                    self._end()
                     return
         except Exception as e:  # a reset connection: this client only
             log.debug("front: client connection ended: %r", e)

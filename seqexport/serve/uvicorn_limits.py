@@ -29,7 +29,7 @@ class LimitedHttp(HttpToolsProtocol):
     _head: HeadBytes | None = None
     _clock: ClientClock | None = None
     _refused = False
-    _last_answer: bytes | None = None  # a 400 for bytes past requests still being answered
+    _last_answer: bytes | None = None  # a 400 or 431 for bytes past requests still being answered
 
     def connection_made(self, transport) -> None:
         self._head = HeadBytes()
@@ -96,11 +96,14 @@ class LimitedHttp(HttpToolsProtocol):
         """Bytes that are not HTTP: 400 as JSON naming httptools' reason (uvicorn's answer is
         plain text, "Invalid HTTP request received."), then the connection closes. uvicorn
         calls this from its `except httptools.HttpParserError`: that error is the one handled."""
-        why = sys.exception() or msg
+        self._end_with(raw_response(malformed(sys.exception() or msg), close=True))
+
+    def _end_with(self, answer: bytes) -> None:
+        """Nothing more read; `answer` once the whole requests before it are answered (uvicorn
+        sent its 400 at once, and theirs were lost), then the connection closes."""
         self._refused = True
-        answer = raw_response(malformed(why), close=True)
-        if self._unanswered():  # whole requests before the bytes: after their answers (uvicorn's
-            self._last_answer = answer  # 400 went out at once, and they were lost)
+        if self._unanswered():
+            self._last_answer = answer
             return
         self.transport.write(answer)
         self.transport.close()
@@ -118,6 +121,4 @@ class LimitedHttp(HttpToolsProtocol):
         ends = self._head.ends
         super().data_received(data)
         if not self.transport.is_closing() and self._head.over(ends, len(data)):
-            self._refused = True
-            self.transport.write(raw_response(head_too_large(), close=True))
-            self.transport.close()
+            self._end_with(raw_response(head_too_large(), close=True))
