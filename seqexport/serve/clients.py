@@ -20,6 +20,7 @@ past it: a new client's connection was reset, and 181 were still held 40 s later
 import logging
 import os
 import struct
+import sys
 
 from seqexport.errors import UsageError
 from seqexport.serve.protocol import HTTPError, raw_response
@@ -77,13 +78,13 @@ def make_room_for(max_connections: int) -> None:
 def untaken(transport) -> int:
     """Bytes written for the client that it has not taken: the transport's buffer and, on
     Linux, the socket's send queue (SIOCOUTQ: sent but not acknowledged, or not sent)."""
-    import fcntl
-    import termios
-
     size = transport.get_write_buffer_size()
     sock = transport.get_extra_info("socket")
-    if sock is not None and hasattr(termios, "TIOCOUTQ"):  # (SIOCOUTQ's number on Linux)
-        try:
+    if sock is not None and sys.platform.startswith("linux"):  # (elsewhere TIOCOUTQ is a tty's)
+        import fcntl
+        import termios
+
+        try:  # TIOCOUTQ is SIOCOUTQ's number on Linux
             size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
         except OSError:  # closed meanwhile, or not a socket the kernel counts this for
             pass
