@@ -120,6 +120,16 @@ def loopback(address: str) -> bool:
     return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
 
 
+def test_the_embedded_default_names_only_its_own_address(two_replicas):
+    """Ray's proxy is off behind the front: Ray's "is ready at http://127.0.0.1:8000/" (its
+    proxy's default port, where nothing listens) is not printed; seqexport's line names the
+    front's port."""
+    server, _, log = two_replicas
+    text = log.read_text()
+    assert f"on http://127.0.0.1:{server.port} (a local Ray)" in text
+    assert "is ready at" not in text, text[-3000:]
+
+
 def test_embedded_ray_listens_on_loopback_only(two_replicas):
     """The default local Ray (GCS, raylet, workers, dashboard agent, Serve's proxy and
     replicas): every socket the server's processes listen on is on 127.0.0.1 or ::1, the

@@ -99,7 +99,9 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
         else:
             serve.start(http_options={"host": host, "port": port})
             app = application(config, **scaling)
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        # behind the front, no route through Ray's (disabled) proxy: Ray logged "Application
+        # 'seqexport' is ready at http://127.0.0.1:8000/", a port nothing listens on
+        serve.run(app, name=APP_NAME, route_prefix="/" if front is None else None)
         where = f"Ray cluster {address}" if address else "a local Ray"
         log(f"serving {Path(config.folder).name} on http://{host}:{port} ({where})")
         while True:
