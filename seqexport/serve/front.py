@@ -16,6 +16,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+import httptools  # (the front runs only under `serve`, whose extra brings it with uvicorn)
+
 from seqexport.serve.clients import ClientLimits
 from seqexport.serve.protocol import (
     MIN_BODY_LIMIT,
@@ -132,8 +134,6 @@ class _Client(asyncio.Protocol):
     parsed as they arrive (httptools), answered one after another."""
 
     def __init__(self, front: "Front"):
-        import httptools
-
         self.front, self.parser = front, httptools.HttpRequestParser(self)
         self.ready, self.current, self.gone, self.paused = [], None, False, False
         self.head, self.closing = HeadBytes(), False
@@ -146,14 +146,12 @@ class _Client(asyncio.Protocol):
             self.gone = True
 
     def data_received(self, data):
-        from httptools import HttpParserUpgrade
-
         if self.clock is None or self.closing:  # refused, or ended after what it asked: nothing more read
             return
         ends = self.head.ends
         try:
             self.parser.feed_data(data)
-        except HttpParserUpgrade:  # (WebSocket) its request is answered as plain HTTP; past it, not HTTP
+        except httptools.HttpParserUpgrade:  # (WebSocket) its request is answered as plain HTTP; past it, not HTTP
             self._stop_reading()
         except Exception as e:  # not HTTP (httptools names why): answered in turn, then the connection closes
             log.debug("front: a client's bytes: %r", e)
@@ -311,8 +309,6 @@ class _Relay:
     whole events at a time."""
 
     def __init__(self, client, head_only: bool, chunks_ok: bool):
-        import httptools
-
         self.parser = httptools.HttpResponseParser(self)
         self.out, self.head_only, self.chunks_ok = client, head_only, chunks_ok
         self.reason, self.headers, self.pieces = b"", [], []
