@@ -7,6 +7,7 @@ open-file limit of 200 locked new clients out; bytes that were not HTTP got plai
 (uvicorn) or a closed connection (the front)."""
 
 import contextlib
+import http.client
 import json
 import select
 import socket
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import seqexport.runtime as rt
+from seqexport.serve.app import HOLD_AT
 from seqexport.serve.clients import ClientLimits
 from seqexport.serve.front import Front
 from seqexport.serve.process import ServerProcess, free_port
@@ -205,6 +208,78 @@ def test_a_client_reading_its_stream_slowly_is_not_cut(server):
             time.sleep(0.1)
         assert rows(health) == 1
     wait_rows(health, 0, 20)
+
+
+STREAM_TOKENS = 20_000  # more than every buffer between uvicorn's model and a client holds (~14,000 here)
+
+
+@pytest.fixture(scope="module")
+def reference(folder) -> list[int]:
+    """The stream's tokens by generate() in this process: the model alone, no server."""
+    model = rt.load(folder, provider="cpu", threads=1)
+    return rt.generate(model, [model.encode("5 May 2021")], rt.SearchOptions(max_new_tokens=STREAM_TOKENS,
+                                                                              eos_id=-1))[0]
+
+
+def metric(health: str, name: str) -> float | None:
+    with urllib.request.urlopen(health.replace("/health", "/metrics"), timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return next((float(line.split()[1]) for line in lines if line.startswith(name + " ")), None)
+
+
+def read_slowly_until_held(answer, health: str, seconds: float) -> tuple[bytes, float, float]:
+    """Read 1 KB every tenth of a second (10 KB/s) until the row is parked, then two seconds
+    more: (the bytes read, tokens generated when it was parked, and two seconds later)."""
+    got, start = b"", time.monotonic()
+    while metric(health, "seqexport_parked_rows") != 1:
+        assert time.monotonic() - start < seconds, "the slow reader's row was never held"
+        got += answer.read(1024)
+        time.sleep(0.1)
+    at_hold = metric(health, "seqexport_generated_tokens_total")
+    for _ in range(20):
+        got += answer.read(1024)
+        time.sleep(0.1)
+    assert metric(health, "seqexport_parked_rows") == 1 and rows(health) == 1  # parked, its place kept
+    return got, at_hold, metric(health, "seqexport_generated_tokens_total")
+
+
+def stream(port: int, max_tokens: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.sock = connect(port, rcvbuf=4096)
+    conn.request("POST", "/v1/completions", body(max_tokens=max_tokens, stream=True),
+                 {"content-type": "application/json"})
+    return conn, conn.getresponse()
+
+
+def test_a_slow_readers_row_is_held_not_run_ahead_and_its_stream_comes_whole(plain, reference):
+    """A client reading 10 KB/s of a 20,000-token stream: once every buffer between the model
+    and it is full, its row is parked and the model writes no further ahead of it (before, all
+    20,000 tokens were generated within seconds and piled up in the server's memory); read
+    fast, it resumes, and the stream comes whole: generate()'s tokens in order."""
+    health = plain.url + "/health"
+    wait_rows(health, 0, 30)
+    before = metric(health, "seqexport_generated_tokens_total")
+    conn, answer = stream(plain.port, STREAM_TOKENS)
+    got, at_hold, later = read_slowly_until_held(answer, health, 30)
+    assert at_hold <= later <= at_hold + HOLD_AT and later - before < STREAM_TOKENS, (before, at_hold, later)
+    got += answer.read()  # the rest as fast as it comes
+    conn.close()
+    events = [json.loads(e[6:]) for e in got.decode().split("\n\n") if e.startswith("data: {")]
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == reference
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert metric(health, "seqexport_parked_rows") == 0
+
+
+def test_a_slow_reader_is_held_back_through_the_front_too(front, replica):
+    """The front relays no faster than its client reads (it reads the replica's answer only as
+    its client takes it), so the replica's row is parked as well; a hang-up frees it."""
+    health = replica.url + "/health"
+    wait_rows(health, 0, 30)
+    conn, answer = stream(front.port, 10_000_000)
+    _, at_hold, later = read_slowly_until_held(answer, health, 60)
+    assert at_hold <= later <= at_hold + HOLD_AT, (at_hold, later)
+    conn.close()
+    wait_rows(health, 0, 10)
 
 
 def test_past_max_connections_the_longest_idle_makes_room_then_503_when_all_are_answered(server):

@@ -29,7 +29,7 @@ def test_the_registry_gives_back_a_socket_path_or_a_port(tmp_path):
 def test_latency_histograms_observe_first_token_and_the_gaps_between_tokens():
     """A request submitted at 9.0 s whose tokens come at 10.0, 10.5, 11.5 and 13.0 s: time to
     first token 1.0 s; per output token the gaps 0.5, 1.0 and 1.5 s (sum 3.0, count 3)."""
-    metrics = ServerMetrics(SimpleNamespace(queue_length=0, active_rows=0, state_bytes=0))
+    metrics = ServerMetrics(SimpleNamespace(queue_length=0, active_rows=0, parked_rows=0, state_bytes=0))
     req = Request([5, 6], SearchOptions(max_new_tokens=4), "r", submitted=9.0,
                   on_event=lambda r, token: metrics.on_token(r) if token is not None else metrics.on_end(r))
     for token, now in zip((7, 8, 9, 10), (10.0, 10.5, 11.5, 13.0)):

@@ -153,15 +153,28 @@ def _deliver(batch) -> None:
         queue.put_nowait(item)
 
 
+# A stream's tokens generated but not yet written out (the client reads slower than the model
+# writes: every stage's buffers are full) past which its row is held (`Request.hold`: parked,
+# no steps), and the count at which it resumes. Before, a client reading 20 KB/s of a long
+# stream had ~2,400 tokens a second pile up unread in the server's memory (mamba-dates: 71,000
+# tokens, 14 MB in 30 s) until the request's timeout; now at most HOLD_AT (~40 KB of events).
+HOLD_AT = 256
+RESUME_AT = 64
+
+
 class Listener:
     """One request's engine events as an asyncio queue: (token, text piece), then (None, rest).
     `on_event` and `stop` run on the engine thread; the events reach the queue through the
-    host's outbox at the end of the round (an end at once: it may come from `close()`)."""
+    host's outbox at the end of the round (an end at once: it may come from `close()`).
+    A streamed request whose client falls HOLD_AT tokens behind is held until it catches up
+    (`written`, counted by the stream as its writes complete)."""
 
-    def __init__(self, host: ServingHost, stops: list[str], loop: asyncio.AbstractEventLoop):
+    def __init__(self, host: ServingHost, stops: list[str], loop: asyncio.AbstractEventLoop, stream: bool = False):
         self.host, self.loop = host, loop
         self.queue: asyncio.Queue = asyncio.Queue()
         self.text = TextOutput(host.model.tokenizer, stops)
+        self.hold_at = HOLD_AT if stream else None  # (a whole body is held in memory whatever the client)
+        self.written = 0  # tokens whose events have been written out (the event loop's thread writes it)
 
     def on_event(self, req, token: int | None) -> None:
         if token is None:
@@ -171,6 +184,15 @@ class Listener:
         else:
             self.host.metrics.on_token(req)
             self.host.outbox.put(self, req, (token, self.text.push(token)))
+            if self.hold_at is not None and len(req.tokens) - self.written >= self.hold_at:
+                req.hold()  # the client is far behind: no more steps until it catches up
+
+    def wrote(self, req, tokens: int) -> None:
+        """`tokens` more tokens' events written out (the event loop's thread): a held request
+        resumes once its client is RESUME_AT tokens or fewer behind."""
+        self.written += tokens
+        if req.held and len(req.tokens) - self.written <= RESUME_AT:
+            req.resume()
 
     def stop(self, tokens) -> bool:
         return self.text.stopped
@@ -259,7 +281,7 @@ class Completions:
         if params.model is not None and params.model != host.name:
             raise HTTPError(404, f"model: {params.model!r} is not served here; this server has {host.name!r}",
                             "model", kind="not_found_error")
-        listener = Listener(host, params.stop, asyncio.get_running_loop())
+        listener = Listener(host, params.stop, asyncio.get_running_loop(), params.stream)
         req, ids = host.submit(params, listener)
         host.metrics.prompt_tokens.inc(len(ids))
         watch = asyncio.ensure_future(_hang_up(receive, req))  # a caller that hangs up frees the row
@@ -340,6 +362,7 @@ async def _stream(host, req, listener, first, rid, prompt_tokens, params, send) 
             await send({"type": "http.response.body", "body": b"".join(events), "more_body": False})
             return
         await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
+        listener.wrote(req, len(events))  # (send returns once the transport takes more)
         item = await queue.get()
 
 

@@ -48,6 +48,8 @@ class ServerMetrics:
             lambda: engine.queue_length)
         Gauge("seqexport_active_rows", "Requests decoding in the running batch", registry=r).set_function(
             lambda: engine.active_rows)
+        Gauge("seqexport_parked_rows", "Rows held back because their client is behind its stream",
+              registry=r).set_function(lambda: engine.parked_rows)
         Gauge("seqexport_state_bytes", "Bytes of the running batch's cache/state", registry=r).set_function(
             lambda: engine.state_bytes)
         self.rate = RateMeter()

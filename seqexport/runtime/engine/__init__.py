@@ -24,6 +24,8 @@ request's `on_event` sees each token as it comes, then None when it ends).
 Each `step()` is one scheduling round, vLLM-style:
 1. leave: cancelled, timed-out and finished requests drop their rows (`model.retain`: a
    survivor from the tail takes each leaver's place, so at most one row moves per leaver);
+   Rows of held requests (`Request.hold()`: a server's client is far behind its stream) are
+   parked, their state kept aside, and resumed ones rejoin where they left off;
 2. admit: waiting requests, as many as the row and state caps allow, start
    (`model.begin_rows`: a transformer's encoder, a recurrent model's zero state) and join the
    running batch (`model.extend`: a transformer's buffers have spare rows, so only the

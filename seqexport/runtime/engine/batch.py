@@ -4,7 +4,10 @@ Rows join through the model's `join`/`extend` (a transformer's buffers have spar
 only the newcomers' rows are written) and leave through `retain` (a survivor from the tail
 takes each leaver's place: at most one row moves per leaver). One batched step feeds each
 row its next prompt token or its last pick; rows past their prompt pick from their logits.
-It knows nothing of the queue or of threads (`engine`)."""
+A held request's row (`Request.hold`: its consumer is behind) is parked: its state taken out
+of the batch's (`take`), the rest kept (`retain`), until it is resumed and joins again; a
+parked row still counts against the rows and state the batch may hold, so it always finds
+room to come back. It knows nothing of the queue or of threads (`engine`)."""
 
 import time
 from collections.abc import Callable
@@ -27,6 +30,9 @@ class RunningBatch:
         self.rows: list[Request] = []  # running requests, in the order of the state's rows
         self.state: State | None = None
         self.staged: list[tuple[Request, State]] = []  # long prompts prefilled a chunk a round
+        self.parked: list[tuple[Request, State]] = []  # held requests' rows, out of the batch
+        # parking needs rows that may sit at different positions (they come back behind the others)
+        self.can_park = model.continuous_batching
         self.steps = 0  # batched decode steps run
         self.row_steps = 0  # rows over all decode steps (row_steps / steps: the batch's mean rows)
         self.tokens_generated = 0
@@ -34,18 +40,26 @@ class RunningBatch:
 
     @property
     def active_rows(self) -> int:
-        return len(self.rows) + len(self.staged)
+        return len(self.rows) + len(self.staged) + len(self.parked)
 
     @property
     def state_bytes(self) -> int:
         state = self.state
-        return (state.nbytes if state is not None else 0) + sum(s.nbytes for _, s in self.staged)
+        return (state.nbytes if state is not None else 0) + sum(s.nbytes for _, s in self.staged) + \
+            sum(s.nbytes for _, s in self.parked)
 
     def requests(self) -> list[Request]:
-        return [*self.rows, *(r for r, _ in self.staged)]
+        return [*self.rows, *(r for r, _ in self.staged), *(r for r, _ in self.parked)]
 
     def clear(self) -> None:
-        self.rows, self.state, self.staged = [], None, []
+        self.rows, self.state, self.staged, self.parked = [], None, [], []
+
+    def resumable(self) -> bool:
+        """Whether a parked row has something for the next round: it was resumed, or it ends
+        (cancelled, or past its deadline)."""
+        now = time.monotonic()
+        return any(not r._held or r._cancelled or (r.deadline is not None and now > r.deadline)
+                   for r, _ in self.parked)
 
     def fail_all(self, error: Exception) -> None:
         """A batched run failed: its rows cannot go on (the staged ones can)."""
@@ -56,6 +70,8 @@ class RunningBatch:
     def leave(self) -> None:
         """Finished requests drop their rows."""
         self.staged = [(r, s) for r, s in self.staged if not r.finished]
+        if self.parked:
+            self.parked = [(r, s) for r, s in self.parked if not r.finished]
         gone = [i for i, r in enumerate(self.rows) if r.finished]
         if not gone:
             return
@@ -65,6 +81,40 @@ class RunningBatch:
         order = swap_remove_order(len(self.rows), gone)  # at most one row moves per leaver
         self.state = self.model.retain(self.state, order)
         self.rows = [self.rows[i] for i in order]
+
+    # --- held rows ---
+
+    def park(self) -> None:
+        """Held requests' rows out of the batch, each state taken (copied) out of the batch's;
+        the others keep theirs in place (`retain`). A row still feeding its prompt is not held
+        back (its consumer has nothing to be behind on)."""
+        if not self.can_park:
+            return
+        held = [i for i, r in enumerate(self.rows) if r._held and not r._pending]
+        if not held:
+            return
+        self.parked += [(self.rows[i], self.model.take(self.state, [i])) for i in held]
+        if len(held) == len(self.rows):
+            self.rows, self.state = [], None
+            return
+        order = swap_remove_order(len(self.rows), held)
+        self.state = self.model.retain(self.state, order)
+        self.rows = [self.rows[i] for i in order]
+
+    def unpark(self) -> None:
+        """Resumed requests back into the batch, after the running rows, where they left off."""
+        back = [(r, s) for r, s in self.parked if not r._held]
+        if not back:
+            return
+        self.parked = [(r, s) for r, s in self.parked if r._held]
+        reqs = [r for r, _ in back]
+        try:
+            self.join(s for _, s in back)
+        except Exception as e:  # (the batch's rows fail with it: see Engine._round)
+            for req in reqs:
+                req.fail(e)
+            raise
+        self.rows += reqs
 
     # --- joining ---
 

@@ -75,6 +75,10 @@ class Engine:
         return self.batch.active_rows
 
     @property
+    def parked_rows(self) -> int:
+        return len(self.batch.parked)  # held requests' rows, given no steps (Request.hold)
+
+    @property
     def state_bytes(self) -> int:
         return self.batch.state_bytes
 
@@ -103,7 +107,8 @@ class Engine:
         return self.batch.staged
 
     def has_work(self) -> bool:
-        return bool(self.batch.rows or self.batch.staged or self._queues)
+        """Whether a round has something to run (a held request waits for its resume())."""
+        return bool(self.batch.rows or self.batch.staged or self._queues or self.batch.resumable())
 
     def submit(self, prompt, options: SearchOptions | None = None, *, on_event=None, stop=None,
                timeout: float | None = None, request_id: str | None = None) -> Request:
@@ -118,6 +123,7 @@ class Engine:
         req._eos = eos_for(self.model, options)
         req._engine_flag = self._queues.cancel_flag
         req._engine_wakes = self._wakes
+        req._engine_wake = self._wake
         self._queues.add(req)
         return req
 
@@ -126,9 +132,13 @@ class Engine:
             raise UsageError(f"cancel: expected a Request (what submit() returned), got {type(req).__name__}")
         if req._engine_flag is not self._queues.cancel_flag:  # it would be cancelled where it runs, not here
             raise UsageError(f"cancel: request {req.id!r} was not submitted to this engine")
-        req.cancel()
+        req.cancel()  # (which wakes this engine's thread)
+
+    def _wake(self) -> None:
+        """The engine thread, if it waits for work: a parked row was resumed or cancelled.
+        (All waiters: the starter waits on the same condition, and one notify may wake it alone.)"""
         with self._queues.cond:
-            self._queues.cond.notify()
+            self._queues.cond.notify_all()
 
     def run_until_done(self) -> None:
         """Step until no request runs or waits (the caller's thread; not with start())."""
@@ -172,9 +182,11 @@ class Engine:
         q, batch = self._queues, self.batch
         while True:
             with q.cond:
-                # (a request the starter holds joins once it is ready: nothing to run until then)
-                while not q.stopping and not (batch.rows or batch.staged or q.ready or q.waiting):
-                    q.cond.wait()
+                # (a request the starter holds joins once it is ready: nothing to run until then;
+                # parked rows only once one is resumed or cancelled, or their deadline comes)
+                while not q.stopping and not (batch.rows or batch.staged or q.ready or q.waiting
+                                              or batch.resumable()):
+                    q.cond.wait(self._parked_deadline())
                 if q.stopping:
                     return
             self._round()
@@ -208,10 +220,17 @@ class Engine:
             with self._queues.cond:
                 self._queues.cond.notify_all()
 
+    def _parked_deadline(self) -> float | None:
+        """Seconds until the first parked row's deadline (None: no parked row has one)."""
+        deadlines = [r.deadline for r, _ in self.batch.parked if r.deadline is not None]
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
     def _round(self) -> None:
         self._queues.expire(self.batch.requests())
         self.batch.leave()
         try:
+            self.batch.unpark()  # (before newcomers: a parked row's room is kept for it)
+            self.batch.park()
             self._admit()
             self.batch.prefill_staged()
             self.batch.decode()

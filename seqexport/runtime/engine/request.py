@@ -51,7 +51,9 @@ class Request:
         self._pending: list[int] = []  # tokens still to feed before the first pick, last first
         self._eos: tuple[int, ...] = ()  # the ids that end it, set by the engine
         self._cancelled = False
+        self._held = False  # hold(): its consumer is behind; the engine parks its row
         self._engine_flag: list | None = None  # the engine's "a request was cancelled" flag
+        self._engine_wake: Callable[[], None] | None = None  # wakes an engine thread that waits for work
         # the engine's wake-ups: `done` is set by the engine at its next hand-off (just before a
         # batched step lets the GIL go) instead of at once; None: set at once
         self._engine_wakes: list | None = None
@@ -71,6 +73,27 @@ class Request:
         self._cancelled = True
         if self._engine_flag is not None:  # the engine looks for cancelled requests next round
             self._engine_flag[0] = True
+        if self._engine_wake is not None:  # (its row may be parked, with nothing else running)
+            self._engine_wake()
+
+    def hold(self) -> None:
+        """Give this request no more steps until `resume()`: its consumer is behind (a client
+        reading its stream slowly), and the tokens would pile up unread in memory. Its row
+        keeps its place in the batch's count and its state is kept aside (parked) from the next
+        round; its deadline still runs, and cancel() still ends it. Safe from any thread. A
+        model whose rows cannot sit at different positions (`continuous_batching` False) is
+        never parked: there, hold() changes nothing."""
+        self._held = True
+
+    def resume(self) -> None:
+        """Undo hold(): the row rejoins the batch at the next round, where it left off."""
+        self._held = False
+        if self._engine_wake is not None:
+            self._engine_wake()
+
+    @property
+    def held(self) -> bool:
+        return self._held
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
