@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 310 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 319 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1145,6 +1145,39 @@ FAULTS = (
     Fault("M320", "serve (embedded Ray): routed through Ray's disabled proxy (Ray logs 'ready at' port 8000, where nothing listens)",
           "seqexport/serve/run.py", "route_prefix=\"/\" if front is None else None)",
           "route_prefix=\"/\")", ("tests/test_serve_ray.py::test_the_embedded_default_names_only_its_own_address",)),
+    Fault("M321", "engine: a held request's row is never parked (it runs on)",
+          "seqexport/runtime/engine/batch.py", "held = [i for i, r in enumerate(self.rows) if r._held and not r._pending]",
+          "held = []", ("tests/test_engine_hold.py::test_a_held_row_takes_no_steps_keeps_its_place_and_resumes_with_its_generate_tokens",)),
+    Fault("M322", "engine: a parked row keeps the first row's state, not its own",
+          "seqexport/runtime/engine/batch.py", "self.parked += [(self.rows[i], self.model.take(self.state, [i])) for i in held]",
+          "self.parked += [(self.rows[i], self.model.take(self.state, [0])) for i in held]",
+          ("tests/test_engine_hold.py::test_a_held_row_takes_no_steps_keeps_its_place_and_resumes_with_its_generate_tokens",)),
+    Fault("M323", "engine: a parked row does not count against max_rows (a newcomer takes its place)",
+          "seqexport/runtime/engine/batch.py", "return len(self.rows) + len(self.staged) + len(self.parked)",
+          "return len(self.rows) + len(self.staged)",
+          ("tests/test_engine_hold.py::test_a_held_row_takes_no_steps_keeps_its_place_and_resumes_with_its_generate_tokens",)),
+    Fault("M324", "engine: a parked request that ends keeps its row (and state) for good",
+          "seqexport/runtime/engine/batch.py", "            self.parked = [(r, s) for r, s in self.parked if not r.finished]\n",
+          "", ("tests/test_engine_hold.py::test_a_started_engine_sleeps_while_every_row_is_held_and_wakes_to_resume_cancel_or_time_out",)),
+    Fault("M325", "engine: the idle engine thread does not wake for a resumed row",
+          "seqexport/runtime/engine/engine.py", "                                              or batch.resumable()):",
+          "                                              ):",
+          ("tests/test_engine_hold.py::test_a_started_engine_sleeps_while_every_row_is_held_and_wakes_to_resume_cancel_or_time_out",)),
+    Fault("M326", "engine: an idle engine thread over parked rows waits past their deadline",
+          "seqexport/runtime/engine/engine.py", "                    q.cond.wait(self._parked_deadline())",
+          "                    q.cond.wait()",
+          ("tests/test_engine_hold.py::test_a_started_engine_sleeps_while_every_row_is_held_and_wakes_to_resume_cancel_or_time_out",)),
+    Fault("M327", "serve: a slow reader's row is never held (its tokens pile up unread)",
+          "seqexport/serve/app.py", "                req.hold()  # the client is far behind",
+          "                pass  # the client is far behind",
+          ("tests/test_serve_clients.py::test_a_slow_readers_row_is_held_not_run_ahead_and_its_stream_comes_whole",)),
+    Fault("M328", "serve: a stream's writes are not counted (held at 256 tokens, it never resumes)",
+          "seqexport/serve/app.py", "        listener.wrote(req, len(events))  # (send returns",
+          "        listener.wrote(req, 0)  # (send returns", ("tests/test_serve_clients.py::test_a_slow_readers_row_is_held_not_run_ahead_and_its_stream_comes_whole",)),
+    Fault("M329", "engine: a resumed row rejoins with another parked row's state",
+          "seqexport/runtime/engine/batch.py", "            self.join(s for _, s in back)",
+          "            self.join(s for _, s in back[::-1])",
+          ("tests/test_engine_hold.py::test_every_row_held_leaves_nothing_to_run_until_one_resumes",)),
 )
 
 

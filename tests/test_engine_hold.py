@@ -138,10 +138,13 @@ def test_a_started_engine_sleeps_while_every_row_is_held_and_wakes_to_resume_can
         a.resume()
         assert a.wait(10) and a.finish_reason == "length"
         assert a.tokens == alone(model, prompts[:1], [short])[0]
+        assert c.wait(10) and c.finish_reason == "timeout" and len(c.tokens) == 3  # nothing else woke it
+        assert time.monotonic() - c.submitted < 5
+        steps = engine.steps
+        time.sleep(0.3)
+        assert engine.steps == steps and b.held and not b.finished  # no steps: b is still held
         b.cancel()
         assert b.wait(10) and b.finish_reason == "cancelled" and len(b.tokens) == 3
-        assert c.wait(10) and c.finish_reason == "timeout" and len(c.tokens) == 3
-        assert time.monotonic() - c.submitted < 5
         assert engine.active_rows == 0 and engine.state_bytes == 0
     finally:
         engine.close()
