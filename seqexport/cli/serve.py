@@ -7,7 +7,7 @@ import click
 
 from seqexport.cli.group import check_output_path, cli
 from seqexport.errors import UsageError
-from seqexport.serve.clients import DEFAULT_TIMEOUT_S
+from seqexport.serve.clients import DEFAULT_GRACE_S, DEFAULT_TIMEOUT_S
 
 
 def engine_options(f):
@@ -74,6 +74,9 @@ def _engine_kwargs(kw: dict) -> dict:
 @click.option("--max-connections", type=click.IntRange(min=1),
               help="Client connections held at once; past it a new one closes the one idle longest, or gets "
                    "503 if every one has a request being answered [what the open-file limit leaves].")
+@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=DEFAULT_GRACE_S, show_default=True,
+              help="On SIGTERM or Ctrl-C, seconds the requests in progress may take to finish; then each ends "
+                   "with 503 'shutting down; retry' (a stream: an error event, then [DONE]).")
 @click.option("--config-out", type=click.Path(dir_okay=False),
               help="Write a Ray Serve config file (for `serve deploy` on a cluster) and exit.")
 @engine_options
@@ -84,7 +87,7 @@ def serve(folder, **kw):
     """
     check_output_path(kw["config_out"], "--config-out")
     given = click.get_current_context().get_parameter_source
-    limits = [f"--{n.replace('_', '-')}" for n in ("client_timeout", "max_connections")
+    limits = [f"--{n.replace('_', '-')}" for n in ("client_timeout", "max_connections", "shutdown_grace")
               if given(n) is not click.core.ParameterSource.DEFAULT]
     if limits and (kw["address"] or kw["autoscale"] or kw["config_out"]):
         raise UsageError(f"{' and '.join(limits)}: held by `serve`'s own front (the embedded default, or --no-ray); "
@@ -146,7 +149,8 @@ def parse_autoscale(text: str | None) -> tuple[int, int] | None:
 
 def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: str | None, replicas: int,
                   autoscale: str | None, replica_cpus: float, config_out: str | None, log,
-                  client_timeout: float = DEFAULT_TIMEOUT_S, max_connections: int | None = None, **engine) -> None:
+                  client_timeout: float = DEFAULT_TIMEOUT_S, max_connections: int | None = None,
+                  shutdown_grace: float = DEFAULT_GRACE_S, **engine) -> None:
     folder = str(Path(folder).resolve())  # replicas may start in another working directory
     from seqexport.manifest import read_manifest
     from seqexport.serve.app import ServeConfig
@@ -165,7 +169,7 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
         return
     if max_connections:  # before the model loads: a limit too low for it fails at once
         make_room_for(max_connections)
-    limits = ClientLimits(client_timeout, max_connections)
+    limits = ClientLimits(client_timeout, max_connections, shutdown_grace)
     if use_ray:
         run_ray(config, host, port, address, scaling, log, limits)
     else:

@@ -37,6 +37,7 @@ from seqexport.serve.protocol import (
     chunk_body,
     completion_body,
     parse_completion,
+    shutting_down,
     sse,
     usage,
 )
@@ -118,6 +119,10 @@ class ServingHost:
             raise HTTPError(503, f"server busy: {e}", kind="server_busy", headers={"Retry-After": "1"}) from None
         except InputError as e:
             raise HTTPError(400, f"prompt: {e}", "prompt") from None
+        except UsageError:
+            if self.engine.closed:  # a request that came as the server stopped (a pipelined one)
+                raise shutting_down() from None
+            raise
 
 
 class Outbox:
@@ -209,7 +214,7 @@ def end_error(req) -> HTTPError | None:
                               f"({len(req.tokens)} tokens generated); retry, or ask for fewer max_tokens",
                          kind="timeout")
     if req.finish_reason == "cancelled":
-        return HTTPError(503, "the server is shutting down; retry", kind="server_busy", headers={"Retry-After": "1"})
+        return shutting_down()  # (the engine closed: the server is stopping)
     return None
 
 

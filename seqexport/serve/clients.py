@@ -28,6 +28,7 @@ from seqexport.serve.protocol import HTTPError, raw_response
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_GRACE_S = 5.0  # at shutdown, how long the requests in progress may take to finish
 SWEEP_S = 1.0  # how often the deadlines are looked at (more often for a shorter timeout)
 
 
@@ -176,8 +177,12 @@ class ClientLimits:
     its protocol's connection_made gives the connection's `ClientClock`, or None when it was
     refused (503 written, the transport closed)."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, max_connections: int | None = None):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, max_connections: int | None = None,
+                 shutdown_grace_s: float = DEFAULT_GRACE_S):
         self.timeout_s = timeout_s
+        # on SIGTERM / Ctrl-C: no new connections; the requests in progress may take this long,
+        # then each ends with 503 "shutting down; retry" (a stream: an error event and [DONE])
+        self.shutdown_grace_s = shutdown_grace_s
         self.max_connections = max_connections  # None: default_max_connections() at the first connection
         self.connections: dict[ClientClock, None] = {}  # the open ones (a dict: ordered, O(1) removal)
         self._loop = self._sweep = None

@@ -27,6 +27,7 @@ from seqexport.serve.protocol import (
     head_too_large,
     malformed,
     raw_response,
+    shutting_down,
     sse,
 )
 from seqexport.serve.proxy import BACKOFF_S, RETRIES
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the front reads the registry for replicas Ray (re)started
 PIPELINED = 16  # requests read ahead on one connection; past them its reading waits
+ENDING_S = 2.0  # at close, after the shutdown grace: for the answers' endings to be written out
 LINGER_S = 5.0  # how long a connection ended mid-request reads and drops its client's bytes (_Client._end)
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"expect",
               b"proxy-connection", b"te", b"upgrade", b"trailer"}
@@ -144,6 +146,8 @@ class _Client(asyncio.Protocol):
         self.clock = self.front.limits.opened(transport)  # None: too many connections, 503 written
         if self.clock is None:
             self.gone = True
+            return
+        self.front.clients.add(self)
 
     def data_received(self, data):
         if self.clock is None or self.closing:  # refused, or ended after what it asked: nothing more read
@@ -171,6 +175,7 @@ class _Client(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.gone = True
+        self.front.clients.discard(self)
         if self.clock is not None:
             self.clock.lost()
         if self.upstream is not None:
@@ -364,7 +369,7 @@ class _Relay:
                   if n.lower() not in (b"connection", b"keep-alive", b"transfer-encoding")]
         if self.chunked and not self.close:
             lines.append(b"transfer-encoding: chunked")
-        if self.close or not self.chunks_ok:
+        if self.close or not self.chunks_ok or self.out.front.stopping:
             lines.append(b"connection: close")
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
@@ -373,12 +378,13 @@ class _Relay:
             return b"%x\r\n%s\r\n" % (len(data), data)
         return data
 
-    def end_cut(self) -> bool:
-        """The replica went away after the body began: an SSE stream ends with an error event and
-        [DONE]; anything else is cut (False: the client's connection must close)."""
+    def end_cut(self, cut: HTTPError | None = None) -> bool:
+        """The replica went away after the body began (or the front is stopping: `cut`): an SSE
+        stream ends with an error event and [DONE]; anything else is cut (False: the client's
+        connection must close)."""
         if not self.sse:
             return False
-        cut = HTTPError(503, "the replica serving this stream went away; retry the request", kind="server_busy")
+        cut = cut or HTTPError(503, "the replica serving this stream went away; retry the request", kind="server_busy")
         end = b"0\r\n\r\n" if self.chunked and not self.close else b""
         self.out.write(self._framed(sse(cut.body()) + sse("[DONE]")) + end)
         return not self.close
@@ -403,6 +409,8 @@ class Front:
         self._turn = 0
         self._loop = self._server = self._thread = None
         self._serving: set[asyncio.Task] = set()  # the clients' running _serve tasks
+        self.clients: set[_Client] = set()  # the open connections
+        self.stopping = False  # close() has begun: no new connections, no new requests relayed
 
     def start(self) -> "Front":
         import threading
@@ -444,10 +452,33 @@ class Front:
         return self
 
     def close(self) -> None:
+        """Stop: no new connections; the requests in progress may take the limits' shutdown grace,
+        then each ends with 503 "shutting down; retry" (a stream: an error event and [DONE]).
+        Before, the loop just stopped: every answer in progress was cut mid-body."""
         if self._loop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._server.close)
+            import concurrent.futures
+
+            grace = self.limits.shutdown_grace_s
+            try:
+                asyncio.run_coroutine_threadsafe(self._drain(grace), self._loop).result(grace + ENDING_S + 1)
+            except concurrent.futures.TimeoutError:
+                pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+    async def _drain(self, grace: float) -> None:
+        self.stopping = True
+        self._server.close()
+        for client in list(self.clients):
+            if client.task is None and not client.ready:  # between requests: nothing to lose
+                client.transport.close()
+        if self._serving:
+            await asyncio.wait(set(self._serving), timeout=grace)
+        for client in list(self.clients):  # past the grace: each relay ends (`_answer`)
+            if client.upstream is not None:
+                client.upstream.close()
+        if self._serving:
+            await asyncio.wait(set(self._serving), timeout=ENDING_S)
 
     async def _poll(self) -> None:
         while True:
@@ -479,18 +510,22 @@ class Front:
         """One request to a replica, again to another if one went away before answering; whether
         the client's connection can take another request."""
         for attempt in range(self.retries + 1):
+            if self.stopping:
+                return await self._refuse_stopping(client)
             replica = self._pick() or (self._refresh() or self._pick())
             if replica is not None:
                 reply = _Relay(client, request.method == b"HEAD", request.version == "1.1")
                 if await self._attempt(client, replica, request, reply):
                     await client.drain()
-                    return not reply.close and not client.gone
+                    return not reply.close and not client.gone and not self.stopping
                 if client.gone:
                     return False
                 if reply.sent:
-                    keep = reply.end_cut()
+                    keep = reply.end_cut(shutting_down() if self.stopping else None)
                     await client.drain()
-                    return keep
+                    return keep and not self.stopping
+                if self.stopping:
+                    return await self._refuse_stopping(client)
                 if self._again_at_once(replica, reply):
                     continue
             if attempt < self.retries:
@@ -501,6 +536,11 @@ class Front:
         client.write(raw_response(busy))
         await client.drain()
         return True
+
+    async def _refuse_stopping(self, client: _Client) -> bool:
+        client.write(raw_response(shutting_down(), close=True))
+        await client.drain()
+        return False
 
     def _again_at_once(self, replica: _Replica, reply: _Relay) -> bool:
         """After an attempt that relayed nothing: whether to try again without waiting (a keep-alive

@@ -87,6 +87,12 @@ def malformed(why: Exception | str) -> HTTPError:
     return HTTPError(400, f"malformed HTTP request: {why}")
 
 
+def shutting_down() -> HTTPError:
+    """503 for a request the server ends because it is stopping (SIGTERM or Ctrl-C, past the
+    shutdown grace): another server, or this one restarted, can answer it."""
+    return HTTPError(503, "the server is shutting down; retry", kind="server_busy", headers={"Retry-After": "1"})
+
+
 class HeadBytes:
     """Bytes read while a request's head is unfinished, for a parser (httptools) that holds a
     header until its line ends, so no callback sees a head grow. A read that ended a head or a

@@ -19,6 +19,7 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
     import uvicorn
 
     from seqexport.serve.app import ServingHost, build_app
+    from seqexport.serve.draining import DrainingServer
     from seqexport.serve.uvicorn_limits import limited_protocol
 
     with _listening(host, port) as sock:  # before the model loads: a port in use fails at once, in one line
@@ -26,11 +27,11 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
         try:
             log(f"serving {serving.name} ({serving.model.family}, {serving.model.provider}) "
                 f"on http://{host}:{port} (no Ray)")
-            http = limited_protocol(limits or ClientLimits())
+            limits = limits or ClientLimits()
             # no WebSocket (nothing is served over one): an upgrade request is answered as plain
             # HTTP, as the front answers it, not with uvicorn's WebSocket handshake errors
-            server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning", http=http, ws="none",
-                                                   timeout_graceful_shutdown=5))
+            config = uvicorn.Config(build_app(serving), log_level="warning", http=limited_protocol(limits), ws="none")
+            server = DrainingServer(config, serving.engine.close, limits.shutdown_grace_s)
             # uvicorn raises the signal it shut down on again once stopped; uvicorn.run swallows it too
             with contextlib.suppress(KeyboardInterrupt):
                 server.run(sockets=[sock])
@@ -84,11 +85,13 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
 
     front = None
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        with _keeping_sigterm():
+            ray.init(address=address, logging_level=logging.WARNING)
     else:  # the embedded default: a new local Ray instance for this process only
         if scaling.get("autoscale") is None:
             front = _front(host, port, body_limit(config.max_prompt_tokens), limits or ClientLimits())  # listening before Ray starts: a port in use fails at once
-        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+        with _keeping_sigterm():
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
         if ray.util.get_node_ip_address() != "127.0.0.1":
             log(f"warning: Ray listens on {ray.util.get_node_ip_address()}, not only on 127.0.0.1 "
                 "(it was imported before `serve`, or RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is set)")
@@ -108,13 +111,32 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
             time.sleep(3600)  # until SIGINT/SIGTERM
     finally:
         if front is not None:  # first: Ray's shutdown may not return before the process is ended
-            front.close()
+            front.close()  # (its requests in progress get the shutdown grace)
             shutil.rmtree(front.registry.folder, ignore_errors=True)
         if address:
             serve.delete(APP_NAME)  # leave the cluster as we found it
         else:
             serve.shutdown()
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def _keeping_sigterm():
+    """Around `ray.init`: SIGTERM's handler as it was before (the CLI's: unwind, exit 143).
+    Ray's driver installs its own: Python's sys.exit(15), then absl's failure handler, which on
+    SIGTERM printed a stack dump and aborted the process (exit 134), so `serve` never ran its
+    cleanup: the front's connections were dropped mid-answer and Ray was never shut down."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def _front(host: str, port: int, limit: int, limits: ClientLimits):

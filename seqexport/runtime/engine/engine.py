@@ -75,6 +75,10 @@ class Engine:
         return self.batch.active_rows
 
     @property
+    def closed(self) -> bool:
+        return self._queues.stopping  # close() was called (and start() not again since)
+
+    @property
     def parked_rows(self) -> int:
         return len(self.batch.parked)  # held requests' rows, given no steps (Request.hold)
 
