@@ -1,7 +1,7 @@
-"""`seqexport serve` stopped by SIGTERM (a service manager, a rolling update) while it answers:
+"""`seqexport serve` stopped by SIGTERM (a service manager, a rolling update) or Ctrl-C while it answers:
 no new connection is taken, what finishes within `--shutdown-grace` finishes, and every other
 request ends with 503 "shutting down; retry" (a stream: that error event, [DONE] and the
-body's proper end), then the process exits 143 with nothing of Ray left. Before, under
+body's proper end), then the process exits 143 (Ctrl-C: 130) with nothing of Ray left. Before, under
 `--no-ray` a stream still running after uvicorn's 5 s was cut mid-body (no error event, no
 [DONE], no chunked end), and the embedded default's Ray driver turned SIGTERM into a stack
 dump and an abort (exit 134): every answer in progress was cut at once and nothing was cleaned
@@ -61,9 +61,11 @@ def read_stream(r: requests.Response, out: dict, started: threading.Event) -> No
     started.set()
 
 
-@pytest.mark.parametrize("mode", ["no-ray", "embedded Ray"])
-def test_sigterm_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits_143(mode, folder, short_reference,
-                                                                                     tmp_path):
+@pytest.mark.parametrize("mode, sig, code", [("no-ray", signal.SIGTERM, 143), ("no-ray", signal.SIGINT, 130),
+                                             ("embedded Ray", signal.SIGTERM, 143)],
+                         ids=["no-ray SIGTERM", "no-ray Ctrl-C", "embedded Ray SIGTERM"])
+def test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits_128_plus_the_signal(
+        mode, sig, code, folder, short_reference, tmp_path):
     flags = ["--no-ray"] if mode == "no-ray" else ["--replica-cpus", "0.5"]
     log = tmp_path / "server.log"
     server = ServerProcess(folder, *flags, "--threads", "1", "--shutdown-grace", str(GRACE_S), ready_timeout=180,
@@ -84,13 +86,13 @@ def test_sigterm_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exit
                          daemon=True).start()
         assert short_started.wait(30)
         stopped = time.monotonic()
-        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(sig)
         time.sleep(0.5)
         with pytest.raises(OSError):  # no new connection is taken
             socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
 
         server.proc.wait(GRACE_S + 30)
-        assert server.proc.returncode == 143, log.read_text()[-3000:]
+        assert server.proc.returncode == code, log.read_text()[-3000:]  # (Ctrl-C under --no-ray was 0)
         # what the grace allowed: the short stream, whole, generate()'s tokens
         assert short["ended"] == "whole" and short.get("done"), short.get("ended")
         assert [t for e in short["events"] for t in e["choices"][0]["token_ids"]] == short_reference

@@ -32,9 +32,9 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
             # HTTP, as the front answers it, not with uvicorn's WebSocket handshake errors
             config = uvicorn.Config(build_app(serving), log_level="warning", http=limited_protocol(limits), ws="none")
             server = DrainingServer(config, serving.engine.close, limits.shutdown_grace_s)
-            # uvicorn raises the signal it shut down on again once stopped; uvicorn.run swallows it too
-            with contextlib.suppress(KeyboardInterrupt):
-                server.run(sockets=[sock])
+            # uvicorn raises the signal it shut down on again once stopped: SIGTERM exits 143 and
+            # Ctrl-C 130 (`cli.main`), as in the embedded default (this swallowed Ctrl-C: exit 0)
+            server.run(sockets=[sock])
         finally:
             serving.close()
 
