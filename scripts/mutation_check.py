@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 319 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 325 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1178,6 +1178,27 @@ FAULTS = (
           "seqexport/runtime/engine/batch.py", "            self.join(s for _, s in back)",
           "            self.join(s for _, s in back[::-1])",
           ("tests/test_engine_hold.py::test_a_held_row_takes_no_steps_keeps_its_place_and_resumes_with_its_generate_tokens",)),
+    Fault("M330", "serve --no-ray: at the grace's end the engine is not closed first (uvicorn cuts streams mid-body)",
+          "seqexport/serve/draining.py", "lambda: loop.run_in_executor(None, self.end_requests))",
+          "lambda: None)", ("tests/test_serve_shutdown.py::test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits_128_plus_the_signal",)),
+    Fault("M331", "serve (embedded Ray): the front stops without draining (every answer cut at once)",
+          "seqexport/serve/front.py", "asyncio.run_coroutine_threadsafe(self._drain(grace), self._loop)",
+          "asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop)",
+          ("tests/test_serve_shutdown.py::test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits_128_plus_the_signal",)),
+    Fault("M332", "serve (Ray): Ray's driver keeps SIGTERM (a stack dump and an abort, exit 134, no cleanup)",
+          "seqexport/serve/run.py", "        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)",
+          "        pass", ("tests/test_serve_shutdown.py::test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits_128_plus_the_signal",)),
+    Fault("M333", "serve (embedded Ray): past the grace the front does not end its relays (cut when the loop stops)",
+          "seqexport/serve/front.py", "            if client.upstream is not None:\n                client.upstream.close()",
+          "            if client.upstream is not None:\n                pass",
+          ("tests/test_serve_shutdown.py::test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits_128_plus_the_signal",)),
+    Fault("M334", "serve (embedded Ray): the stopping front still takes new connections",
+          "seqexport/serve/front.py", "        self.stopping = True\n        self._server.close()\n",
+          "        self.stopping = True\n", ("tests/test_serve_shutdown.py::test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits_128_plus_the_signal",)),
+    Fault("M335", "serve: a request reaching a closed engine is answered 500",
+          "seqexport/serve/app.py", "            if self.engine.closed:  # a request that came as the server stopped",
+          "            if False:  # a request that came as the server stopped",
+          ("tests/test_serve_shutdown.py::test_a_request_that_reaches_a_stopped_engine_gets_503_to_retry_not_500",)),
 )
 
 
