@@ -157,6 +157,23 @@ def test_an_idle_connection_closes_after_the_timeout_with_no_answer(server, befo
         assert TIMEOUT_S * 0.9 <= time.monotonic() - start < TIMEOUT_S + SLACK_S
 
 
+def test_no_ray_keeps_an_idle_keep_alive_connection_for_the_client_timeout_not_uvicorns_5_s(folder):
+    """Under --no-ray, uvicorn closed an idle keep-alive connection after its own 5 s, whatever
+    --client-timeout said (the front keeps it for the timeout): a client that reused its
+    connection 6 s later found it closed, or raced the close."""
+    with ServerProcess(folder, "--no-ray", "--threads", "1", "--client-timeout", "8") as server, \
+            connect(server.port) as s:
+        payload = body()
+        s.sendall(head(len(payload)) + payload)
+        assert read_response(s)[0] == 200
+        time.sleep(6.5)
+        s.sendall(head(len(payload)) + payload)  # the same connection, idle for 6.5 s
+        assert read_response(s)[0] == 200
+        start = time.monotonic()
+        assert read_until_closed(s) == b""
+        assert 8 * 0.9 <= time.monotonic() - start < 8 + SLACK_S + 2
+
+
 def test_a_slow_client_within_the_timeout_is_served(server):
     """The clock runs from the connection being ready for a request, not from its last byte, and
     a request answered sets it again: a request sent over 0.6 s, then another after 0.6 s idle."""

@@ -30,7 +30,11 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
             limits = limits or ClientLimits()
             # no WebSocket (nothing is served over one): an upgrade request is answered as plain
             # HTTP, as the front answers it, not with uvicorn's WebSocket handshake errors
-            config = uvicorn.Config(build_app(serving), log_level="warning", http=limited_protocol(limits), ws="none")
+            # an idle keep-alive connection closes after --client-timeout, as in the front (the
+            # client clock closes it; uvicorn's own 5 s closed it first, and a client reusing its
+            # connection after 5 s could race the close): uvicorn's is only a backstop past ours
+            config = uvicorn.Config(build_app(serving), log_level="warning", http=limited_protocol(limits), ws="none",
+                                    timeout_keep_alive=int(limits.timeout_s) + 5)
             server = DrainingServer(config, serving.engine.close, limits.shutdown_grace_s)
             # uvicorn raises the signal it shut down on again once stopped: SIGTERM exits 143 and
             # Ctrl-C 130 (`cli.main`), as in the embedded default (this swallowed Ctrl-C: exit 0)
