@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 326 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 330 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1202,6 +1202,18 @@ FAULTS = (
     Fault("M336", "serve --no-ray: uvicorn's 5 s closes idle keep-alive connections before --client-timeout",
           "seqexport/serve/run.py", "timeout_keep_alive=int(limits.timeout_s) + 5)", "timeout_keep_alive=5)",
           ("tests/test_serve_clients.py::test_no_ray_keeps_an_idle_keep_alive_connection_for_the_client_timeout_not_uvicorns_5_s",)),
+    Fault("M337", "serve: a stop string's matcher restarts from nothing on a mismatch (overlapping starts missed)",
+          "seqexport/serve/text.py", "            while k and stop[k] != ch:\n                k = fail[k - 1]\n            if stop[k] == ch:\n                k += 1\n                if",
+          "            while k and stop[k] != ch:\n                k = 0\n            if stop[k] == ch:\n                k += 1\n                if",
+          ("tests/test_serve_text.py",)),
+    Fault("M338", "serve: text that may still become a stop string is handed out (the shortest tail held)",
+          "seqexport/serve/text.py", "held = max((m.matched for m in self._matchers), default=0)",
+          "held = min((m.matched for m in self._matchers), default=0)", ("tests/test_serve_text.py",)),
+    Fault("M339", "serve: of two stop strings completed by one token the text ends before the later one",
+          "seqexport/serve/text.py", "self.text[: min(ends)]", "self.text[: max(ends)]", ("tests/test_serve_text.py",)),
+    Fault("M340", "serve: a stop string of any length is taken",
+          "seqexport/serve/protocol.py", "        if len(s) > MAX_STOP_CHARS:", "        if False:",
+          ("tests/test_serve.py::test_bad_requests_get_4xx_json_naming_the_field",)),
 )
 
 

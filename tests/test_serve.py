@@ -172,6 +172,7 @@ BAD = [
     ({"prompt": "5 May", "stream": "yes"}, 400, "stream", "true or false"),
     ({"prompt": "5 May", "stop": 7}, 400, "stop", "string"),
     ({"prompt": "5 May", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    ({"prompt": "5 May", "stop": ["a", "x" * 4097]}, 400, "stop", "element 1: 4097 characters; a stop string has at most 4096"),
     ({"prompt": "5 May", "n": 3}, 400, "n", "not supported"),
     ({"prompt": "5 May", "logprobs": 2}, 400, "logprobs", "not supported"),
     ({"prompt": "5 May", "colour": "red"}, 400, "colour", "unknown field"),
