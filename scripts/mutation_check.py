@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 330 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 332 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1214,6 +1214,12 @@ FAULTS = (
     Fault("M340", "serve: a stop string of any length is taken",
           "seqexport/serve/protocol.py", "        if len(s) > MAX_STOP_CHARS:", "        if False:",
           ("tests/test_serve.py::test_bad_requests_get_4xx_json_naming_the_field",)),
+    Fault("M341", "sampling: top-p sorts only the 64 most likely tokens, even when the cut lies past them",
+          "seqexport/runtime/generate.py", "        if m >= p.size or not keep[-1]:\n            break",
+          "        if True:\n            break", ("tests/test_search.py::test_top_p_over_a_large_vocabulary_keeps_what_a_full_sort_keeps",)),
+    Fault("M342", "sampling: top-k keeps the k+1 largest",
+          "seqexport/runtime/generate.py", "np.partition(z, -k)[-k]", "np.partition(z, -k - 1)[-k - 1]",
+          ("tests/test_search.py",)),
 )
 
 

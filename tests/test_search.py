@@ -145,6 +145,40 @@ def test_same_seed_same_draws():
     assert (a == b).all() and (a != c).any()
 
 
+@pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 0), (0.9, 40), (1.2, 50_000)])
+def test_a_large_vocabulary_draws_what_numpys_own_choice_draws_seed_for_seed(temperature, top_k):
+    """A 50,000-token row: the same tokens, draw for draw, as `Generator.choice(v, p=...)` on the
+    distribution written out in `reference` (the draw is choice's inverse CDF, without its
+    checks; the k-th largest logit comes from a partition instead of a sort)."""
+    rng = np.random.default_rng(20)
+    rows = (rng.standard_normal((40, 50_000)) * 3).astype(np.float32)
+    opts = SearchOptions(do_sample=True, temperature=temperature, top_k=top_k)
+    got = [int(pick_tokens(row[None], opts, np.random.default_rng(i))[0]) for i, row in enumerate(rows)]
+    want = [int(np.random.default_rng(i).choice(row.size, p=reference(row, temperature, top_k)))
+            for i, row in enumerate(rows)]
+    assert got == want
+
+
+@pytest.mark.parametrize("spread", [0.05, 1.0, 4.0])  # near-uniform (most tokens kept) .. peaked (a few)
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_top_p_over_a_large_vocabulary_keeps_what_a_full_sort_keeps(spread, top_p):
+    """Top-p sorts only the most likely tokens, more of them until the cut falls inside: the kept
+    set is the one a sort of the whole row gives (its smallest prefix whose sum reaches p)."""
+    from seqexport.runtime.generate import _nucleus
+
+    rng = np.random.default_rng(21)
+    z = rng.standard_normal(5000) * spread
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    n_keep = int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1
+    want = np.zeros(p.size, bool)
+    want[order[:n_keep]] = True
+    got = _nucleus(p, top_p)
+    assert ((got > 0) == want).all(), (int((got > 0).sum()), n_keep)
+    assert np.allclose(got[want], p[want] / p[want].sum(), rtol=1e-12)
+
+
 # ------------------------------------------------------------------------ beam search
 
 V = 5  # target vocabulary
