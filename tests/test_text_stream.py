@@ -46,3 +46,44 @@ def test_a_long_generation_decodes_linearly():
     # each push decodes the pending tokens and the last piece's (at most 4 bytes each here),
     # twice: a whole-sequence decode each push would be ~n^2 / 2 = 12.5 M ids
     assert tok.decoded < 20 * len(ids)
+
+
+def byte_ids(data: bytes) -> list[int]:
+    return [b + ByteTokenizer.offset for b in data]
+
+
+def test_bytes_that_never_make_a_character_are_printed_as_u_fffd_in_linear_time():
+    """4,000 lone lead bytes (a broken model's output): before, every push decoded all of them
+    again (quadratic: 2.6 s) and printed nothing until a character came; now they print as
+    Python's own decode shows them, a few tokens behind, and the decodes stay linear."""
+    data = b"ok " + b"\xc3" * 4000 + " fin 🌸".encode()
+    tok = CountingDecodes(ByteTokenizer())
+    stream = TextStream(tok)
+    pieces = [stream.push(i) for i in byte_ids(data)]
+    whole = data.decode("utf-8", errors="replace")
+    assert "".join(pieces) == whole
+    assert "".join(pieces[:3 + 100]).startswith("ok " + "\ufffd" * 90)  # printed as they come
+    assert tok.decoded < 20 * len(data)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b" ", "é".encode(), "東".encode(), "🌸".encode(), b"\xc3", b"\xe6\x97",
+                                 b"\xf0\x9f\x8c", b"\x80", b"\xff"]), max_size=40))
+def test_any_bytes_print_as_pythons_decode_never_a_character_split(parts):
+    """Valid characters, broken ones and bytes no character has, in any order: what is printed
+    is always the start of Python's decode of the whole (errors replaced), never a character
+    it later decodes otherwise, and at most a character's bytes of tokens stay unprinted."""
+    data = b"".join(parts)
+    stream = TextStream(ByteTokenizer())
+    printed = ""
+    for n, i in enumerate(byte_ids(data), 1):
+        printed += stream.push(i)
+        assert data.decode("utf-8", errors="replace").startswith(printed)
+        assert data[:n].decode("utf-8", errors="replace").startswith(printed)
+    whole = data.decode("utf-8", errors="replace")
+    held = len(whole) - len(printed)
+    assert held <= 4 and whole.startswith(printed)
