@@ -87,3 +87,26 @@ def test_any_bytes_print_as_pythons_decode_never_a_character_split(parts):
     whole = data.decode("utf-8", errors="replace")
     held = len(whole) - len(printed)
     assert held <= 4 and whole.startswith(printed)
+
+
+class ChunkTokenizer:
+    """Each id a chunk of bytes (as a byte-level BPE's tokens are): a token may end one
+    character, hold bytes no character has, and begin the next."""
+
+    CHUNKS = [b"a", b" ", "é".encode(), "🌸".encode(), b"\xc3", b"\xe6\x97", b"\xf0\x9f", b"\x8c\xb8",
+              b"\x8c\xb8\xff", b"\xb8\xc3", b"\x80", b"\xff", b"\xff\xf0\x9f\x8c"]
+
+    def decode(self, ids, stop_at_eos: bool = False) -> str:
+        return b"".join(self.CHUNKS[i] for i in ids).decode("utf-8", errors="replace")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.integers(0, len(ChunkTokenizer.CHUNKS) - 1), max_size=40))
+def test_tokens_of_several_bytes_print_as_pythons_decode_never_a_character_split(ids):
+    tok = ChunkTokenizer()
+    stream = TextStream(tok)
+    printed = ""
+    for n in range(1, len(ids) + 1):
+        printed += stream.push(ids[n - 1])
+        assert tok.decode(ids).startswith(printed), (ids[:n], printed)
+    assert len(tok.decode(ids)) - len(printed) <= 4 * 4  # the last tokens' characters at most
