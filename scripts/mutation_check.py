@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 334 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 336 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1225,6 +1225,12 @@ FAULTS = (
           "if text.endswith(\"\\ufffd\") and len(self.ids) - self._read > 10**9:", ("tests/test_text_stream.py",)),
     Fault("M344", "text stream: settled bytes printed though the whole text decodes them otherwise (a character split)",
           "seqexport/runtime/tokenizer.py", " or not text.startswith(head):", ":", ("tests/test_text_stream.py",)),
+    Fault("M345", "serve: --allow-origin taken but no CORS headers answered",
+          "seqexport/serve/app.py", "    if host.config.allow_origins:\n", "    if False:\n",
+          ("tests/test_serve_cors.py",)),
+    Fault("M346", "serve: an --allow-origin no browser sends (a trailing slash) is taken, and never matches",
+          "seqexport/cli/serve.py", "        if origin != \"*\" and not re.fullmatch(", "        if False and not re.fullmatch(",
+          ("tests/test_serve_cors.py::test_an_origin_that_no_browser_sends_is_refused_by_name",)),
 )
 
 

@@ -380,6 +380,9 @@ def test_client_limits_apply_to_serves_own_front_only(folder, tmp_path):
         assert not config.exists()
     result = CliRunner().invoke(cli, ["serve", str(folder), "--client-timeout", "0"])
     assert result.exit_code == 2 and "--client-timeout" in result.output
+    result = CliRunner().invoke(cli, ["serve", str(folder), "--shutdown-grace", "3", "--config-out", str(config)])
+    assert result.exit_code == 2 and "--shutdown-grace: held by `serve`'s own front" in result.output
+    assert not config.exists()
 
 
 

@@ -67,6 +67,9 @@ def _engine_kwargs(kw: dict) -> dict:
 @click.option("--model-name", help="The model id clients name [the folder's name].")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds a request may take before it ends with 504.")
+@click.option("--allow-origin", "allow_origins", multiple=True, metavar="ORIGIN",
+              help="A web page's origin (scheme://host[:port], or * for any) whose scripts may call this "
+                   "server (CORS; repeat for several) [same-origin only].")
 @click.option("--client-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
               show_default=True,
               help="Seconds a client may take to send a whole request (408 after), or to take none of its "
@@ -86,6 +89,7 @@ def serve(folder, **kw):
     Also GET /v1/models, /health and /metrics (Prometheus). Needs the `serve` extra.
     """
     check_output_path(kw["config_out"], "--config-out")
+    kw["allow_origins"] = checked_origins(kw["allow_origins"])
     given = click.get_current_context().get_parameter_source
     limits = [f"--{n.replace('_', '-')}" for n in ("client_timeout", "max_connections", "shutdown_grace")
               if given(n) is not click.core.ParameterSource.DEFAULT]
@@ -135,6 +139,18 @@ def bench_serve(folder, clients, n_requests, max_tokens, http, rounds, json_path
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def checked_origins(origins: tuple[str, ...]) -> list[str] | None:
+    """--allow-origin values as CORS compares them: a browser's Origin header is scheme://host
+    and a port, nothing after it, so "http://localhost:3000/" would never match: refused."""
+    import re
+
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s?#]+", origin):
+            raise UsageError(f"--allow-origin {origin!r}: expected an origin, scheme://host[:port] with no path "
+                             "(e.g. http://localhost:3000), or * for any")
+    return list(origins) or None
 
 
 def parse_autoscale(text: str | None) -> tuple[int, int] | None:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -60,6 +61,7 @@ class ServeConfig:
     start_batch: int = 4  # waiting requests the starter prefills in one run (Engine; ragged prefill)
     request_timeout: float = 300.0  # seconds from submit to the last token (504 after)
     pin_threads: bool = False  # the engine thread on one CPU, the starter on the others (Engine)
+    allow_origins: list[str] | None = None  # web pages (scheme://host[:port], or "*") that may call it (CORS)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -236,6 +238,12 @@ def route_error(method: str, path: str, e: StarletteHTTPException) -> HTTPError:
 
 def build_app(host: ServingHost) -> FastAPI:
     app = FastAPI(title="seqexport", docs_url=None, redoc_url=None)
+    if host.config.allow_origins:
+        # a page on another origin may call the API (its preflight answered, every answer, an
+        # error's too, readable by it); without them a browser lets only same-origin pages read it
+        app.add_middleware(CORSMiddleware, allow_origins=list(host.config.allow_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"],
+                           expose_headers=["retry-after", "x-replica-pid"], max_age=600)
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, e: HTTPError):
