@@ -126,11 +126,12 @@ def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Gener
     return np.array([_sample(row, options, rng) for row in logits], np.int64)
 
 
-# Sampling a row of a 50,280-token vocabulary took ~1.4 ms (top_p: ~3 ms), on the engine thread
-# for every sampled row of every round: numpy's Generator.choice checks its p (twice the work of
-# the draw), top_k sorted the whole row and top_p argsorted it. Now the draw is choice's own
-# inverse CDF without the checks (the same token for the same seed), the k-th largest comes from
-# a partition, and top_p sorts only the most likely tokens, as many as it needs.
+# Sampling a row of a 50,280-token vocabulary took 0.42 ms (top_k 50: 0.84, top_p 0.9: 1.58), on
+# the engine thread for every sampled row of every round: numpy's Generator.choice checks its p
+# (more work than the draw), top_k sorted the whole row and top_p argsorted it. Now the draw is
+# choice's own inverse CDF without the checks (the same token for the same seed), the k-th
+# largest comes from a partition, and top_p sorts only the most likely tokens, as many as it
+# needs: 0.31 ms (0.54, 0.67).
 
 
 def _sample(z: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> int:
