@@ -63,6 +63,7 @@ class Engine:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._starter: Starter | None = None
+        self._closing = threading.Lock()
 
     # --- what callers see ---
 
@@ -167,19 +168,21 @@ class Engine:
         return self
 
     def close(self) -> None:
-        """Stop the loop; every unfinished request ends with "cancelled"."""
-        q = self._queues
-        with q.cond:
-            q.stopping = True
-            q.cond.notify_all()
-        for thread in (self._thread, self._starter):
-            if thread is not None:
-                thread.join()
-        self._thread = self._starter = None
-        for req in [*self.batch.requests(), *q.drain()]:
-            req.finish("cancelled")
-        self._hand_off()
-        self.batch.clear()
+        """Stop the loop; every unfinished request ends with "cancelled". Safe from two threads
+        at once (a server stopping closes it at its grace's end, then again as it exits)."""
+        with self._closing:
+            q = self._queues
+            with q.cond:
+                q.stopping = True
+                q.cond.notify_all()
+            for thread in (self._thread, self._starter):
+                if thread is not None:
+                    thread.join()
+            self._thread = self._starter = None
+            for req in [*self.batch.requests(), *q.drain()]:
+                req.finish("cancelled")
+            self._hand_off()
+            self.batch.clear()
 
     def _loop(self, cpus: set[int] | None) -> None:
         pin(cpus)
