@@ -119,3 +119,30 @@ def test_an_origin_that_no_browser_sends_is_refused_by_name(folder, tmp_path, or
     assert result.exit_code == 2, result.output
     assert f"--allow-origin {origin!r}: expected an origin, scheme://host[:port] with no path" in result.output
     assert not config.exists()
+
+
+def test_the_embedded_defaults_front_answers_its_own_refusals_readably_to_an_allowed_page(server, pages, tmp_path):
+    """The front (the embedded default's, here over the --no-ray replica) relays the replicas'
+    answers with their CORS headers, and gives the ones it writes itself (a 413 by Content-Length,
+    never relayed) the same header for an allowed Origin: a page saw those as a failed fetch."""
+    from seqexport.serve.front import Front
+    from seqexport.serve.process import free_port
+
+    origin = pages[0].rstrip("/")
+    registry = tmp_path / "replicas"
+    registry.mkdir()
+    (registry / str(server.proc.pid)).write_text(str(server.port))
+    front = Front(registry, "127.0.0.1", free_port(), allow_origins=[origin, "https://app.example"]).start()
+    try:
+        url = f"http://127.0.0.1:{front.port}"
+        r = requests.post(url + "/v1/completions", json=completion(False), headers={"Origin": origin}, timeout=30)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+        big = b"x" * (2 << 20)  # past the front's 1 MiB: refused by its Content-Length, by the front
+        r = requests.post(url + "/v1/completions", data=big, timeout=30,
+                          headers={"Origin": origin, "content-type": "application/json"})
+        assert r.status_code == 413 and r.headers.get("access-control-allow-origin") == origin, r.headers
+        r = requests.post(url + "/v1/completions", data=big, timeout=30,
+                          headers={"Origin": "http://elsewhere.example", "content-type": "application/json"})
+        assert r.status_code == 413 and "access-control-allow-origin" not in r.headers
+    finally:
+        front.close()

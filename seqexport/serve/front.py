@@ -246,7 +246,9 @@ class _Client(asyncio.Protocol):
         self.front._loop.call_later(LINGER_S, self.transport.close)
 
     def _refuse(self, r: _Asked, error: HTTPError) -> None:
-        r.refused, r.url, r.headers, r.body = error, b"", [], []
+        # (its Origin kept: the answer carries CORS headers for an allowed page, Front.cors)
+        r.refused, r.url, r.body = error, b"", []
+        r.headers = [(n, v) for n, v in r.headers if n.lower() == b"origin"]
         self.ready.append(r)  # answered in turn, without waiting for the rest of it
         self.clock.answering()
 
@@ -289,7 +291,8 @@ class _Client(asyncio.Protocol):
                     self.paused = False
                     self.transport.resume_reading()
                 if request.refused is not None:
-                    self.write(raw_response(request.refused, close=not request.keep_alive))
+                    self.write(raw_response(request.refused, close=not request.keep_alive,
+                                            headers=self.front.cors(request)))
                     await self.drain()
                     if not request.keep_alive:
                         self._end()
@@ -400,10 +403,12 @@ class Front:
     """
 
     def __init__(self, registry, host: str, port: int, retries: int = RETRIES, backoff_s: float = BACKOFF_S,
-                 body_limit: int = MIN_BODY_LIMIT, limits: ClientLimits | None = None):
+                 body_limit: int = MIN_BODY_LIMIT, limits: ClientLimits | None = None,
+                 allow_origins: list[str] | None = None):
         self.registry = Registry(registry)
         self.body_limit = body_limit  # protocol.body_limit of the replicas' max_prompt_tokens
         self.limits = limits or ClientLimits()  # how long a client may take, how many are held
+        self.allow_origins = allow_origins  # the replicas' --allow-origin, for the answers the front writes
         self.host, self.port, self.retries, self.backoff_s = host, port, retries, backoff_s
         self.replicas: dict[int, _Replica] = {}
         self._turn = 0
@@ -511,7 +516,7 @@ class Front:
         the client's connection can take another request."""
         for attempt in range(self.retries + 1):
             if self.stopping:
-                return await self._refuse_stopping(client)
+                return await self._refuse_stopping(client, request)
             replica = self._pick() or (self._refresh() or self._pick())
             if replica is not None:
                 reply = _Relay(client, request.method == b"HEAD", request.version == "1.1")
@@ -525,7 +530,7 @@ class Front:
                     await client.drain()
                     return keep and not self.stopping
                 if self.stopping:
-                    return await self._refuse_stopping(client)
+                    return await self._refuse_stopping(client, request)
                 if self._again_at_once(replica, reply):
                     continue
             if attempt < self.retries:
@@ -533,14 +538,26 @@ class Front:
                 self._refresh()
         busy = HTTPError(503, "no replica answered this request (one went away); retry", kind="server_busy",
                          headers={"Retry-After": "1"})
-        client.write(raw_response(busy))
+        client.write(raw_response(busy, headers=self.cors(request)))
         await client.drain()
         return True
 
-    async def _refuse_stopping(self, client: _Client) -> bool:
-        client.write(raw_response(shutting_down(), close=True))
+    async def _refuse_stopping(self, client: _Client, request: _Asked) -> bool:
+        client.write(raw_response(shutting_down(), close=True, headers=self.cors(request)))
         await client.drain()
         return False
+
+    def cors(self, request: _Asked) -> dict:
+        """For an answer the front writes itself (a 413, a 503): the CORS header the replicas'
+        app would have sent this request's Origin (`--allow-origin`), so a page there can read it."""
+        if not self.allow_origins:
+            return {}
+        origin = next((v for n, v in request.headers if n.lower() == b"origin"), b"").decode("latin-1")
+        if "*" in self.allow_origins:
+            return {"Access-Control-Allow-Origin": "*"}
+        if origin in self.allow_origins:
+            return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        return {}
 
     def _again_at_once(self, replica: _Replica, reply: _Relay) -> bool:
         """After an attempt that relayed nothing: whether to try again without waiting (a keep-alive

@@ -119,12 +119,13 @@ class HeadBytes:
         return self.count > HEAD_LIMIT
 
 
-def raw_response(error: HTTPError, close: bool = False) -> bytes:
+def raw_response(error: HTTPError, close: bool = False, headers: dict | None = None) -> bytes:
     """`error` as a whole HTTP/1.1 response with its JSON body, for code below the ASGI app (the
-    front, uvicorn's protocol) that answers a request itself."""
+    front, uvicorn's protocol) that answers a request itself; `headers`: more (e.g. CORS)."""
     body = json.dumps(error.body()).encode()
     head = [f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}", "content-type: application/json",
-            *(f"{k.lower()}: {v}" for k, v in error.headers.items()), f"content-length: {len(body)}"]
+            *(f"{k.lower()}: {v}" for k, v in {**error.headers, **(headers or {})}.items()),
+            f"content-length: {len(body)}"]
     if close:
         head.append("connection: close")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body

@@ -93,7 +93,8 @@ def run_ray(config: ServeConfig, host: str, port: int, address: str | None, scal
             ray.init(address=address, logging_level=logging.WARNING)
     else:  # the embedded default: a new local Ray instance for this process only
         if scaling.get("autoscale") is None:
-            front = _front(host, port, body_limit(config.max_prompt_tokens), limits or ClientLimits())  # listening before Ray starts: a port in use fails at once
+            front = _front(host, port, body_limit(config.max_prompt_tokens), limits or ClientLimits(),
+                           config.allow_origins)  # listening before Ray starts: a port in use fails at once
         with _keeping_sigterm():
             ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
         if ray.util.get_node_ip_address() != "127.0.0.1":
@@ -143,12 +144,12 @@ def _keeping_sigterm():
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
-def _front(host: str, port: int, limit: int, limits: ClientLimits):
+def _front(host: str, port: int, limit: int, limits: ClientLimits, allow_origins: list[str] | None):
     from seqexport.serve.front import Front
 
     folder = tempfile.mkdtemp(prefix="seqexport-replicas-")
     try:
-        return Front(folder, host, port, body_limit=limit, limits=limits).start()
+        return Front(folder, host, port, body_limit=limit, limits=limits, allow_origins=allow_origins).start()
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         raise _bind_error(host, port, e) from None
