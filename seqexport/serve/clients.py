@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_GRACE_S = 5.0  # at shutdown, how long the requests in progress may take to finish
+ENDING_S = 2.0  # after the grace: for the ended requests' last bytes (503s, error events) to be written out
 SWEEP_S = 1.0  # how often the deadlines are looked at (more often for a shorter timeout)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-ENDING_S = 2.0  # after the grace: for the endings to be written out
+from seqexport.serve.clients import ENDING_S
 
 
 class DrainingServer(uvicorn.Server):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httptools  # (the front runs only under `serve`, whose extra brings it with uvicorn)
 
-from seqexport.serve.clients import ClientLimits
+from seqexport.serve.clients import ENDING_S, ClientLimits
 from seqexport.serve.protocol import (
     MIN_BODY_LIMIT,
     HeadBytes,
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the front reads the registry for replicas Ray (re)started
 PIPELINED = 16  # requests read ahead on one connection; past them its reading waits
-ENDING_S = 2.0  # at close, after the shutdown grace: for the answers' endings to be written out
 LINGER_S = 5.0  # how long a connection ended mid-request reads and drops its client's bytes (_Client._end)
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"expect",
               b"proxy-connection", b"te", b"upgrade", b"trailer"}

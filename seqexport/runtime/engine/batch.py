@@ -57,6 +57,8 @@ class RunningBatch:
     def resumable(self) -> bool:
         """Whether a parked row has something for the next round: it was resumed, or it ends
         (cancelled, or past its deadline)."""
+        if not self.parked:  # (has_work asks every round)
+            return False
         now = time.monotonic()
         return any(not r._held or r._cancelled or (r.deadline is not None and now > r.deadline)
                    for r, _ in self.parked)
