@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 337 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 344 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1236,6 +1236,34 @@ FAULTS = (
           "seqexport/serve/front.py", "        r.headers = [(n, v) for n, v in r.headers if n.lower() == b\"origin\"]",
           "        r.headers = []",
           ("tests/test_serve_cors.py::test_the_embedded_defaults_front_answers_its_own_refusals_readably_to_an_allowed_page",)),
+    Fault('M348', 'checkpoints: the sharded digest covers config.json and the index only (a changed shard unnoticed by validate)',
+          'seqexport/checkpoints/io.py', '        files += shards.shard_paths(files[-1])',
+          '        pass',
+          ('tests/test_checkpoint_shards.py::test_the_source_digest_covers_every_shard',)),
+    Fault('M349', 'checkpoints: a shard missing a tensor the index puts in it is merged anyway (the load then fails on a missing key, or a stale copy fills it)',
+          'seqexport/checkpoints/shards.py', '        absent = sorted(wanted[shard] - set(tensors))',
+          '        absent = []',
+          ('tests/test_checkpoint_shards.py::test_a_broken_sharded_layout_is_one_line_exit_2',)),
+    Fault('M350', "checkpoints: a stale shard's extra tensors are merged over the shard the index names",
+          'seqexport/checkpoints/shards.py', '        stray = sorted(set(tensors) - wanted[shard])',
+          '        stray = []',
+          ('tests/test_checkpoint_shards.py::test_a_broken_sharded_layout_is_one_line_exit_2',)),
+    Fault('M351', "checkpoints: an index's shard name may leave the folder ('../x', an absolute path)",
+          'seqexport/checkpoints/shards.py', '        if shard != Path(shard).name or shard in ("", ".", ".."):',
+          '        if shard in ("", ".", ".."):',
+          ('tests/test_checkpoint_shards.py::test_a_broken_sharded_layout_is_one_line_exit_2',)),
+    Fault('M352', "checkpoints: the sharded safetensors index is not looked for (a sharded folder refused: 'has no weights file')",
+          'seqexport/checkpoints/io.py', 'WEIGHT_FILES = ("model.safetensors", shards.INDEX_FILES[0], "pytorch_model.bin", shards.INDEX_FILES[1])',
+          'WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", shards.INDEX_FILES[1])',
+          ('tests/test_checkpoint_shards.py::test_a_sharded_hybrid_exports_validates_and_decodes_as_transformers',)),
+    Fault('M353', "checkpoints: a missing shard is read as the first error from the reader, not named as the index's",
+          'seqexport/checkpoints/shards.py', '    missing = [shard for shard in sorted(wanted) if not (index.parent / shard).is_file()]',
+          '    missing = []',
+          ('tests/test_checkpoint_shards.py::test_a_broken_sharded_layout_is_one_line_exit_2',)),
+    Fault('M354', 'checkpoints: a path to a file of a checkpoint folder is read alone (its config.json dropped)',
+          'seqexport/checkpoints/io.py', '    if path.is_file() and path.suffix in (".safetensors", ".bin", ".json") and (path.parent / CONFIG_FILE).is_file():',
+          '    if path.is_file() and path.suffix == ".json" and (path.parent / CONFIG_FILE).is_file():',
+          ('tests/test_checkpoint_shards.py::test_a_file_of_a_checkpoint_folder_is_refused_naming_the_folder',)),
 )
 
 

@@ -1,6 +1,8 @@
 """Checkpoint folders: `config.json` (naming the family) + `model.safetensors`.
 
-`pytorch_model.bin` is also read, always with `torch.load(weights_only=True)`, so
+Sharded weights (`model.safetensors.index.json` and its shards, as `save_pretrained` writes a
+big model) are read too (`checkpoints.shards`). `pytorch_model.bin` (whole or sharded) is also
+read, always with `torch.load(weights_only=True)`, so
 a pickle that carries code is refused. Mamba checkpoints are also read in the
 original state-spaces and the Hugging Face layouts (see `families/mamba/layouts.py`):
 each family's `checkpoints` module reads its layouts. A bare weights file with no config.json
@@ -22,11 +24,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from seqexport import families
+from seqexport.checkpoints import shards
 from seqexport.errors import CheckpointError
 from seqexport.jsonfile import read_json_object
 
 CONFIG_FILE = "config.json"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# in the order transformers looks for them: one file before its sharded form, safetensors first
+WEIGHT_FILES = ("model.safetensors", shards.INDEX_FILES[0], "pytorch_model.bin", shards.INDEX_FILES[1])
 # model.safetensors metadata: parameters kept in the weights file of the export around it
 REFS_KEY = "seqexport.weights_refs"
 
@@ -75,10 +79,13 @@ def checkpoint_extra(ckpt: "Checkpoint", key: str):
 
 
 def checkpoint_sha256(path: str | Path) -> str:
-    """One digest over config.json and the weights file, to notice a changed checkpoint."""
+    """One digest over config.json and the weights file (a sharded one's index and every
+    shard), to notice a changed checkpoint."""
     path = Path(path)
     h = hashlib.sha256()
     files = [path] if path.is_file() else [path / CONFIG_FILE, _weights_file(path)]
+    if shards.is_index(files[-1]):
+        files += shards.shard_paths(files[-1])
     for name in files:
         with open(name, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -125,6 +132,10 @@ def load_checkpoint(path: str | Path, family: str | None = None) -> Checkpoint:
     missing, unexpected and mis-shaped keys).
     """
     path = Path(path)
+    if path.is_file() and path.suffix in (".safetensors", ".bin", ".json") and (path.parent / CONFIG_FILE).is_file():
+        # weights, a shard or the index of a checkpoint folder: read alone, without their config.json
+        raise CheckpointError(f"checkpoint {str(path)!r} is one file of the checkpoint folder {str(path.parent)!r}: "
+                              "give the folder")
     if path.is_file():
         return load_weights_file(path, family)
     if not path.is_dir():
@@ -171,7 +182,10 @@ def load_weights_file(path: Path, family: str | None = None) -> Checkpoint:
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    return read_weights_file(_weights_file(path))
+    weights = _weights_file(path)
+    if shards.is_index(weights):
+        return shards.read_sharded(weights, read_weights_file)
+    return read_weights_file(weights)
 
 
 def read_weights_file(weights: Path) -> dict[str, torch.Tensor]:
