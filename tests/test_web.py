@@ -539,41 +539,50 @@ const [hfJson, rwkvText, texts, seeds, eosIds, endedIds, done] = arguments;
 """
 
 
+TEXTS = ["Friday, 5 März 2021 — 日本語 🎉", "Straße über 1984-05-09", "tabs\tand\nnew lines ", "a" * 30 + "😀😀"]
+
+
+def byte_level_bpe():
+    """A small byte-level BPE (GPT-2's kind) trained by the `tokenizers` library here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.train_from_iterator([f"{x} = {y}" for x, y in make_split("train", 500, seed=1)] + TEXTS,
+                           trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False,
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return hf
+
+
 def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
     """In the page: tokenizers.js on a Hugging Face BPE equals the `tokenizers` library, our RWKV
     World tokenizer equals seqexport's (every token of the vocabulary, and encodings), text
     streams whole characters only, and PCG64 draws equal numpy's default_rng."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from seqexport.families.rwkv.tokenizer import RwkvWorldTokenizer
     from seqexport.runtime.tokenizer import HFTokenizer
 
     url, driver, _ = page
-    texts = ["Friday, 5 März 2021 — 日本語 🎉", "Straße über 1984-05-09", "tabs\tand\nnew lines ", "a" * 30 + "😀😀"]
-    hf = Tokenizer(models.BPE(unk_token="<unk>"))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    hf.train_from_iterator([f"{x} = {y}" for x, y in make_split("train", 500, seed=1)] + texts,
-                           trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False,
-                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf = byte_level_bpe()
     vocab_path = Path(families.get("rwkv").runtime.__file__).parent / "vocab" / "rwkv_vocab_v20230424.txt"
     rwkv = RwkvWorldTokenizer(vocab_path)
     seeds = [0, 1, 2**40 + 7]
-    ended = hf.encode(texts[1]).ids
+    ended = hf.encode(TEXTS[1]).ids
     k = next(i for i in range(2, len(ended)) if ended[i] not in ended[:i])
     eos_ids = [0, ended[k]]  # a text that meets the second listed eos at its k-th token
     driver.get(url)
-    got = driver.execute_async_script(JS_UNITS, hf.to_str(), vocab_path.read_text(encoding="utf-8"), texts, seeds,
+    got = driver.execute_async_script(JS_UNITS, hf.to_str(), vocab_path.read_text(encoding="utf-8"), TEXTS, seeds,
                                       eos_ids, ended)
     assert "error" not in got, got
-    for t, g in zip(texts, got["hf"]):
+    for t, g in zip(TEXTS, got["hf"]):
         ids = hf.encode(t).ids
         assert g["ids"] == ids and g["text"] == hf.decode(ids) == t and "".join(g["pieces"]) == t
-    for t, g in zip(texts, got["rwkv"]):
+    for t, g in zip(TEXTS, got["rwkv"]):
         assert g["ids"] == rwkv.encode(t) and g["text"] == t and "".join(g["pieces"]) == t
     want_vocab = "\n".join(f"{i}:{b.hex()}" for i, b in rwkv.id_to_bytes.items())
     assert hashlib.sha256(got["rwkvVocab"].encode()).hexdigest() == hashlib.sha256(want_vocab.encode()).hexdigest()
-    for t, pieces in zip(texts, got["bytePieces"]):  # a multi-byte character comes out whole, once
+    for t, pieces in zip(TEXTS, got["bytePieces"]):  # a multi-byte character comes out whole, once
         assert "".join(pieces) == t and "\ufffd" not in "".join(pieces)
         assert all(p == "" or p in t for p in pieces)
     assert got["random"] == [np.random.default_rng(s).random(3).tolist() for s in seeds]
@@ -583,6 +592,48 @@ def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
     assert got["listed"]["eosIds"] == got["listed"]["stops"] == eos_ids
     assert got["listed"]["text"] == ours.decode(ended) == hf.decode(ended[:k])
     assert got["listed"]["whole"] == ours.decode(ended, stop_at_eos=False)
+
+
+JS_STREAM = """
+const [hfJson, ids, done] = arguments;
+(async () => {
+  const tk = await import("./tokenizers.mjs");
+  const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
+  const hf = new tk.HFTokenizer(Tokenizer, JSON.parse(hfJson), { eos_id: 0 });
+  let decoded = 0;  // ids the stream asks to decode
+  const counting = { decode: (x, o) => { decoded += x.length; return hf.decode(x, o); } };
+  const s = new tk.TextStream(counting);
+  // an answer that is empty, or starts at eos: "" (tokenizers.js itself throws on no ids)
+  const empty = [hf.decode([]), hf.decode([0, ...ids.slice(0, 5)]), new tk.TextStream(hf).push(0)];
+  return { pieces: ids.map((i) => s.push(i)), decoded, empty };
+})().then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_the_pages_text_stream_gives_pythons_pieces_in_linear_decodes(page, tmp_path):
+    """A Hugging Face tokenizer's text stream in the page: the same pieces as the Python
+    runtime's `TextStream` (itself checked against whole decodes) on a long generation, bytes
+    that never make a character included, and decodes linear in its length (before, every
+    token decoded the whole sequence again: ~n^2 / 2 ids); an empty answer decodes to "" (it
+    threw: tokenizers.js refuses an empty list)."""
+    from seqexport.runtime.tokenizer import HFTokenizer, TextStream
+
+    url, driver, _ = page
+    hf = byte_level_bpe()
+    hf.save(str(tmp_path / "tokenizer.json"))
+    ours = HFTokenizer(tmp_path / "tokenizer.json", eos_id=0)
+    lone = hf.token_to_id("Ã")  # byte 0xC3 on its own: the lead of a character that never comes
+    assert lone is not None
+    ids = [i for t in TEXTS * 40 for i in hf.encode(t).ids] + [lone] * 30 + hf.encode(TEXTS[0]).ids
+    stream = TextStream(ours)
+    want = [stream.push(i) for i in ids]
+    driver.get(url)
+    got = driver.execute_async_script(JS_STREAM, hf.to_str(), ids)
+    assert "error" not in got, got
+    assert got["pieces"] == want
+    assert "".join(want) == ours.decode(ids, stop_at_eos=False) and "\ufffd" * 30 in "".join(want)
+    assert got["decoded"] < 20 * len(ids), (got["decoded"], len(ids))
+    assert got["empty"] == [ours.decode([]), ours.decode([0, *ids[:5]]), TextStream(ours).push(0)] == ["", "", ""]
 
 
 def test_site_build_refuses_bad_input_and_writes_nothing_half(site, tmp_path):

@@ -209,6 +209,7 @@ export class HFTokenizer {
     ids = [...ids];
     const end = stopAtEos ? ids.findIndex((id) => this.eosIds.includes(id)) : -1;
     if (end >= 0) ids = ids.slice(0, end);
+    if (!ids.length) return ""; // tokenizers.js throws on an empty list (a text that starts at eos)
     return this.tok.decode(ids, { skip_special_tokens: true });
   }
 }
@@ -241,9 +242,15 @@ export function encodePrompt(tok, defaultFrame, text, record) {
   return tok.encode(text + (frame.suffix ?? ""), { addBos: !!frame.bos, addEos: !!frame.eos });
 }
 
+const UTF8_MAX = 4; // bytes of the longest UTF-8 character: a token carries at least one
+
 /**
  * Text of a growing token sequence, piece by piece, never splitting a character: push(id)
- * returns what that token completes ("" while a multi-byte character is still incomplete).
+ * returns what that token completes ("" while a multi-byte character or a byte-level BPE piece
+ * is still incomplete). Byte-level tokenizers stream their bytes; any other (Hugging Face)
+ * decodes only the tokens since the last piece and the few before it, as
+ * seqexport.runtime.tokenizer.TextStream does (the same pieces): a long generation costs
+ * decodes linear in its length. Before, every token decoded the whole sequence again.
  */
 export class TextStream {
   constructor(tok) {
@@ -251,6 +258,8 @@ export class TextStream {
     this.ids = [];
     this.printed = "";
     this.decoder = tok.tokenBytes ? new TextDecoder("utf-8") : null; // byte-level: stream the bytes
+    this.prefix = 0; // ids[prefix, read): printed already, decoded again as context
+    this.read = 0; // ids[read, ...): not printed yet
   }
 
   push(id) {
@@ -260,10 +269,27 @@ export class TextStream {
       return text;
     }
     this.ids.push(id);
-    const text = this.tok.decode(this.ids, { stopAtEos: false });
-    if (text.endsWith("\ufffd") || !text.startsWith(this.printed)) return "";
-    const added = text.slice(this.printed.length);
-    this.printed = text;
+    const window = this.ids.slice(this.prefix);
+    // generation decides where a row ends: decode past eos
+    const context = this.tok.decode(window.slice(0, this.read - this.prefix), { stopAtEos: false });
+    const text = this.tok.decode(window, { stopAtEos: false });
+    if (text.endsWith("\ufffd") && this.ids.length - this.read > UTF8_MAX) return this.settle(context, text);
+    if (text.endsWith("\ufffd") || text.length <= context.length || !text.startsWith(context)) return "";
+    return this.print(context, text, this.ids.length);
+  }
+
+  print(context, text, upto) {
+    const added = text.slice(context.length);
+    [this.prefix, this.read] = [this.read, upto];
+    this.printed += added;
     return added;
+  }
+
+  /** Bytes that will never make a character: printed as U+FFFD, a few tokens behind (Python's _settle). */
+  settle(context, text) {
+    const cut = this.ids.length - UTF8_MAX;
+    const head = this.tok.decode(this.ids.slice(this.prefix, cut), { stopAtEos: false });
+    if (head.length <= context.length || !head.startsWith(context) || !text.startsWith(head)) return "";
+    return this.print(context, head, cut);
   }
 }
