@@ -364,6 +364,50 @@ def test_a_branch_and_a_grown_cache_in_the_page_match_the_python_runtime(page):
     np.testing.assert_allclose(got["moreLogits"], want[0], rtol=1e-3, atol=1e-3)
 
 
+def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page(tmp_path):
+    """A user's checkpoint with its own tokenizer.json (a byte-level BPE), exported, put on a site:
+    the page encodes the prompt, decodes and shows the text as `seqexport generate --text`
+    does, and an answer whose first token is the checkpoint's eos shows empty text, no error
+    (tokenizers.js threw on it: no ids to decode)."""
+    import torch
+    import transformers
+
+    need_browser()
+    try:
+        find_node_modules()
+    except UsageError as e:
+        unavailable(f"onnxruntime-web cannot be had: {e}")
+    tok = byte_level_bpe()
+    prompts = ["Friday, 5 März 2021", "Straße über 1984-05-09"]
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                      state_size=8, pad_token_id=0)
+    hf = transformers.MambaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in hf.backbone.layers:
+            layer.mixer.out_proj.weight.mul_(5.0)  # tokens that vary
+        first = hf(torch.tensor([tok.encode(prompts[1]).ids])).logits[0, -1].argmax().item()
+    hf.config.eos_token_id = hf.generation_config.eos_token_id = first  # the second prompt's answer: empty
+    hf.save_pretrained(tmp_path / "ckpt")
+    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "m")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["web", str(tmp_path / "m"), "--out", str(tmp_path / "site")])
+    assert result.exit_code == 0, result.output
+    model = rt.load(tmp_path / "m", provider="cpu")
+    assert model.manifest["tokenizer"]["type"] == "hf" and list(model.tokenizer.eos_ids) == [first]
+    want = [rt.generate(model, [model.encode(p)], rt.SearchOptions(max_new_tokens=MAX_NEW))[0] for p in prompts]
+    assert len(want[0]) > 3 and len(set(want[0])) > 1 and want[1] == []
+    with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
+        assert browser.open_page(driver, url, "m") == "ready"
+        got = [browser.run_prompt(driver, p, maxNewTokens=MAX_NEW) for p in prompts]
+    assert [g["message"] for g in got] == [None, None]
+    assert [g["run"]["tokens"] for g in got] == want
+    assert [g["output"] for g in got] == [model.tokenizer.decode(w) for w in want]
+    assert got[0]["output"] and got[1]["output"] == ""
+
+
 def test_an_address_naming_a_model_or_option_the_site_lacks_says_so(page):
     """?model= a model the site lacks opens the first one with a visible notice naming what the
     site has (it opened silently); ?threads= or ?backend= that are not ones ORT takes stop the
