@@ -1277,7 +1277,8 @@ FAULTS = (
     Fault('M357', 'page: an empty answer (or one that starts at eos) handed to tokenizers.js, which throws',
           'seqexport/web/static/tokenizers.mjs', '    if (!ids.length) return ""; // tokenizers.js throws on an empty list (a text that starts at eos)',
           '',
-          ('tests/test_web.py::test_the_pages_text_stream_gives_pythons_pieces_in_linear_decodes',)),
+          ('tests/test_web.py::test_the_pages_text_stream_gives_pythons_pieces_in_linear_decodes',
+           'tests/test_web.py::test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page')),
 )
 
 
