@@ -71,11 +71,21 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
         tok = m.get("tokenizer") or {}
         if "file" in tok:
             verify_file(folder, "tokenizer", tok["file"], tok["sha256"], tok["bytes"])
+        if "chat_template" in tok:
+            chat = tok["chat_template"]
+            verify_file(folder, "chat template", chat["file"], chat["sha256"], chat["bytes"])
     return m
 
 
+def tokenizer_files(manifest: dict) -> list[str]:
+    """The files the manifest's tokenizer record names: its tokenizer file, its chat template."""
+    tok = manifest.get("tokenizer") or {}
+    return [f["file"] for f in (tok, tok.get("chat_template") or {}) if "file" in f]
+
+
 def verify_file(folder: Path, graph: str, file: str, sha: str, size: int) -> None:
-    what = {"weights": "shared weights", "tokenizer": "tokenizer"}.get(graph, f"graph {graph!r}")
+    what = {"weights": "shared weights", "tokenizer": "tokenizer", "chat template": "chat template"}.get(
+        graph, f"graph {graph!r}")
     path = folder / file
     if not path.is_file():
         raise ArtifactError(f"{what}: file {path} is missing")

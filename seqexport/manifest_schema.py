@@ -89,6 +89,16 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
         c.get(tok, "file", "tokenizer", "a file name inside the exported folder", lambda v: _inside(folder, v))
         c.get(tok, "sha256", "tokenizer", "64 lowercase hex digits", lambda v: isinstance(v, str) and SHA256.fullmatch(v))
         c.get(tok, "bytes", "tokenizer", "a byte count (integer >= 0)", _int(0))
+    if tok and "chat_template" in tok:  # a Hugging Face tokenizer's chat template, a file hashed like it
+        chat = c.get(tok, "chat_template", "tokenizer", "an object (file, sha256, bytes, special_tokens) beside "
+                     "an 'hf' tokenizer", lambda v: isinstance(v, dict) and tok.get("type") == "hf")
+        c.get(chat, "file", "tokenizer.chat_template", "a file name inside the exported folder",
+              lambda v: _inside(folder, v))
+        c.get(chat, "sha256", "tokenizer.chat_template", "64 lowercase hex digits",
+              lambda v: isinstance(v, str) and SHA256.fullmatch(v))
+        c.get(chat, "bytes", "tokenizer.chat_template", "a byte count (integer >= 0)", _int(0))
+        c.get(chat, "special_tokens", "tokenizer.chat_template", "an object of token names to strings",
+              lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), optional=True)
     graphs = c.get(m, "graphs", "", f"an object with the graphs {list(family.graphs)}",
                    lambda v: isinstance(v, dict))
     if set(graphs) != set(family.graphs):

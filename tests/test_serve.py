@@ -206,13 +206,15 @@ def test_the_openai_client_sees_a_clear_error(server, dates):
 
 
 def test_a_route_or_method_not_served_is_an_openai_style_error_naming_what_is(server, dates):
-    """The OpenAI client's chat call (what most code tries first) and other routes and methods
-    not served: 404 / 405 with the JSON error every other answer has, naming the routes that are
-    (it was FastAPI's bare {"detail": "Not Found"}), 405 with its Allow header."""
-    with pytest.raises(openai.NotFoundError) as caught:
+    """The OpenAI client's chat call (what most code tries first) on a model with no chat template
+    (the bundled ones: a byte tokenizer), and routes and methods not served: 400 / 404 / 405 with
+    the JSON error every other answer has, naming what is (it was FastAPI's bare {"detail": "Not
+    Found"}), 405 with its Allow header."""
+    with pytest.raises(openai.BadRequestError) as caught:
         client(server).chat.completions.create(model=dates[1].folder.name, messages=[{"role": "user", "content": "5 May"}])
-    assert "chat completions are not served" in str(caught.value) and "POST it to /v1/completions" in str(caught.value)
-    routes = "POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
+    assert "this model has no chat template" in str(caught.value) and "POST a prompt to /v1/completions" in str(caught.value)
+    assert caught.value.body["param"] == "messages"
+    routes = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
     for method, path, status, allow in (("GET", "/v1/completions", 405, "POST"), ("POST", "/health", 405, "GET"),
                                         ("GET", "/v1/nothing", 404, None), ("DELETE", "/v1/models", 405, "GET")):
         r = requests.request(method, server.url + path, timeout=30)

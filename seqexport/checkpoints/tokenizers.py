@@ -6,7 +6,8 @@ pad / decoder-start ids from generation_config.json, then config.json, then
 tokenizer_config.json and special_tokens_map.json (token strings looked up in the vocabulary).
 Where the config lists several eos ids (Llama 3's end of text and end of turn), the first is
 the record's `eos_id` and all of them its `eos_ids`: a decode stops at any, as transformers'
-`generate` does.
+`generate` does. Its chat template (chat_template.jinja, else tokenizer_config.json's
+"chat_template") goes into the artifact too, with the special tokens' strings it reads.
 """
 
 import json
@@ -15,9 +16,13 @@ from pathlib import Path
 from seqexport import families
 from seqexport.checkpoints.io import Checkpoint, checkpoint_extra
 from seqexport.errors import ArtifactError, CheckpointError
+from seqexport.runtime.chat import ChatTemplate
 from seqexport.runtime.tokenizer import HFTokenizer
 
 HF_FILE = "tokenizer.json"
+CHAT_FILE = "chat_template.jinja"  # where transformers (4.50 and later) saves it, and where the artifact keeps it
+# the strings transformers hands a chat template (its special_tokens_map)
+CHAT_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # record key -> key in generation_config.json / config.json, and in tokenizer_config.json
 IDS = {"bos_id": ("bos_token_id", "bos_token"), "eos_id": ("eos_token_id", "eos_token"),
        "pad_id": ("pad_token_id", "pad_token"), "decoder_start_id": ("decoder_start_token_id", None)}
@@ -42,9 +47,16 @@ def checkpoint_tokenizer(ckpt: Checkpoint, vocab_size: int | None = None) -> dic
         raise CheckpointError(str(e)) from None
     record = {"type": "hf", "file": HF_FILE, "source": str(path), "vocab_size": tok.vocab_size,
               **special_ids(Path(ckpt.path), tok)}
-    limit = vocab_size or tok.vocab_size
-    if tok.vocab_size > limit:
-        raise CheckpointError(f"{path} has {tok.vocab_size} tokens; the model's vocabulary has {limit}")
+    _check_fits(record, path, vocab_size or tok.vocab_size)
+    chat = chat_template(Path(ckpt.path))
+    if chat is not None:
+        record["chat_template"] = chat
+    return record
+
+
+def _check_fits(record: dict, path: Path, limit: int) -> None:
+    if record["vocab_size"] > limit:
+        raise CheckpointError(f"{path} has {record['vocab_size']} tokens; the model's vocabulary has {limit}")
     for key in IDS:
         if record[key] is not None and not 0 <= record[key] < limit:
             raise CheckpointError(f"{key} {record[key]} of {path.parent} lies outside the vocabulary [0, {limit})")
@@ -52,7 +64,6 @@ def checkpoint_tokenizer(ckpt: Checkpoint, vocab_size: int | None = None) -> dic
         if not 0 <= eos < limit:
             raise CheckpointError(f"eos id {eos} of {path.parent} (one of {record['eos_ids']}) lies outside "
                                   f"the vocabulary [0, {limit})")
-    return record
 
 
 def _json(path: Path) -> dict:
@@ -98,3 +109,38 @@ def special_ids(folder: Path, tok: HFTokenizer) -> dict:
     if len(listed) > 1:
         out["eos_ids"] = listed
     return out
+
+
+def chat_template(folder: Path) -> dict | None:
+    """The record of the folder's chat template ({"file", "text", "special_tokens"}; the
+    export writes "text" into the artifact's file), or None. A template that does not compile is
+    a CheckpointError naming its file and line."""
+    config = _json(folder / "tokenizer_config.json")
+    path = folder / CHAT_FILE
+    if path.is_file():
+        try:
+            text, where = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: cannot read it ({e})") from None
+    else:
+        text, where = config.get("chat_template"), f"{folder / 'tokenizer_config.json'}: 'chat_template'"
+        if isinstance(text, list):  # several named templates: the default one, as transformers takes it
+            named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
+            text, where = named.get("default"), f"{where} (the one named 'default')"
+            if text is None:
+                raise CheckpointError(f"{where}: no template named 'default' among {sorted(map(str, named))}")
+        if text is None:
+            return None
+        if not isinstance(text, str):
+            raise CheckpointError(f"{where}: expected the template's text, got {type(text).__name__}")
+    tokens = {}
+    for key in CHAT_TOKENS:
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            tokens[key] = token
+    try:
+        ChatTemplate(text, tokens, where)
+    except ArtifactError as e:
+        raise CheckpointError(str(e)) from None
+    return {"file": CHAT_FILE, "text": text, "special_tokens": tokens}

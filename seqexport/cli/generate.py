@@ -15,6 +15,9 @@ from seqexport.errors import UsageError
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--text", multiple=True, help="Prompt text (repeat for a batch); needs a tokenizer in the manifest.")
 @click.option("--ids", multiple=True, help='Prompt token ids, e.g. "1 2 3" or "1,2,3" (repeat for a batch).')
+@click.option("--chat", is_flag=True, help="Each --text is a user's message, put through the model's chat template "
+              "(as POST /v1/chat/completions does).")
+@click.option("--system", help="With --chat: a system message before each user message.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Stop after this many new tokens.")
 @click.option("--greedy/--sample", default=True, help="Greedy decoding (default) or sampling.")
@@ -29,7 +32,8 @@ from seqexport.errors import UsageError
               help="Stop a row at this token (repeat for several; -1: never) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
-def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id, provider):
+def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id,
+             provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens."""
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
     given = [f"--{k.replace('_', '-')}" for k, v in sampling.items() if v is not None]
@@ -37,8 +41,17 @@ def generate(folder, text, ids, max_new_tokens, greedy, temperature, top_k, top_
         click.echo(f"warning: {', '.join(given)} apply to sampling only; add --sample (decoding greedily)", err=True)
     defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
     search = {k: defaults[k] if v is None else v for k, v in sampling.items()}
+    if system is not None and not chat:
+        raise UsageError("--system is a chat's system message: add --chat")
+    if chat and ids:
+        raise UsageError("--chat takes the user's message as --text, not --ids")
+    def conversation(t: str) -> list[dict]:
+        first = [{"role": "system", "content": system}] if system is not None else []
+        return first + [{"role": "user", "content": t}]
+
     run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=not greedy, num_beams=beams,
-                 eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True), **search)
+                 eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True),
+                 conversation=conversation if chat else None, **search)
 
 
 def parse_ids(s: str) -> list[int]:
@@ -64,8 +77,10 @@ def _check_in_vocabulary(prompts: list[list[int]], vocab_size: int) -> None:
                 raise UsageError(f"--ids #{i + 1}: token id {x} is outside this model's vocabulary [0, {vocab_size})")
 
 
-def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **search) -> list[list[int]]:
-    """`log` (e.g. stderr) hears which provider runs; `out` gets the text or ids."""
+def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, conversation=None,
+                 **search) -> list[list[int]]:
+    """`log` (e.g. stderr) hears which provider runs; `out` gets the text or ids; `conversation`
+    (text -> messages) puts each text through the model's chat template."""
     out = out or sys.stdout
     if bool(texts) == bool(ids):
         raise UsageError("give the prompt as --text or as --ids (one of them)")
@@ -84,7 +99,7 @@ def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, **s
     if texts:
         if tok is None:
             raise UsageError(f"{folder} has no tokenizer in its manifest; give the prompt as --ids")
-        prompts = [model.encode(t) for t in texts]
+        prompts = [model.encode_chat(conversation(t)) if conversation else model.encode(t) for t in texts]
     else:
         _check_in_vocabulary(prompts, model.vocab_size)
     # rows already end where generation stopped them (eos excluded; --eos-id may differ)

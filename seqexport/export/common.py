@@ -244,7 +244,13 @@ def copy_tokenizer(record: dict | None, folder: Path) -> dict | None:
     record = {k: v for k, v in record.items() if k != "source"}
     target = folder / record["file"]
     shutil.copyfile(source, target)
-    return record | {"sha256": sha256_file(target), "bytes": target.stat().st_size}
+    record = record | {"sha256": sha256_file(target), "bytes": target.stat().st_size}
+    if "chat_template" in record:  # its text, written beside the tokenizer and hashed too
+        chat = {k: v for k, v in record["chat_template"].items() if k != "text"}
+        (folder / chat["file"]).write_text(record["chat_template"]["text"], encoding="utf-8")
+        record["chat_template"] = chat | {"sha256": sha256_file(folder / chat["file"]),
+                                          "bytes": (folder / chat["file"]).stat().st_size}
+    return record
 
 
 def model_in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:

@@ -42,6 +42,7 @@ from seqexport.manifest import (
     graph_specs,
     read_manifest,
     sha256_file,
+    tokenizer_files,
     write_manifest,
 )
 from seqexport.parity.localize import SCOPES_KEY
@@ -308,8 +309,8 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
             total = len(weight_nodes(models[name]))
             log(f"  {name}: {total - len(keep[name])}/{total} weight MatMuls {kind}, {len(keep[name])} float32")
         log(f"  {WEIGHTS_FILE}: {_weights_bytes(manifest) / 1e6:.1f} MB -> {shared.size / 1e6:.1f} MB")
-        if manifest.get("tokenizer", {}) and "file" in manifest["tokenizer"]:
-            (tmp / manifest["tokenizer"]["file"]).write_bytes((folder / manifest["tokenizer"]["file"]).read_bytes())
+        for file in tokenizer_files(manifest):
+            (tmp / file).write_bytes((folder / file).read_bytes())
         source = dict(manifest.get("source") or {})
         if source.get("checkpoint") and not Path(source["checkpoint"]).is_absolute():
             source["checkpoint"] = str((folder / source["checkpoint"]).resolve())  # validate's eager model

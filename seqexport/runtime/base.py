@@ -10,6 +10,7 @@ import numpy as np
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.manifest import MANIFEST, graph_specs, read_manifest
 from seqexport.runtime.capabilities import StepModel
+from seqexport.runtime.chat import load_chat_template
 from seqexport.runtime.runners import open_graph
 from seqexport.runtime.session import SharedWeights
 from seqexport.runtime.tokenizer import encode_prompt, load_tokenizer
@@ -58,6 +59,7 @@ class RuntimeModel(StepModel):
         record = self.manifest.get("tokenizer")
         try:
             self.tokenizer = load_tokenizer(record, self.folder)
+            self.chat_template = load_chat_template(record, self.folder)
         except ArtifactError as e:
             raise ArtifactError(f"{self.folder / MANIFEST}: field 'tokenizer': {e}") from None
 
@@ -69,6 +71,16 @@ class RuntimeModel(StepModel):
         if self.tokenizer is None:
             raise UsageError(f"{self.folder} has no tokenizer in its manifest; give the prompt as token ids")
         return encode_prompt(self.tokenizer, self.prompt_frame, text, self.manifest.get("tokenizer"))
+
+    def encode_chat(self, messages) -> list[int]:
+        """A conversation ([{"role", "content"}, ...]) as prompt ids, through the checkpoint's
+        chat template with the assistant's opening, as transformers' `apply_chat_template(...,
+        add_generation_prompt=True, tokenize=True)` gives them. UsageError for an export
+        without a chat template, InputError for messages it refuses."""
+        if self.chat_template is None:
+            raise UsageError(f"{self.folder} has no chat template (its checkpoint had none, or it was exported "
+                             "before seqexport kept them); give the prompt as text or token ids")
+        return self.tokenizer.encode(self.chat_template.render(messages), special=False)
 
     # serving: rows join and leave (engine). Defaults for families whose rows are independent
     # along the batch (Mamba, RWKV); a family whose state has another kind overrides join/take

@@ -145,8 +145,10 @@ class HFTokenizer:
     def start_id(self) -> int | None:
         return self.decoder_start_id if self.decoder_start_id is not None else self.bos_id
 
-    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        ids = list(self._tok.encode(text).ids)
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, special: bool = True) -> list[int]:
+        """`special`: the tokenizer's post-processor frames the text (its bos, as transformers
+        encodes a prompt); a chat template's text carries its own (`special=False`)."""
+        ids = list(self._tok.encode(text, add_special_tokens=special).ids)
         if add_bos and self.bos_id is not None:
             ids.insert(0, self.bos_id)
         if add_eos and self.eos_id is not None:

@@ -30,13 +30,15 @@ from seqexport.runtime.generate import SearchOptions
 from seqexport.runtime.models import load
 from seqexport.serve.metrics import CONTENT_TYPE, ServerMetrics
 from seqexport.serve.protocol import (
+    CHAT,
+    COMPLETION,
     ChunkEvents,
     CompletionParams,
     HTTPError,
+    Shape,
     body_limit,
     body_too_large,
-    chunk_body,
-    completion_body,
+    parse_chat,
     parse_completion,
     shutting_down,
     sse,
@@ -89,12 +91,23 @@ class ServingHost:
         self.engine.close()
 
     def prompt_ids(self, params: CompletionParams) -> list[int]:
+        if params.messages is not None:
+            return self.chat_ids(params.messages)
         if isinstance(params.prompt, list):
             return params.prompt
         if self.model.tokenizer is None:
             raise HTTPError(400, "prompt: this model has no tokenizer; send the prompt as a list of token ids",
                             "prompt")
         return self.model.encode(params.prompt)
+
+    def chat_ids(self, messages) -> list[int]:
+        if self.model.chat_template is None:
+            raise HTTPError(400, "messages: this model has no chat template (its checkpoint had none, or it was "
+                                 "exported before seqexport kept them); POST a prompt to /v1/completions", "messages")
+        try:
+            return self.model.encode_chat(messages)
+        except InputError as e:
+            raise HTTPError(400, str(e), "messages") from None
 
     def options(self, params: CompletionParams) -> SearchOptions:
         limit = self.model.max_new_tokens_limit
@@ -220,14 +233,11 @@ def end_error(req) -> HTTPError | None:
     return None
 
 
-ROUTES = "POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
+ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
 
 
 def route_error(method: str, path: str, e: StarletteHTTPException) -> HTTPError:
     """Starlette's 404 / 405 (or another routing error) as an HTTPError naming the routes."""
-    if e.status_code == 404 and path.rstrip("/").endswith("/chat/completions"):
-        return HTTPError(404, f"{path}: chat completions are not served (seqexport applies no chat template); "
-                              f"put the conversation into a prompt and POST it to /v1/completions", kind="not_found_error")
     if e.status_code == 404:
         return HTTPError(404, f"{method} {path}: no such route; this server answers {ROUTES}", kind="not_found_error")
     if e.status_code == 405:
@@ -272,7 +282,8 @@ def build_app(host: ServingHost) -> FastAPI:
     async def metrics():
         return Response(host.metrics.exposition(), media_type=CONTENT_TYPE)
 
-    app.router.add_route("/v1/completions", Completions(host), methods=["POST"])
+    app.router.add_route("/v1/completions", Completions(host, COMPLETION), methods=["POST"])
+    app.router.add_route("/v1/chat/completions", Completions(host, CHAT), methods=["POST"])
     return app
 
 
@@ -285,12 +296,13 @@ class Completions:
     once (no poll); and the events ready at once go out as one message: the last token's with
     the finish chunk, [DONE] and the body's end, one write where there were four."""
 
-    def __init__(self, host: ServingHost):
-        self.host = host
+    def __init__(self, host: ServingHost, shape: Shape):
+        self.host, self.shape = host, shape  # POST /v1/completions, or /v1/chat/completions (CHAT)
+        self.parse = parse_chat if shape.chat else parse_completion
 
     async def __call__(self, scope, receive, send) -> None:
-        host = self.host
-        params = parse_completion(await _body(scope, receive, host.body_limit))
+        host, shape = self.host, self.shape
+        params = self.parse(await _body(scope, receive, host.body_limit))
         if params.model is not None and params.model != host.name:
             raise HTTPError(404, f"model: {params.model!r} is not served here; this server has {host.name!r}",
                             "model", kind="not_found_error")
@@ -302,9 +314,9 @@ class Completions:
             first = await listener.queue.get()  # the first token, or why there is none
             if first[0] is None and (err := end_error(req)) is not None:
                 raise err
-            rid = f"cmpl-{random.getrandbits(128):032x}"  # not uuid4: os.urandom lets the GIL go, to the engine
+            rid = f"{shape.prefix}{random.getrandbits(128):032x}"  # not uuid4: os.urandom lets the GIL go, to the engine
             if params.stream:
-                await _stream(host, req, listener, first, rid, len(ids), params, send)
+                await _stream(host, req, listener, first, rid, len(ids), params, send, shape)
                 return
             pieces, item = [first[1]], first
             while item[0] is not None:
@@ -316,7 +328,7 @@ class Completions:
                 host.engine.cancel(req)  # the client went away (or a send failed): free the row
         if (err := end_error(req)) is not None:
             raise err
-        body = completion_body(rid, host.name, "".join(pieces), list(req.tokens), req.finish_reason, len(ids))
+        body = shape.body(rid, host.name, "".join(pieces), list(req.tokens), req.finish_reason, len(ids))
         await _send_json(send, body)
 
 
@@ -355,36 +367,42 @@ async def _send_json(send, body: dict) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-async def _stream(host, req, listener, first, rid, prompt_tokens, params, send) -> None:
-    """The SSE stream: each body message carries every event already in the listener's queue."""
+async def _stream(host, req, listener, first, rid, prompt_tokens, params, send, shape: Shape) -> None:
+    """The SSE stream: each body message carries every event already in the listener's queue
+    (a chat stream's first chunk says the role, as OpenAI's does)."""
     created = int(time.time())
-    chunk = ChunkEvents(rid, host.name, created)
+    chunk = ChunkEvents(rid, host.name, created, shape)
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
         (b"x-replica-pid", str(os.getpid()).encode())]})
     item, queue = first, listener.queue
+    events = [sse(shape.chunk(rid, host.name, created, "", [], role=True))] if shape.chat else []
+    lead = len(events)  # events of the first message that are no token
     while True:
-        events = []
         while item[0] is not None:
             events.append(chunk.token(item[1], item[0]))
             if queue.empty():
                 break
             item = queue.get_nowait()
         if item[0] is None:  # the end: its events in the same message
-            events += _ending(host, req, chunk, item[1], prompt_tokens, params)
+            events += _ending(host, req, chunk, item[1], prompt_tokens, params, shape)
             await send({"type": "http.response.body", "body": b"".join(events), "more_body": False})
             return
         await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
-        listener.wrote(req, len(events))  # (send returns once the transport takes more)
-        item = await queue.get()
+        listener.wrote(req, len(events) - lead)  # (send returns once the transport takes more)
+        item, events, lead = await queue.get(), [], 0
 
 
-def _ending(host, req, chunk: "ChunkEvents", rest: str, prompt_tokens: int, params) -> list[bytes]:
+def _ending(host, req, chunk: "ChunkEvents", rest: str, prompt_tokens: int, params, shape: Shape) -> list[bytes]:
     err = end_error(req)
     if err is not None:
         return [sse(err.body()), sse("[DONE]")]
-    events = [sse(chunk_body(chunk.rid, host.name, chunk.created, rest, [], req.finish_reason))]
+    events = []
+    if rest and shape.chat:  # text held back until the end (a stop string's candidate): its own delta
+        events.append(sse(shape.chunk(chunk.rid, host.name, chunk.created, rest, [])))
+        rest = ""
+    events.append(sse(shape.chunk(chunk.rid, host.name, chunk.created, rest, [], req.finish_reason)))
     if params.include_usage:
-        events.append(sse({"id": chunk.rid, "object": "text_completion", "created": chunk.created,
+        events.append(sse({"id": chunk.rid, "object": shape.chunk_object, "created": chunk.created,
                            "model": host.name, "choices": [], "usage": usage(prompt_tokens, len(req.tokens))}))
     return events + [sse("[DONE]")]

@@ -1,7 +1,9 @@
-"""The OpenAI completions request, checked field by field, and the JSON the server answers.
+"""The OpenAI completions and chat completions requests, checked field by field, and the JSON
+the server answers.
 
     params = parse_completion(body_bytes)      # HTTPError 400 naming the field, or params
-    completion_body(...) / chunk_body(...)     # the response and the stream's chunks
+    params = parse_chat(body_bytes)            # the same with `messages` (rendered by the model's chat template)
+    completion_body(...) / chunk_body(...)     # the response and the stream's chunks (chat_body, chat_chunk_body)
 
 Follows the OpenAI `/v1/completions` API (as vLLM and TGI do) so its clients work unchanged;
 fields we do not implement are accepted only at their neutral value (e.g. n = 1), others are
@@ -31,7 +33,7 @@ class HTTPError(Exception):
 
 @dataclass
 class CompletionParams:
-    prompt: str | list[int]
+    prompt: str | list[int] | None  # None for a chat request
     model: str | None = None
     max_tokens: int = 16  # OpenAI's default
     temperature: float = 1.0  # 0: greedy
@@ -42,6 +44,7 @@ class CompletionParams:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the counts
     ignore_eos: bool = False  # vLLM extension: generate max_tokens tokens whatever comes
+    messages: list[dict] | None = None  # a chat request's conversation (/v1/chat/completions)
 
     @property
     def greedy(self) -> bool:
@@ -51,7 +54,13 @@ class CompletionParams:
 # fields of the OpenAI API we accept only at the value that changes nothing
 NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, 0), "presence_penalty": (0,),
            "frequency_penalty": (0,), "suffix": (None, ""), "logit_bias": (None, {})}
+# the same for a chat request (no tools: the model answers in text)
+CHAT_NEUTRAL = {"n": (1,), "logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (0,),
+                "frequency_penalty": (0,), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+                "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, True, False)}
 IGNORED = {"user"}  # accepted and not used
+SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+            "ignore_eos"}
 MAX_STOPS = 4  # as OpenAI
 # characters of one stop string: each is indexed when its request arrives, on the event loop
 # (serve.text.StopMatcher: ~0.6 us a character, so a 1 MB stop string held every client 0.6 s)
@@ -211,30 +220,57 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _check_fields(body: dict) -> None:
+def _check_fields(body: dict, known: set[str], neutral: dict) -> None:
     """400 for a field we do not know, or one we take only at its neutral value."""
-    known = {"prompt", "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-             "stream_options", "ignore_eos"} | NEUTRAL.keys() | IGNORED
+    known = known | neutral.keys() | IGNORED
     for name in body:
         if name not in known:
             raise _bad(name, f"unknown field; expected one of {sorted(known)}")
-    for name, values in NEUTRAL.items():
+    for name, values in neutral.items():
         if name in body and not any(_same(body[name], v) for v in values):
             raise _bad(name, f"not supported here except {' or '.join(json.dumps(v) for v in values)}; "
                              f"got {json.dumps(body[name])}")
 
 
-def parse_completion(raw: bytes) -> CompletionParams:
-    """The request body -> CompletionParams; HTTPError 400 naming the first bad field."""
+def _json_object(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise HTTPError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise HTTPError(400, f"request body: expected a JSON object, got {type(body).__name__}")
-    _check_fields(body)
+    return body
+
+
+def parse_completion(raw: bytes) -> CompletionParams:
+    """The request body -> CompletionParams; HTTPError 400 naming the first bad field."""
+    body = _json_object(raw)
+    _check_fields(body, SAMPLING | {"prompt"}, NEUTRAL)
     if "prompt" not in body:
         raise _bad("prompt", "missing; expected text or a list of token ids")
+    return _sampling(body, prompt=_prompt(body["prompt"]))
+
+
+def parse_chat(raw: bytes) -> CompletionParams:
+    """A /v1/chat/completions body -> CompletionParams with `messages` (their roles and contents
+    are checked where the model's chat template renders them); 400 naming the first bad field.
+    `max_completion_tokens` is the newer name of `max_tokens`."""
+    body = _json_object(raw)
+    _check_fields(body, SAMPLING | {"messages", "max_completion_tokens"}, CHAT_NEUTRAL)
+    if "messages" not in body:
+        raise _bad("messages", "missing; expected a list of {role, content} objects")
+    if not isinstance(body["messages"], list) or not body["messages"]:
+        raise _bad("messages", f"expected a non-empty list of {{role, content}} objects, got "
+                               f"{json.dumps(body['messages'])[:80]}")
+    if body.get("max_completion_tokens") is not None:
+        if body.get("max_tokens") is not None:
+            raise _bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
+        body = {**body, "max_tokens": _integer(body, "max_completion_tokens", 1, 16)}
+    return _sampling(body, prompt=None, messages=body["messages"])
+
+
+def _sampling(body: dict, **request) -> CompletionParams:
+    """The fields a completion and a chat request share."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"expected a string, got {json.dumps(model)}")
@@ -244,7 +280,7 @@ def parse_completion(raw: bytes) -> CompletionParams:
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise _bad("stream_options", f"expected {{\"include_usage\": true|false}}, got {json.dumps(options)}")
     params = CompletionParams(
-        prompt=_prompt(body["prompt"]),
+        **request,
         model=model,
         max_tokens=_integer(body, "max_tokens", 1, 16) if body.get("max_tokens") is not None else 16,
         temperature=_number(body, "temperature", 1.0, ">= 0", lambda v: v >= 0),
@@ -280,13 +316,49 @@ def chunk_body(rid: str, model: str, created: int, text: str, token_ids: list[in
     }
 
 
+def chat_body(rid: str, model: str, text: str, token_ids: list[int], finish_reason: str,
+              prompt_tokens: int, created: int | None = None) -> dict:
+    return {
+        "id": rid, "object": "chat.completion", "created": created or int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                     "finish_reason": finish_reason, "token_ids": token_ids}],
+        "usage": usage(prompt_tokens, len(token_ids)),
+    }
+
+
+def chat_chunk_body(rid: str, model: str, created: int, text: str, token_ids: list[int],
+                    finish_reason: str | None = None, role: bool = False) -> dict:
+    """A chat stream's chunk: the first says the role, the last (empty delta) why it ended."""
+    delta = {"role": "assistant", "content": text} if role else {"content": text} if finish_reason is None else {}
+    return {
+        "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
+                     "token_ids": token_ids}],
+    }
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one endpoint answers: the id's prefix, the whole body, a stream's chunks."""
+
+    prefix: str
+    body: object  # (rid, model, text, token_ids, finish_reason, prompt_tokens) -> dict
+    chunk: object  # (rid, model, created, text, token_ids, finish_reason=None) -> dict
+    chunk_object: str
+    chat: bool
+
+
+COMPLETION = Shape("cmpl-", completion_body, chunk_body, "text_completion", chat=False)
+CHAT = Shape("chatcmpl-", chat_body, chat_chunk_body, "chat.completion.chunk", chat=True)
+
+
 class ChunkEvents:
-    """A stream's token events as `sse(chunk_body(...))` writes them, the same bytes, from a
+    """A stream's token events as `sse(shape.chunk(...))` writes them, the same bytes, from a
     template made once a stream (a token's event: its text and id put in, not a dict dumped)."""
 
-    def __init__(self, rid: str, model: str, created: int):
+    def __init__(self, rid: str, model: str, created: int, shape: Shape = COMPLETION):
         self.rid, self.created = rid, created
-        head, tail = sse(chunk_body(rid, model, created, "\0", [0])).decode().split(json.dumps("\0"))
+        head, tail = sse(shape.chunk(rid, model, created, "\0", [0])).decode().split(json.dumps("\0"))
         self._head, self._tail = head, tail.replace("[0]", "[%d]", 1)
 
     def token(self, text: str, token: int) -> bytes:

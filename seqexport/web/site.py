@@ -27,7 +27,7 @@ from pathlib import Path
 
 from seqexport.errors import ArtifactError, UsageError
 from seqexport.export.atomic import atomic_folder
-from seqexport.manifest import MANIFEST, read_manifest
+from seqexport.manifest import MANIFEST, read_manifest, tokenizer_files
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -98,7 +98,7 @@ def find_node_modules(given: str | Path | None = None, log=None) -> Path:
 
 def export_files(folder: Path, manifest: dict) -> list[str]:
     """The files of an export the runtime reads: manifest, graphs (and their data), the shared
-    weights, the tokenizer file. (A preset export's checkpoint/ is for validation only.)"""
+    weights, the tokenizer's files. (A preset export's checkpoint/ is for validation only.)"""
     files = [MANIFEST]
     for g in manifest["graphs"].values():
         files.append(g["file"])
@@ -106,9 +106,7 @@ def export_files(folder: Path, manifest: dict) -> list[str]:
             files.append(g["data_file"])
     if manifest.get("weights"):
         files.append(manifest["weights"]["file"])
-    tok = manifest.get("tokenizer") or {}
-    if "file" in tok:
-        files.append(tok["file"])
+    files += tokenizer_files(manifest)
     return list(dict.fromkeys(files))
 
 
