@@ -44,7 +44,19 @@ JSONISH = (
     "{% for m in messages %}{{ m | tojson }}\n{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
     "{{ eos_token }}{% endgeneration %}{% endif %}{% endfor %}{% if add_generation_prompt %}>>> {% endif %}"
 )
-TEMPLATES = {"chatml": CHATML, "llama3": LLAMA3, "jsonish": JSONISH}
+# written over lines and indented, as most Hub templates are: block tags' own lines and indents
+# vanish (transformers renders with trim_blocks and lstrip_blocks)
+MULTILINE = """{% for m in messages %}
+    {% if m.role == 'user' %}
+User: {{ m.content }}
+    {% else %}
+{{ m.role | capitalize }}: {{ m.content }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+Assistant:
+{% endif %}"""
+TEMPLATES = {"chatml": CHATML, "llama3": LLAMA3, "jsonish": JSONISH, "multiline": MULTILINE}
 CONVERSATION = [{"role": "system", "content": "  Answer with a date.  "},
                 {"role": "user", "content": "Friday, 5 März 2021 — 日本語"},
                 {"role": "assistant", "content": "2021-03-05"},
@@ -87,9 +99,11 @@ def checkpoint(folder, chat: dict | None):
     torch.manual_seed(0)
     hf = transformers.MambaForCausalLM(transformers.MambaConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, state_size=8, pad_token_id=1))
-    with torch.no_grad():
+    with torch.no_grad():  # tokens that vary, and depend on the whole prompt (slow decays, small Δ)
         for layer in hf.backbone.layers:
-            layer.mixer.out_proj.weight.mul_(5.0)  # tokens that vary
+            layer.mixer.conv1d.bias.normal_(0, 0.5)
+            layer.mixer.dt_proj.bias.uniform_(-6.0, -3.0)
+            layer.mixer.out_proj.weight.mul_(5.0)
     hf.save_pretrained(folder)
     config = {"bos_token": BOS, "eos_token": {"content": BOS, "special": True}, "unk_token": "<unk>"}
     for file, text in (chat or {}).items():
@@ -218,6 +232,11 @@ def test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversati
     answer = c.chat.completions.create(model="m", messages=CONVERSATION[1:], max_tokens=12, temperature=0, stop=stop,
                                        extra_body={"ignore_eos": True})
     assert answer.choices[0].message.content == text[:text.index(stop)] and answer.choices[0].finish_reason == "stop"
+    # text held back as a stop string's possible start, then let go when the answer ends: its delta
+    held = text[-1:] + "\x00"  # (the last character may begin it: held until the end)
+    stream = c.chat.completions.create(model="m", messages=CONVERSATION[1:], max_tokens=12, temperature=0, stop=held,
+                                       stream=True, extra_body={"ignore_eos": True})
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream) == text
 
 
 @pytest.mark.parametrize("body, param, message", [
@@ -238,14 +257,29 @@ def test_a_bad_chat_request_is_a_400_naming_the_field(server, body, param, messa
     assert r.status_code == 400 and error["param"] == param and message in error["message"], r.text
 
 
-def test_generate_chat_puts_the_text_through_the_template(chat_export):
-    ckpt, folder = chat_export
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "5 März"}]
-    _, tokens, text = expected(chat_export, messages, 8)
+# the system message last, just before the answer, where this tiny model's output depends on it
+SYSTEM_LAST = ("{% for m in messages if m.role != 'system' %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+               "{% for m in messages if m.role == 'system' %}{{ m.content }}{% endfor %}")
+
+
+def test_generate_chat_puts_the_text_through_the_template(tmp_path):
+    folder = tmp_path / "m"
+    assert export(checkpoint(tmp_path / "ckpt", {"chat_template.jinja": SYSTEM_LAST}), folder).exit_code == 0
+    model = rt.load(folder, provider="cpu")
+    ref = transformers_tokenizer(tmp_path / "ckpt", SYSTEM_LAST)
+
+    def answer(messages):
+        ids = ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+        return model.tokenizer.decode(rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=8, eos_id=-1))[0],
+                                      stop_at_eos=False)
+
+    user = {"role": "user", "content": "5 März"}
+    want = answer([{"role": "system", "content": "Be brief."}, user])
+    assert want != answer([user])  # the system message matters to the answer
     result = CliRunner().invoke(cli, ["generate", str(folder), "--chat", "--system", "Be brief.", "--text", "5 März",
                                       "--max-new-tokens", "8", "--eos-id", "-1"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.rstrip("\n") == text
+    assert result.stdout.rstrip("\n") == want
     for args, message in ((["--system", "x", "--text", "a"], "--system is a chat's system message: add --chat"),
                           (["--chat", "--ids", "1 2"], "--chat takes the user's message as --text")):
         result = CliRunner().invoke(cli, ["generate", str(folder), *args])
