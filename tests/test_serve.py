@@ -180,7 +180,7 @@ BAD = [
     ({"prompt": ""}, 400, "prompt", "empty"),
     ({"prompt": [5, -1]}, 400, "prompt", "element 1"),
     ({"prompt": ["5 May", "6 May"]}, 400, "prompt", "several prompts"),
-    ({"prompt": [3] * (MAX_PROMPT + 1)}, 400, "prompt", f"exceeds the limit of {MAX_PROMPT}"),
+    ({"prompt": [3] * (MAX_PROMPT + 1)}, 400, "prompt", f"prompt: {MAX_PROMPT + 1} tokens exceeds the limit of {MAX_PROMPT}"),
     ({"prompt": [5, 100000]}, 400, "prompt", "100000"),  # the model has no such token
     ({"prompt": "5 May", "model": "gpt-4"}, 404, "model", "not served here"),
     ({"prompt": "5 May", "stream": False, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
@@ -198,6 +198,7 @@ def test_bad_requests_get_4xx_json_naming_the_field(server, body, status, param,
         assert r.status_code == status, r.text
         error = r.json()["error"]
         assert error["param"] == param and words in error["message"], error
+        assert f"{param}: {param}:" not in error["message"], error  # the field named once
 
 
 def test_the_openai_client_sees_a_clear_error(server, dates):

@@ -23,6 +23,7 @@ from seqexport.serve.process import ServerProcess
 from tests.test_web import byte_level_bpe
 
 BOS = "<|endoftext|>"
+MAX_PROMPT = 256
 # ChatML (Qwen, Bamba's instruct models), refusing roles it does not know
 CHATML = (
     "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
@@ -193,7 +194,8 @@ def test_text_parts_are_joined_as_one_content():
 @pytest.fixture(scope="module")
 def server(chat_export, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with ServerProcess(chat_export[1], "--no-ray", "--threads", "1", "--max-rows", "4", log=log) as s:
+    with ServerProcess(chat_export[1], "--no-ray", "--threads", "1", "--max-rows", "4",
+                       "--max-prompt-tokens", str(MAX_PROMPT), log=log) as s:
         yield s
         assert s.proc.poll() is None, log.read_text()[-2000:]
 
@@ -250,6 +252,8 @@ def test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversati
      "expected an integer >= 1, got 0"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
     ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt", "unknown field"),
+    ({"messages": [{"role": "user", "content": "5 May 2021, " * 100}]}, "messages",
+     f"tokens exceeds the limit of {MAX_PROMPT} (the conversation through the chat template)"),
 ])
 def test_a_bad_chat_request_is_a_400_naming_the_field(server, body, param, message):
     r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=30)

@@ -133,7 +133,9 @@ class ServingHost:
             self.metrics.rejected.labels("503").inc()
             raise HTTPError(503, f"server busy: {e}", kind="server_busy", headers={"Retry-After": "1"}) from None
         except InputError as e:
-            raise HTTPError(400, f"prompt: {e}", "prompt") from None
+            field, what = ("messages", " (the conversation through the chat template)") if params.messages is not None \
+                else ("prompt", "")
+            raise HTTPError(400, f"{field}: {str(e).removeprefix('prompt: ')}{what}", field) from None
         except UsageError:
             if self.engine.closed:  # a request that came as the server stopped (a pipelined one)
                 raise shutting_down() from None
