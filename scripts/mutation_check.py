@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 361 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 362 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1335,6 +1335,10 @@ FAULTS = (
           'seqexport/cli/generate.py', '        first = [{"role": "system", "content": system}] if system is not None else []',
           '        first = []',
           ('tests/test_serve_chat.py::test_generate_chat_puts_the_text_through_the_template',)),
+    Fault('M372', "serve: a chat's conversation over --max-prompt-tokens named as 'prompt', a field the request does not have",
+          'seqexport/serve/app.py', '            field, what = ("messages", " (the conversation through the chat template)") if params.messages is not None \\',
+          '            field, what = ("prompt", "") if params.messages is not None \\',
+          ('tests/test_serve_chat.py::test_a_bad_chat_request_is_a_400_naming_the_field',)),
 )
 
 
