@@ -46,8 +46,13 @@ JSONISH = (
     "{{ eos_token }}{% endgeneration %}{% endif %}{% endfor %}{% if add_generation_prompt %}>>> {% endif %}"
 )
 # written over lines and indented, as most Hub templates are: block tags' own lines and indents
-# vanish (transformers renders with trim_blocks and lstrip_blocks)
-MULTILINE = """{% for m in messages %}
+# vanish (transformers renders with trim_blocks and lstrip_blocks); today's date, as Llama 3.1's
+# template writes it
+MULTILINE = """{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+Today is {{ date_string }}.
+{% for m in messages %}
     {% if m.role == 'user' %}
 User: {{ m.content }}
     {% else %}
