@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-# onnxruntime-web and @huggingface/tokenizers for `seqexport web` and tests/test_web.py, from the
+# onnxruntime-web, @huggingface/tokenizers and @huggingface/jinja for `seqexport web` and tests/test_web.py, from the
 # committed lock. Without npm the browser tests skip (CI sets SEQEXPORT_REQUIRE_BROWSER=1: fail).
 web-deps: $(WEB_DEPS)
 

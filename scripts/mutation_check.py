@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 362 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 368 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1339,6 +1339,30 @@ FAULTS = (
           'seqexport/serve/app.py', '            field, what = ("messages", " (the conversation through the chat template)") if params.messages is not None \\',
           '            field, what = ("prompt", "") if params.messages is not None \\',
           ('tests/test_serve_chat.py::test_a_bad_chat_request_is_a_400_naming_the_field',)),
+    Fault('M373', "chat: no strftime_now for a template (Llama 3.1's date line refuses every conversation)",
+          'seqexport/runtime/chat.py', '        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)',
+          '',
+          ('tests/test_serve_chat.py::test_a_conversation_renders_and_encodes_as_transformers_apply_chat_template',)),
+    Fault('M374', "page: a chat template's text encoded with the tokenizer's own framing (a second bos)",
+          'seqexport/web/static/tokenizers.mjs', '    const ids = [...this.tok.encode(text, { add_special_tokens: special }).ids];',
+          '    const ids = [...this.tok.encode(text).ids];',
+          ('tests/test_web.py::test_the_pages_chat_template_renders_as_the_python_runtime_and_transformers', 'tests/test_web.py::test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page')),
+    Fault('M375', "page: the special tokens' strings not given to the chat template",
+          'seqexport/web/static/tokenizers.mjs', '      return this.template.render({ ...this.specialTokens, messages: checked, tools: null, documents: null,',
+          '      return this.template.render({ messages: checked, tools: null, documents: null,',
+          ('tests/test_web.py::test_the_pages_chat_template_renders_as_the_python_runtime_and_transformers',)),
+    Fault('M376', "page: 'Chat' ticked, the prompt still framed as plain text",
+          'seqexport/web/static/app.mjs', '    const chat = model.chatTemplate && $("chat").checked;',
+          '    const chat = false;',
+          ('tests/test_web.py::test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page',)),
+    Fault('M377', 'site: @huggingface/jinja not copied in (a chat model does not load)',
+          'seqexport/web/site.py', '               (modules / HF_JINJA / "dist/index.js", Path("vendor/jinja.mjs")),',
+          '',
+          ('tests/test_web.py::test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page',)),
+    Fault('M378', 'page: text parts of a message joined with nothing between them',
+          'seqexport/web/static/tokenizers.mjs', '    }).join("\\n");',
+          '    }).join("");',
+          ('tests/test_web.py::test_the_pages_chat_template_renders_as_the_python_runtime_and_transformers',)),
 )
 
 

@@ -368,7 +368,8 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
     """A user's checkpoint with its own tokenizer.json (a byte-level BPE), exported, put on a site:
     the page encodes the prompt, decodes and shows the text as `seqexport generate --text`
     does, and an answer whose first token is the checkpoint's eos shows empty text, no error
-    (tokenizers.js threw on it: no ids to decode)."""
+    (tokenizers.js threw on it: no ids to decode). With "Chat" ticked (offered since the
+    checkpoint has a chat template), the prompt is a user's message through that template."""
     import torch
     import transformers
 
@@ -390,6 +391,7 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
     hf.config.eos_token_id = hf.generation_config.eos_token_id = first  # the second prompt's answer: empty
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    (tmp_path / "ckpt" / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     runner = CliRunner()
     result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "m")])
     assert result.exit_code == 0, result.output
@@ -399,13 +401,19 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
     assert model.manifest["tokenizer"]["type"] == "hf" and list(model.tokenizer.eos_ids) == [first]
     want = [rt.generate(model, [model.encode(p)], rt.SearchOptions(max_new_tokens=MAX_NEW))[0] for p in prompts]
     assert len(want[0]) > 3 and len(set(want[0])) > 1 and want[1] == []
+    chat_ids = model.encode_chat([{"role": "user", "content": prompts[0]}])
+    chat_want = rt.generate(model, [chat_ids], rt.SearchOptions(max_new_tokens=MAX_NEW, eos_id=-1))[0]
     with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
         assert browser.open_page(driver, url, "m") == "ready"
-        got = [browser.run_prompt(driver, p, maxNewTokens=MAX_NEW) for p in prompts]
+        assert driver.find_element("id", "chat-row").is_displayed()  # a chat model: offered
+        got = [browser.run_prompt(driver, p, maxNewTokens=MAX_NEW, chat=False) for p in prompts]
+        chat = browser.run_prompt(driver, prompts[0], maxNewTokens=MAX_NEW, stopAtEos=False)
     assert [g["message"] for g in got] == [None, None]
     assert [g["run"]["tokens"] for g in got] == want
     assert [g["output"] for g in got] == [model.tokenizer.decode(w) for w in want]
     assert got[0]["output"] and got[1]["output"] == ""
+    # the prompt as a user's message through the checkpoint's chat template, as the Python runtime puts it
+    assert chat["message"] is None and chat["run"]["tokens"] == chat_want != want[0]
 
 
 def test_an_address_naming_a_model_or_option_the_site_lacks_says_so(page):
@@ -678,6 +686,74 @@ def test_the_pages_text_stream_gives_pythons_pieces_in_linear_decodes(page, tmp_
     assert "".join(want) == ours.decode(ids, stop_at_eos=False) and "\ufffd" * 30 in "".join(want)
     assert got["decoded"] < 20 * len(ids), (got["decoded"], len(ids))
     assert got["empty"] == [ours.decode([]), ours.decode([0, *ids[:5]]), TextStream(ours).push(0)] == ["", "", ""]
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('role ' + m['role'] + ' is not one of system, user, assistant') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+JS_CHAT = """
+const [templates, conversationsJson, bad, hfJson, done] = arguments;
+const conversations = JSON.parse(conversationsJson);  // (as JSON: WebDriver would sort each object's keys)
+(async () => {
+  const tk = await import("./tokenizers.mjs");
+  const { Template } = await import("./vendor/jinja.mjs");
+  const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
+  const hf = new tk.HFTokenizer(Tokenizer, JSON.parse(hfJson), { eos_id: 0 });
+  const tokens = { bos_token: "<|endoftext|>", eos_token: "<|endoftext|>" };
+  const said = (f) => { try { f(); return null; } catch (e) { return e.message; } };
+  const out = {};
+  for (const [name, source] of Object.entries(templates)) {
+    const chat = new tk.ChatTemplate(Template, source, tokens);
+    out[name] = conversations.map((c) => [true, false].map((g) => {
+      const text = chat.render(c, { addGenerationPrompt: g });
+      return { text, ids: hf.encode(text, { special: false }) };
+    }));
+  }
+  const chatml = new tk.ChatTemplate(Template, templates.chatml, tokens);
+  return { out, refusals: bad.map((m) => said(() => chatml.render(m))) };
+})().then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_the_pages_chat_template_renders_as_the_python_runtime_and_transformers(page, tmp_path):
+    """@huggingface/jinja in the page renders the chat templates of tests/test_serve_chat.py (each
+    checked there against transformers' apply_chat_template) to the same text and ids as the
+    Python runtime, and refuses the same conversations with the same messages."""
+    from tokenizers import processors
+
+    from seqexport.runtime.chat import ChatTemplate
+    from seqexport.runtime.tokenizer import HFTokenizer
+    from tests.test_serve_chat import BOS, CONVERSATION, TEMPLATES
+
+    url, driver, _ = page
+    tok = byte_level_bpe()
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 0)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ours = HFTokenizer(tmp_path / "tokenizer.json")
+    conversations = [CONVERSATION, CONVERSATION[1:2],
+                     [{"role": "user", "content": [{"type": "text", "text": "5 May"}, {"type": "text", "text": "21"}]}]]
+    bad = [[], [{"content": "hi"}], [{"role": "user", "content": 3}],
+           [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+           [{"role": "tool", "content": "x"}]]
+    driver.get(url)
+    got = driver.execute_async_script(JS_CHAT, TEMPLATES, json.dumps(conversations), bad, tok.to_str())
+    assert "error" not in got, got
+    special = {"bos_token": BOS, "eos_token": BOS}
+    for name, source in TEMPLATES.items():
+        chat = ChatTemplate(source, special, where=name)
+        for c, pair in zip(conversations, got["out"][name]):
+            for g, js in zip((True, False), pair):
+                text = chat.render(c, add_generation_prompt=g)
+                assert js == {"text": text, "ids": ours.encode(text, special=False)}, (name, c, g)
+    chatml = ChatTemplate(TEMPLATES["chatml"], special, where="chatml")
+    for m, js in zip(bad, got["refusals"]):
+        with pytest.raises(InputError) as caught:
+            chatml.render(m)
+        assert js == str(caught.value)
 
 
 def test_site_build_refuses_bad_input_and_writes_nothing_half(site, tmp_path):

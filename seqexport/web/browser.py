@@ -119,6 +119,7 @@ set("decoding", options.doSample ? "sample" : "greedy");
 for (const [k, id] of [["temperature", "temperature"], ["topK", "top-k"], ["topP", "top-p"], ["seed", "seed"]])
   if (k in options) set(id, options[k]);
 $("stop-at-eos").checked = options.stopAtEos ?? true;
+$("chat").checked = options.chat ?? true;
 $("generate").click();
 (function poll() {
   const s = document.body.dataset.state;
@@ -133,7 +134,8 @@ $("generate").click();
 def run_prompt(driver, prompt: str, **options) -> dict:
     """Type `prompt` into the page, press Generate, wait for the end; returns
     {state, run: {tokens, text, ms, backend, ...}, message, stats, output}. Options as the
-    page's fields: maxNewTokens, doSample, temperature, topK, topP, seed, stopAtEos."""
+    page's fields: maxNewTokens, doSample, temperature, topK, topP, seed, stopAtEos, chat (a model
+    with a chat template: the prompt as a user's message, the default)."""
     return driver.execute_async_script(RUN, prompt, options)
 
 

@@ -10,10 +10,11 @@ The site holds everything the page loads, so it never reaches past its own serve
       site.json                             the models and what the Python runtime says of each
       ort/                                  onnxruntime-web's ES module and WASM files (npm package)
       vendor/tokenizers.min.mjs             @huggingface/tokenizers (Hugging Face tokenizer.json)
-      models/<name>/                        manifest.json, graphs, weights, tokenizer file
+      vendor/jinja.mjs                      @huggingface/jinja (a checkpoint's chat template)
+      models/<name>/                        manifest.json, graphs, weights, tokenizer's files
 
-onnxruntime-web and @huggingface/tokenizers come from npm at the versions locked in this
-package's package-lock.json: from `seqexport/web/node_modules` (a checkout after `npm ci`),
+onnxruntime-web, @huggingface/tokenizers and @huggingface/jinja come from npm at the versions
+locked in this package's package-lock.json: from `seqexport/web/node_modules` (a checkout after `npm ci`),
 from `--node-modules`, or installed by `npm ci` into a cache folder on first use.
 """
 
@@ -39,6 +40,8 @@ ORT_FILES = {
 }
 ORT = "onnxruntime-web"
 HF_TOKENIZERS = "@huggingface/tokenizers"
+HF_JINJA = "@huggingface/jinja"
+PACKAGES = (ORT, HF_TOKENIZERS, HF_JINJA)
 RUNTIME_JSON = "runtime.json"  # beside each model's manifest.json in the site
 MAX_PROMPT_TOKENS = 2048  # the page refuses longer prompts (as `seqexport serve` does by default)
 
@@ -46,7 +49,7 @@ MAX_PROMPT_TOKENS = 2048  # the page refuses longer prompts (as `seqexport serve
 def locked_versions() -> dict[str, str]:
     """npm package -> the version package-lock.json pins."""
     lock = json.loads((HERE / "package-lock.json").read_text())
-    return {name: lock["packages"][f"node_modules/{name}"]["version"] for name in (ORT, HF_TOKENIZERS)}
+    return {name: lock["packages"][f"node_modules/{name}"]["version"] for name in PACKAGES}
 
 
 def _installed(node_modules: Path, name: str) -> str | None:
@@ -63,7 +66,7 @@ def _cache_folder() -> Path:
 
 
 def find_node_modules(given: str | Path | None = None, log=None) -> Path:
-    """The node_modules folder holding onnxruntime-web and @huggingface/tokenizers: `given`
+    """The node_modules folder holding the PACKAGES (onnxruntime-web, tokenizers.js, jinja): `given`
     (any versions), else one at the locked versions (the package's own after `npm ci`, or the
     cache), else `npm ci` into the cache. UsageError saying what to do when none can be had."""
     want = locked_versions()
@@ -198,13 +201,15 @@ def build_site(folders, out, overwrite: bool = False, webgpu: bool = True, max_p
         records.append(record)
         copies += [(folder / f, Path("models") / name / f) for f in files]
     modules = find_node_modules(node_modules, log)
-    versions = {n: _installed(modules, n) for n in (ORT, HF_TOKENIZERS)}
+    versions = {n: _installed(modules, n) for n in PACKAGES}
     backends = ["wasm", "webgpu"] if webgpu else ["wasm"]
     dist = modules / ORT / "dist"
     copies += [(dist / f, Path("ort") / f) for b in backends for f in ORT_FILES[b]]
     # (onnxruntime-web's licence header is in its bundles; the npm package has no LICENSE file)
     copies += [(modules / HF_TOKENIZERS / "dist/tokenizers.min.mjs", Path("vendor/tokenizers.min.mjs")),
-               (modules / HF_TOKENIZERS / "LICENSE", Path("vendor/LICENSE-tokenizers"))]
+               (modules / HF_TOKENIZERS / "LICENSE", Path("vendor/LICENSE-tokenizers")),
+               (modules / HF_JINJA / "dist/index.js", Path("vendor/jinja.mjs")),
+               (modules / HF_JINJA / "LICENSE", Path("vendor/LICENSE-jinja"))]
     copies += [(STATIC / f, Path(f)) for f in PAGE_FILES]
     for src, _ in copies:
         if not src.is_file():
@@ -215,6 +220,7 @@ def build_site(folders, out, overwrite: bool = False, webgpu: bool = True, max_p
         "seqexport": __version__,
         "onnxruntime_web": versions[ORT],
         "tokenizers_js": versions[HF_TOKENIZERS],
+        "jinja_js": versions[HF_JINJA],
         "built": dt.date.today().isoformat(),
         "backends": backends,
         "models": records,

@@ -93,6 +93,7 @@ async function selectModel(name) {
     if (loading !== mine) return; // another model was chosen meanwhile
     current = { entry, model };
     page.model = model;
+    $("chat-row").hidden = !model.chatTemplate; // a chat model: its prompts go through its template
     $("status").className = "status ready";
     $("status").textContent = `${entry.name} ready · ${model.manifest.family} · ${backendLabel(model)}`;
     if (model.fallback) showError(model.fallback);
@@ -153,7 +154,8 @@ async function generate() {
   try {
     if (!text.trim()) throw new ModelError("The prompt is empty: type some text first.");
     const options = readOptions();
-    const ids = model.encodePrompt(text);
+    const chat = model.chatTemplate && $("chat").checked;
+    const ids = chat ? model.encodeChat([{ role: "user", content: text }]) : model.encodePrompt(text);
     const t0 = performance.now();
     let last = t0, painted = t0;
     for await (const t of model.generate(ids, options)) {

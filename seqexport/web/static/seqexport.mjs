@@ -18,7 +18,7 @@
 // are filled by their role: tokens, mask, state, lengths, keep.
 
 import { PCG64, pickToken } from "./sampling.mjs";
-import { TextStream, encodePrompt, loadTokenizer } from "./tokenizers.mjs";
+import { ChatTemplate, TextStream, encodePrompt, loadTokenizer } from "./tokenizers.mjs";
 
 const HERE = new URL(".", import.meta.url);
 const LOGITS = "logits"; // the output every family's decoding graphs share (seqexport.specs.LOGITS)
@@ -235,6 +235,20 @@ export class Model {
     if (typeof text !== "string") throw new ModelError(`the prompt must be text (a string), got ${shown(text)}`);
     if (!text.trim()) throw new ModelError("The prompt is empty: type some text first.");
     return encodePrompt(this.tokenizer, this.promptFrame, text, this.manifest.tokenizer);
+  }
+
+  /** A conversation ([{role, content}, ...]) -> prompt ids through the checkpoint's chat template,
+   * with the assistant's opening (the Python runtime's model.encode_chat). */
+  encodeChat(messages) {
+    if (!this.chatTemplate)
+      throw new ModelError("this model has no chat template (its checkpoint had none); give the prompt as text");
+    let text;
+    try {
+      text = this.chatTemplate.render(messages);
+    } catch (e) {
+      throw new ModelError(e.message);
+    }
+    return this.tokenizer.encode(text, { special: false });
   }
 
   _checkPrompt(ids, graph) {
@@ -560,10 +574,21 @@ export async function loadModel(url, options = {}) {
     async (file) => new TextDecoder().decode(await files.get(file, "the tokenizer", manifest.tokenizer)),
     () => import(new URL(options.hfTokenizersUrl ?? "./vendor/tokenizers.min.mjs", HERE).href),
   );
+  const chat = manifest.tokenizer?.chat_template;
+  let chatTemplate = null;
+  if (chat) {
+    const source = new TextDecoder().decode(await files.get(chat.file, "the chat template", chat));
+    const { Template } = await import(new URL(options.jinjaUrl ?? "./vendor/jinja.mjs", HERE).href);
+    try {
+      chatTemplate = new ChatTemplate(Template, source, chat.special_tokens ?? {});
+    } catch (e) {
+      throw new ModelError(`the chat template ${chat.file} cannot be read: ${e?.message ?? e}`);
+    }
+  }
   const ran = fallback ? "wasm" : backend;
   return new Model({
     name: options.name ?? described.name ?? manifest.family,
-    manifest, ort, sessions, tokenizer, backend: ran, fallback,
+    manifest, ort, sessions, tokenizer, chatTemplate, backend: ran, fallback,
     threads: ran === "wasm" ? (globalThis.crossOriginIsolated ? ort.env.wasm.numThreads : 1) : null,
     // structural defaults (as the Python families frame prompts) when no site.json says more:
     // an encoder's source ends with eos, a language model's prompt starts with bos
@@ -574,7 +599,7 @@ export async function loadModel(url, options = {}) {
   });
 }
 
-const LOAD_OPTIONS = ["backend", "ortUrl", "hfTokenizersUrl", "threads", "verify", "name", "promptFrame",
+const LOAD_OPTIONS = ["backend", "ortUrl", "hfTokenizersUrl", "jinjaUrl", "threads", "verify", "name", "promptFrame",
   "maxPromptTokens", "maxNewTokensLimit"];
 
 /** loadModel's arguments checked, each error naming the value (a misspelt option, a backend

@@ -198,8 +198,10 @@ export class HFTokenizer {
     this.framesPrompts = false;
   }
 
-  encode(text, { addBos = false, addEos = false } = {}) {
-    const ids = [...this.tok.encode(text).ids];
+  /** `special`: the tokenizer's post-processor frames the text (its bos); a chat template's
+   * text carries its own (special: false), as the Python runtime's HFTokenizer.encode. */
+  encode(text, { addBos = false, addEos = false, special = true } = {}) {
+    const ids = [...this.tok.encode(text, { add_special_tokens: special }).ids];
     if (addBos && this.bosId !== null) ids.unshift(this.bosId);
     if (addEos && this.eosId !== null) ids.push(this.eosId);
     return ids;
@@ -292,4 +294,58 @@ export class TextStream {
     if (head.length <= context.length || !head.startsWith(context) || !text.startsWith(head)) return "";
     return this.print(context, head, cut);
   }
+}
+
+/**
+ * A checkpoint's chat template (the manifest's tokenizer record's "chat_template"), rendered
+ * with @huggingface/jinja as seqexport.runtime.chat renders it (and transformers): the special
+ * tokens' strings, messages, add_generation_prompt; `Template` is that module's class. Messages
+ * are checked as the Python runtime checks them (text parts joined with newlines).
+ */
+export class ChatTemplate {
+  constructor(Template, source, specialTokens = {}) {
+    this.template = new Template(source);
+    this.specialTokens = { ...specialTokens };
+  }
+
+  render(messages, { addGenerationPrompt = true } = {}) {
+    const checked = checkMessages(messages);
+    try {
+      return this.template.render({ ...this.specialTokens, messages: checked, tools: null, documents: null,
+        add_generation_prompt: addGenerationPrompt });
+    } catch (e) {
+      throw new Error(`messages: the model's chat template refused them: ${e?.message ?? e}`);
+    }
+  }
+}
+
+function shortJson(v) {
+  const text = JSON.stringify(v ?? null) ?? String(v); // (undefined: null, as Python's None)
+  return text.length <= 80 ? text : `${text.slice(0, 77)}...`;
+}
+
+/** OpenAI's chat messages checked (seqexport.runtime.chat.check_messages). */
+export function checkMessages(messages) {
+  if (!Array.isArray(messages) || !messages.length)
+    throw new Error(`messages: expected a non-empty list of {role, content} objects, got ${shortJson(messages)}`);
+  return messages.map((m, i) => {
+    if (m === null || typeof m !== "object" || Array.isArray(m))
+      throw new Error(`messages[${i}]: expected an object with role and content, got ${shortJson(m)}`);
+    if (typeof m.role !== "string" || !m.role)
+      throw new Error(`messages[${i}].role: expected a non-empty string (system, user, assistant, ...), got ${shortJson(m.role)}`);
+    return { ...m, content: messageText(m.content, i) };
+  });
+}
+
+function messageText(content, i) {
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) {
+    return content.map((part, k) => {
+      if (part === null || typeof part !== "object" || part.type !== "text" || typeof part.text !== "string")
+        throw new Error(`messages[${i}].content[${k}]: expected a text part {"type": "text", "text": ...}, got ` +
+          `${shortJson(part?.type ?? part)} (this model reads text only)`);
+      return part.text;
+    }).join("\n");
+  }
+  throw new Error(`messages[${i}].content: expected a string or a list of text parts, got ${shortJson(content)}`);
 }
