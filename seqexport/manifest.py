@@ -128,6 +128,8 @@ def describe(folder, m: dict) -> str:
     tok = m.get("tokenizer")
     lines.append("tokenizer: " + ("none (prompts as ids)" if not tok else
                                   ", ".join(f"{k} {v}" for k, v in tok.items() if not isinstance(v, dict))))
+    if tok and tok.get("chat_template"):
+        lines.append(f"chat template: {tok['chat_template']['file']} (POST /v1/chat/completions, generate --chat)")
     options = {k: v for k, v in (m.get("export_options") or {}).items() if v is not None}
     if options:
         lines.append("export options: " + ", ".join(f"{k}={v}" for k, v in options.items()))

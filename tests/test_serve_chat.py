@@ -144,6 +144,8 @@ def test_the_export_keeps_the_checkpoints_chat_template_wherever_it_lies(tmp_pat
     record = model.manifest["tokenizer"]["chat_template"]
     assert record["file"] == "chat_template.jinja" and (tmp_path / "m" / "chat_template.jinja").read_text() == LLAMA3
     assert record["special_tokens"] == {"bos_token": BOS, "eos_token": BOS, "unk_token": "<unk>"}
+    shown = CliRunner().invoke(cli, ["inspect", str(tmp_path / "m")])
+    assert "chat template: chat_template.jinja" in shown.output, shown.output
     want = transformers_tokenizer(folder, LLAMA3).apply_chat_template(CONVERSATION, add_generation_prompt=True,
                                                                       tokenize=True)["input_ids"]
     assert model.encode_chat(CONVERSATION) == want
