@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 368 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 369 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1363,6 +1363,10 @@ FAULTS = (
           'seqexport/web/static/tokenizers.mjs', '    }).join("\\n");',
           '    }).join("");',
           ('tests/test_web.py::test_the_pages_chat_template_renders_as_the_python_runtime_and_transformers',)),
+    Fault('M379', "serve: a chat answer without max_tokens cut at 16 tokens (the completions' default)",
+          'seqexport/serve/protocol.py', "        params.max_tokens = None  # the model's limit, else CHAT_MAX_TOKENS (ServingHost.options)",
+          '        pass',
+          ('tests/test_serve_chat.py::test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversation',)),
 )
 
 

@@ -20,6 +20,7 @@ from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.chat import ChatTemplate
 from seqexport.runtime.tokenizer import HFTokenizer
 from seqexport.serve.process import ServerProcess
+from seqexport.serve.protocol import CHAT_MAX_TOKENS
 from tests.test_web import byte_level_bpe
 
 BOS = "<|endoftext|>"
@@ -246,6 +247,10 @@ def test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversati
     stream = c.chat.completions.create(model="m", messages=CONVERSATION[1:], max_tokens=12, temperature=0, stop=held,
                                        stream=True, extra_body={"ignore_eos": True})
     assert "".join(ch.choices[0].delta.content or "" for ch in stream) == text
+    # no max_tokens: the answer runs to its end (here, eos ignored, CHAT_MAX_TOKENS), not to 16 tokens
+    answer = c.chat.completions.create(model="m", messages=CONVERSATION[1:], temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert answer.usage.completion_tokens == CHAT_MAX_TOKENS and answer.choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("body, param, message", [

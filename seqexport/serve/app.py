@@ -31,6 +31,7 @@ from seqexport.runtime.models import load
 from seqexport.serve.metrics import CONTENT_TYPE, ServerMetrics
 from seqexport.serve.protocol import (
     CHAT,
+    CHAT_MAX_TOKENS,
     COMPLETION,
     ChunkEvents,
     CompletionParams,
@@ -111,6 +112,8 @@ class ServingHost:
 
     def options(self, params: CompletionParams) -> SearchOptions:
         limit = self.model.max_new_tokens_limit
+        if params.max_tokens is None:  # a chat's answer: to its eos, within what the model holds
+            params.max_tokens = min(limit, CHAT_MAX_TOKENS) if limit is not None else CHAT_MAX_TOKENS
         if limit is not None and params.max_tokens > limit:
             raise HTTPError(400, f"max_tokens: {params.max_tokens} exceeds what the model can hold "
                                  f"({limit} positions)", "max_tokens")

@@ -14,6 +14,7 @@ also carries `token_ids` (what generate() would return).
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
@@ -35,7 +36,7 @@ class HTTPError(Exception):
 class CompletionParams:
     prompt: str | list[int] | None  # None for a chat request
     model: str | None = None
-    max_tokens: int = 16  # OpenAI's default
+    max_tokens: int | None = 16  # OpenAI's default for a completion; None: a chat's (CHAT_MAX_TOKENS)
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1, vLLM's spelling): off
@@ -59,6 +60,9 @@ CHAT_NEUTRAL = {"n": (1,), "logprobs": (None, False), "top_logprobs": (None, 0),
                 "frequency_penalty": (0,), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
                 "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, True, False)}
 IGNORED = {"user"}  # accepted and not used
+# A chat answer with no max_tokens runs to its eos, up to the model's positional limit, else this
+# many tokens: OpenAI's chat API has no fixed default, and the completions' 16 cuts answers short
+CHAT_MAX_TOKENS = 4096
 SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
             "ignore_eos"}
 MAX_STOPS = 4  # as OpenAI
@@ -266,7 +270,10 @@ def parse_chat(raw: bytes) -> CompletionParams:
         if body.get("max_tokens") is not None:
             raise _bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
         body = {**body, "max_tokens": _integer(body, "max_completion_tokens", 1, 16)}
-    return _sampling(body, prompt=None, messages=body["messages"])
+    params = _sampling(body, prompt=None, messages=body["messages"])
+    if body.get("max_tokens") is None:
+        params.max_tokens = None  # the model's limit, else CHAT_MAX_TOKENS (ServingHost.options)
+    return params
 
 
 def _sampling(body: dict, **request) -> CompletionParams:
@@ -342,8 +349,8 @@ class Shape:
     """How one endpoint answers: the id's prefix, the whole body, a stream's chunks."""
 
     prefix: str
-    body: object  # (rid, model, text, token_ids, finish_reason, prompt_tokens) -> dict
-    chunk: object  # (rid, model, created, text, token_ids, finish_reason=None) -> dict
+    body: Callable[..., dict]  # (rid, model, text, token_ids, finish_reason, prompt_tokens)
+    chunk: Callable[..., dict]  # (rid, model, created, text, token_ids, finish_reason=None)
     chunk_object: str
     chat: bool
 
