@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 369 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 371 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1328,8 +1328,8 @@ FAULTS = (
           '        _integer(body, "max_completion_tokens", 1, 16)',
           ('tests/test_serve_chat.py::test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversation',)),
     Fault('M370', "export: of several named chat templates, the first taken rather than 'default'",
-          'seqexport/checkpoints/tokenizers.py', '            text, where = named.get("default"), f"{where} (the one named \'default\')"',
-          '            text, where = next(iter(named.values()), None), where',
+          'seqexport/checkpoints/tokenizers.py', '        text, where = named.get("default"), f"{where} (the one named \'default\')"',
+          '        text, where = next(iter(named.values()), None), where',
           ('tests/test_serve_chat.py::test_the_export_keeps_the_checkpoints_chat_template_wherever_it_lies',)),
     Fault('M371', 'CLI: generate --chat drops --system',
           'seqexport/cli/generate.py', '        first = [{"role": "system", "content": system}] if system is not None else []',
@@ -1367,6 +1367,14 @@ FAULTS = (
           'seqexport/serve/protocol.py', "        params.max_tokens = None  # the model's limit, else CHAT_MAX_TOKENS (ServingHost.options)",
           '        pass',
           ('tests/test_serve_chat.py::test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversation',)),
+    Fault('M380', "export: a chat template's special tokens read from tokenizer_config.json only (an older checkpoint's bos_token renders empty)",
+          'seqexport/checkpoints/tokenizers.py', '        for source in (config, _json(folder / "special_tokens_map.json")):',
+          '        for source in (config,):',
+          ('tests/test_serve_chat.py::test_special_tokens_are_read_from_special_tokens_map_too',)),
+    Fault('M381', "manifest: a chat template's file name may lead outside the folder",
+          'seqexport/manifest_schema.py', '        c.get(chat, "file", "tokenizer.chat_template", "a file name inside the exported folder",\n              lambda v: _inside(folder, v))',
+          '        c.get(chat, "file", "tokenizer.chat_template", "a file name inside the exported folder",\n              lambda v: isinstance(v, str))',
+          ('tests/test_serve_chat.py::test_a_malformed_chat_template_record_is_refused_naming_the_field',)),
 )
 
 

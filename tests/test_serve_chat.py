@@ -164,6 +164,33 @@ def test_a_quantised_copy_keeps_the_chat_template_and_an_altered_one_is_refused(
         rt.load(tmp_path / "altered", provider="cpu")
 
 
+def test_special_tokens_are_read_from_special_tokens_map_too(tmp_path):
+    folder = checkpoint(tmp_path / "ckpt", {"chat_template.jinja": LLAMA3})
+    (folder / "tokenizer_config.json").write_text(json.dumps({}))  # an older checkpoint: the strings elsewhere
+    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": BOS}, "eos_token": BOS}))
+    assert export(folder, tmp_path / "m").exit_code == 0
+    model = rt.load(tmp_path / "m", provider="cpu")
+    assert model.manifest["tokenizer"]["chat_template"]["special_tokens"] == {"bos_token": BOS, "eos_token": BOS}
+    assert model.encode_chat(CONVERSATION[1:2])[:1] == [0]  # the template's bos_token
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.update(chat_template="chat_template.jinja"), "field 'tokenizer.chat_template'"),
+    (lambda t: t["chat_template"].update(file="../chat_template.jinja"),
+     "field 'tokenizer.chat_template.file' is '../chat_template.jinja'; expected a file name inside"),
+    (lambda t: t["chat_template"].update(special_tokens={"bos_token": 0}), "'tokenizer.chat_template.special_tokens'"),
+    (lambda t: t["chat_template"].pop("sha256"), "field 'tokenizer.chat_template.sha256' is missing"),
+])
+def test_a_malformed_chat_template_record_is_refused_naming_the_field(chat_export, tmp_path, change, message):
+    folder = shutil.copytree(chat_export[1], tmp_path / "m")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest["tokenizer"])
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError) as caught:
+        rt.load(folder, provider="cpu")
+    assert message in str(caught.value)
+
+
 def test_no_template_no_chat_and_a_broken_one_stops_the_export(tmp_path):
     assert export(checkpoint(tmp_path / "none", None), tmp_path / "m").exit_code == 0
     model = rt.load(tmp_path / "m", provider="cpu")

@@ -116,31 +116,50 @@ def chat_template(folder: Path) -> dict | None:
     export writes "text" into the artifact's file), or None. A template that does not compile is
     a CheckpointError naming its file and line."""
     config = _json(folder / "tokenizer_config.json")
-    path = folder / CHAT_FILE
-    if path.is_file():
-        try:
-            text, where = path.read_text(encoding="utf-8"), str(path)
-        except (OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: cannot read it ({e})") from None
-    else:
-        text, where = config.get("chat_template"), f"{folder / 'tokenizer_config.json'}: 'chat_template'"
-        if isinstance(text, list):  # several named templates: the default one, as transformers takes it
-            named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
-            text, where = named.get("default"), f"{where} (the one named 'default')"
-            if text is None:
-                raise CheckpointError(f"{where}: no template named 'default' among {sorted(map(str, named))}")
-        if text is None:
-            return None
-        if not isinstance(text, str):
-            raise CheckpointError(f"{where}: expected the template's text, got {type(text).__name__}")
-    tokens = {}
-    for key in CHAT_TOKENS:
-        token = config.get(key)
-        token = token.get("content") if isinstance(token, dict) else token
-        if isinstance(token, str):
-            tokens[key] = token
+    found = _template_text(folder, config)
+    if found is None:
+        return None
+    text, where = found
+    tokens = _special_strings(folder, config)
     try:
         ChatTemplate(text, tokens, where)
     except ArtifactError as e:
         raise CheckpointError(str(e)) from None
     return {"file": CHAT_FILE, "text": text, "special_tokens": tokens}
+
+
+def _template_text(folder: Path, config: dict) -> tuple[str, str] | None:
+    """(the template's text, where it was read) or None: chat_template.jinja, else
+    tokenizer_config.json's "chat_template" (of several named ones, "default", as transformers
+    takes it)."""
+    path = folder / CHAT_FILE
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: cannot read it ({e})") from None
+    text, where = config.get("chat_template"), f"{folder / 'tokenizer_config.json'}: 'chat_template'"
+    if isinstance(text, list):
+        named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
+        text, where = named.get("default"), f"{where} (the one named 'default')"
+        if text is None:
+            raise CheckpointError(f"{where}: no template named 'default' among {sorted(map(str, named))}")
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise CheckpointError(f"{where}: expected the template's text, got {type(text).__name__}")
+    return text, where
+
+
+def _special_strings(folder: Path, config: dict) -> dict[str, str]:
+    """The special tokens' strings a template reads (bos_token, ...), from tokenizer_config.json,
+    else special_tokens_map.json (older checkpoints keep them there)."""
+    tokens = {}
+    for key in CHAT_TOKENS:
+        for source in (config, _json(folder / "special_tokens_map.json")):
+            token = source.get(key)
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str):
+                tokens[key] = token
+                break
+    return tokens
