@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 371 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 373 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1375,6 +1375,14 @@ FAULTS = (
           'seqexport/manifest_schema.py', '        c.get(chat, "file", "tokenizer.chat_template", "a file name inside the exported folder",\n              lambda v: _inside(folder, v))',
           '        c.get(chat, "file", "tokenizer.chat_template", "a file name inside the exported folder",\n              lambda v: isinstance(v, str))',
           ('tests/test_serve_chat.py::test_a_malformed_chat_template_record_is_refused_naming_the_field',)),
+    Fault('M382', "chat: a request's template variables (chat_template_kwargs) not given to the template",
+          'seqexport/runtime/chat.py', '            return self._template.render(**{**self.special_tokens, **variables}, messages=messages, tools=None,',
+          '            return self._template.render(**self.special_tokens, messages=messages, tools=None,',
+          ('tests/test_serve_chat.py::test_a_conversation_renders_and_encodes_as_transformers_apply_chat_template', 'tests/test_serve_chat.py::test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversation')),
+    Fault('M383', "chat: a template variable may be named messages or add_generation_prompt (a clash, answered as the messages' fault)",
+          'seqexport/runtime/chat.py', '    taken = sorted(set(variables) & set(RESERVED))',
+          '    taken = []',
+          ('tests/test_serve_chat.py::test_the_template_variables_a_request_may_set_are_checked', 'tests/test_serve_chat.py::test_a_bad_chat_request_is_a_400_naming_the_field')),
 )
 
 

@@ -4,6 +4,7 @@ POST /v1/chat/completions to the `openai` client (whole and streamed) with the t
 generate() gives those ids. Bad conversations are 400s naming the field."""
 
 import json
+import re
 import shutil
 
 import openai
@@ -25,12 +26,14 @@ from tests.test_web import byte_level_bpe
 
 BOS = "<|endoftext|>"
 MAX_PROMPT = 256
-# ChatML (Qwen, Bamba's instruct models), refusing roles it does not know
+# ChatML (Qwen, Bamba's instruct models), refusing roles it does not know; Qwen3's switch for
+# its thinking block, a variable the request may set (chat_template_kwargs)
 CHATML = (
     "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
     "{{ raise_exception('role ' + m['role'] + ' is not one of system, user, assistant') }}{% endif %}"
     "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 # Llama 3's shape: bos, a default system message through a namespace, loop controls, trim
 LLAMA3 = (
@@ -98,6 +101,21 @@ def test_a_conversation_renders_and_encodes_as_transformers_apply_chat_template(
             assert ours.render(messages, add_generation_prompt=opening) == text
             assert tok.encode(text, special=False) == ids
     assert ids[:1] != [0, 0]  # (no bos twice)
+    # a variable for the template, as transformers' apply_chat_template(**kwargs) passes it
+    for variables in ({"enable_thinking": False}, {"enable_thinking": True, "date_string": "5 Mar 2021"}):
+        text = theirs.apply_chat_template(CONVERSATION, add_generation_prompt=True, tokenize=False, **variables)
+        assert ours.render(CONVERSATION, variables=variables) == text
+
+
+def test_the_template_variables_a_request_may_set_are_checked():
+    chat = ChatTemplate(CHATML, {}, where="chatml")
+    assert "<think>" in chat.render(CONVERSATION, variables={"enable_thinking": False})
+    assert "<think>" not in chat.render(CONVERSATION, variables={"enable_thinking": True})
+    for variables, message in (([1], "expected an object of variable names to values, got [1]"),
+                               ({"messages": []}, "['messages'] are set by the request itself"),
+                               ({"not a name": 1}, "expected an object of variable names")):
+        with pytest.raises(InputError, match=re.escape(message)):
+            chat.render(CONVERSATION, variables=variables)
 
 
 def checkpoint(folder, chat: dict | None):
@@ -278,6 +296,13 @@ def test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversati
     answer = c.chat.completions.create(model="m", messages=CONVERSATION[1:], temperature=0,
                                        extra_body={"ignore_eos": True})
     assert answer.usage.completion_tokens == CHAT_MAX_TOKENS and answer.choices[0].finish_reason == "length"
+    # vLLM's chat_template_kwargs: more variables for the template (Qwen3's enable_thinking)
+    plain = transformers_tokenizer(chat_export[0], CHATML)
+    thinking = plain.apply_chat_template(CONVERSATION[1:], add_generation_prompt=True, tokenize=True,
+                                         enable_thinking=False)["input_ids"]
+    answer = c.chat.completions.create(model="m", messages=CONVERSATION[1:], max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert answer.usage.prompt_tokens == len(thinking) > len(ids)
 
 
 @pytest.mark.parametrize("body, param, message", [
@@ -291,6 +316,10 @@ def test_the_openai_clients_chat_call_gets_the_tokens_of_the_rendered_conversati
      "expected an integer >= 1, got 0"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
     ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt", "unknown field"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"add_generation_prompt": False}},
+     "chat_template_kwargs", "['add_generation_prompt'] are set by the request itself"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "x"}, "chat_template_kwargs",
+     "expected an object of variable names to values"),
     ({"messages": [{"role": "user", "content": "5 May 2021, " * 100}]}, "messages",
      f"tokens exceeds the limit of {MAX_PROMPT} (the conversation through the chat template)"),
 ])

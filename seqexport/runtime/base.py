@@ -72,15 +72,15 @@ class RuntimeModel(StepModel):
             raise UsageError(f"{self.folder} has no tokenizer in its manifest; give the prompt as token ids")
         return encode_prompt(self.tokenizer, self.prompt_frame, text, self.manifest.get("tokenizer"))
 
-    def encode_chat(self, messages) -> list[int]:
+    def encode_chat(self, messages, variables: dict | None = None) -> list[int]:
         """A conversation ([{"role", "content"}, ...]) as prompt ids, through the checkpoint's
         chat template with the assistant's opening, as transformers' `apply_chat_template(...,
-        add_generation_prompt=True, tokenize=True)` gives them. UsageError for an export
-        without a chat template, InputError for messages it refuses."""
+        add_generation_prompt=True, tokenize=True, **variables)` gives them. UsageError for an
+        export without a chat template, InputError for messages it refuses."""
         if self.chat_template is None:
             raise UsageError(f"{self.folder} has no chat template (its checkpoint had none, or it was exported "
                              "before seqexport kept them); give the prompt as text or token ids")
-        return self.tokenizer.encode(self.chat_template.render(messages), special=False)
+        return self.tokenizer.encode(self.chat_template.render(messages, variables=variables), special=False)
 
     # serving: rows join and leave (engine). Defaults for families whose rows are independent
     # along the batch (Mamba, RWKV); a family whose state has another kind overrides join/take

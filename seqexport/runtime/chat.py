@@ -41,6 +41,21 @@ def check_messages(messages) -> list[dict]:
     return out
 
 
+RESERVED = ("messages", "add_generation_prompt", "tools", "documents")
+
+
+def check_variables(variables) -> dict:
+    """A template's extra variables: an object of names to JSON values, none of RESERVED."""
+    if variables is None:
+        return {}
+    if not isinstance(variables, dict) or not all(isinstance(k, str) and k.isidentifier() for k in variables):
+        raise InputError(f"chat_template_kwargs: expected an object of variable names to values, got {_short(variables)}")
+    taken = sorted(set(variables) & set(RESERVED))
+    if taken:
+        raise InputError(f"chat_template_kwargs: {taken} are set by the request itself; expected other names")
+    return variables
+
+
 def _content(content, i: int) -> str:
     if isinstance(content, str):
         return content
@@ -94,13 +109,16 @@ class ChatTemplate:
             raise ArtifactError(f"chat template {where}: line {e.lineno}: {e.message}") from None
         self.source, self.special_tokens, self.where = source, dict(special_tokens), where
 
-    def render(self, messages, add_generation_prompt: bool = True) -> str:
+    def render(self, messages, add_generation_prompt: bool = True, variables: dict | None = None) -> str:
         """The prompt text of `messages` (checked by `check_messages`), ending with the
-        assistant's opening where `add_generation_prompt`."""
+        assistant's opening where `add_generation_prompt`. `variables`: more for the template
+        (transformers' `apply_chat_template(**kwargs)`, vLLM's `chat_template_kwargs`, e.g.
+        {"enable_thinking": false}); they may not replace the messages or the opening."""
         messages = check_messages(messages)
+        variables = check_variables(variables)
         try:
-            return self._template.render(**self.special_tokens, messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=add_generation_prompt)
+            return self._template.render(**{**self.special_tokens, **variables}, messages=messages, tools=None,
+                                         documents=None, add_generation_prompt=add_generation_prompt)
         except self._errors as e:
             raise InputError(f"messages: the model's chat template refused them: {e}") from None
 

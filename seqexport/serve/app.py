@@ -93,7 +93,7 @@ class ServingHost:
 
     def prompt_ids(self, params: CompletionParams) -> list[int]:
         if params.messages is not None:
-            return self.chat_ids(params.messages)
+            return self.chat_ids(params.messages, params.chat_template_kwargs)
         if isinstance(params.prompt, list):
             return params.prompt
         if self.model.tokenizer is None:
@@ -101,14 +101,15 @@ class ServingHost:
                             "prompt")
         return self.model.encode(params.prompt)
 
-    def chat_ids(self, messages) -> list[int]:
+    def chat_ids(self, messages, variables: dict | None = None) -> list[int]:
         if self.model.chat_template is None:
             raise HTTPError(400, "messages: this model has no chat template (its checkpoint had none, or it was "
                                  "exported before seqexport kept them); POST a prompt to /v1/completions", "messages")
         try:
-            return self.model.encode_chat(messages)
+            return self.model.encode_chat(messages, variables)
         except InputError as e:
-            raise HTTPError(400, str(e), "messages") from None
+            field = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else "messages"
+            raise HTTPError(400, str(e), field) from None
 
     def options(self, params: CompletionParams) -> SearchOptions:
         limit = self.model.max_new_tokens_limit

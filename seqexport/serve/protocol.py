@@ -46,6 +46,7 @@ class CompletionParams:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the counts
     ignore_eos: bool = False  # vLLM extension: generate max_tokens tokens whatever comes
     messages: list[dict] | None = None  # a chat request's conversation (/v1/chat/completions)
+    chat_template_kwargs: dict | None = None  # vLLM extension: more variables for the chat template
 
     @property
     def greedy(self) -> bool:
@@ -260,7 +261,7 @@ def parse_chat(raw: bytes) -> CompletionParams:
     are checked where the model's chat template renders them); 400 naming the first bad field.
     `max_completion_tokens` is the newer name of `max_tokens`."""
     body = _json_object(raw)
-    _check_fields(body, SAMPLING | {"messages", "max_completion_tokens"}, CHAT_NEUTRAL)
+    _check_fields(body, SAMPLING | {"messages", "max_completion_tokens", "chat_template_kwargs"}, CHAT_NEUTRAL)
     if "messages" not in body:
         raise _bad("messages", "missing; expected a list of {role, content} objects")
     if not isinstance(body["messages"], list) or not body["messages"]:
@@ -270,7 +271,8 @@ def parse_chat(raw: bytes) -> CompletionParams:
         if body.get("max_tokens") is not None:
             raise _bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
         body = {**body, "max_tokens": _integer(body, "max_completion_tokens", 1, 16)}
-    params = _sampling(body, prompt=None, messages=body["messages"])
+    params = _sampling(body, prompt=None, messages=body["messages"],
+                       chat_template_kwargs=body.get("chat_template_kwargs"))
     if body.get("max_tokens") is None:
         params.max_tokens = None  # the model's limit, else CHAT_MAX_TOKENS (ServingHost.options)
     return params
