@@ -7,6 +7,7 @@ import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -27,14 +28,21 @@ def dates(bundled_exports):
     return folder, rt.load(folder, provider="cpu", threads=1)
 
 
-@pytest.fixture(scope="module")
-def server(dates, tmp_path_factory):
+@contextmanager
+def plain_server(folder, tmp_path_factory, *args):
+    """`seqexport serve --no-ray` on `folder` (one thread, `args` more), its log kept: alive at
+    the end, and nothing it started outlives it."""
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with ServerProcess(dates[0], "--no-ray", "--threads", "1", "--max-rows", "8",
-                       "--max-prompt-tokens", str(MAX_PROMPT), log=log) as s:
+    with ServerProcess(folder, "--no-ray", "--threads", "1", *args, log=log) as s:
         yield s
         assert s.proc.poll() is None, log.read_text()[-2000:]
-    assert not s.session_pids()  # nothing the server started outlives it
+    assert not s.session_pids()
+
+
+@pytest.fixture(scope="module")
+def server(dates, tmp_path_factory):
+    with plain_server(dates[0], tmp_path_factory, "--max-rows", "8", "--max-prompt-tokens", str(MAX_PROMPT)) as s:
+        yield s
 
 
 def client(server) -> openai.OpenAI:

@@ -20,8 +20,8 @@ from seqexport.cli import cli
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.chat import ChatTemplate
 from seqexport.runtime.tokenizer import HFTokenizer
-from seqexport.serve.process import ServerProcess
 from seqexport.serve.protocol import CHAT_MAX_TOKENS
+from tests.test_serve import plain_server
 from tests.test_web import byte_level_bpe
 
 BOS = "<|endoftext|>"
@@ -246,11 +246,8 @@ def test_text_parts_are_joined_as_one_content():
 
 @pytest.fixture(scope="module")
 def server(chat_export, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    with ServerProcess(chat_export[1], "--no-ray", "--threads", "1", "--max-rows", "4",
-                       "--max-prompt-tokens", str(MAX_PROMPT), log=log) as s:
+    with plain_server(chat_export[1], tmp_path_factory, "--max-rows", "4", "--max-prompt-tokens", str(MAX_PROMPT)) as s:
         yield s
-        assert s.proc.poll() is None, log.read_text()[-2000:]
 
 
 def expected(chat_export, messages, max_tokens):
