@@ -72,8 +72,9 @@ def test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits
                            log=log)
     with server:
         endless, started = {}, threading.Event()
-        threading.Thread(target=read_stream, args=(completion(server.url, 10_000_000, True), endless, started),
-                         daemon=True).start()
+        readers = [threading.Thread(target=read_stream, daemon=True,
+                                    args=(completion(server.url, 10_000_000, True), endless, started))]
+        readers[-1].start()
         whole = {}
         threading.Thread(target=lambda: whole.update(r=completion(server.url, 10_000_000, False)), daemon=True).start()
         assert started.wait(30), log.read_text()[-3000:]
@@ -82,8 +83,9 @@ def test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits
             assert time.monotonic() - deadline < 0, "the whole answer's request never ran"
             time.sleep(0.1)
         short, short_started = {}, threading.Event()
-        threading.Thread(target=read_stream, args=(completion(server.url, SHORT, True), short, short_started),
-                         daemon=True).start()
+        readers.append(threading.Thread(target=read_stream, daemon=True,
+                                        args=(completion(server.url, SHORT, True), short, short_started)))
+        readers[-1].start()
         assert short_started.wait(30)
         stopped = time.monotonic()
         server.proc.send_signal(sig)
@@ -93,6 +95,8 @@ def test_a_stop_finishes_what_the_grace_allows_ends_the_rest_with_503_then_exits
 
         server.proc.wait(GRACE_S + 30)
         assert server.proc.returncode == code, log.read_text()[-3000:]  # (Ctrl-C under --no-ray was 0)
+        for reader in readers:  # what the server wrote before it exited may still be in the readers' hands
+            reader.join(30)
         # what the grace allowed: the short stream, whole, generate()'s tokens
         assert short["ended"] == "whole" and short.get("done"), short.get("ended")
         assert [t for e in short["events"] for t in e["choices"][0]["token_ids"]] == short_reference
