@@ -125,8 +125,12 @@ def test_the_embedded_default_names_only_its_own_address(two_replicas):
     proxy's default port, where nothing listens) is not printed; seqexport's line names the
     front's port."""
     server, _, log = two_replicas
+    line = f"on http://127.0.0.1:{server.port} (a local Ray)"
+    deadline = time.monotonic() + 60  # (the front answers once a replica registers; the line comes
+    while line not in log.read_text() and time.monotonic() < deadline:  # when serve.run has seen them all)
+        time.sleep(0.2)
     text = log.read_text()
-    assert f"on http://127.0.0.1:{server.port} (a local Ray)" in text
+    assert line in text, text[-3000:]
     assert "is ready at" not in text, text[-3000:]
 
 
