@@ -25,7 +25,7 @@ from torch import nn
 
 from seqexport import families
 from seqexport.checkpoints import shards
-from seqexport.errors import CheckpointError
+from seqexport.errors import CheckpointError, listed
 from seqexport.jsonfile import read_json_object
 
 CONFIG_FILE = "config.json"
@@ -281,13 +281,6 @@ def _shapes_only(family: str, config, state: dict[str, torch.Tensor], where: str
             hook.remove()
 
 
-def _listed(keys: list[str], most: int = 100) -> str:
-    """Every key of a small mismatch; the first ones and a count of a big one."""
-    if len(keys) <= most:
-        return ", ".join(keys)
-    return ", ".join(keys[:most // 2]) + f", ... and {len(keys) - most // 2} more ({len(keys)} in all)"
-
-
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Raise one CheckpointError listing every missing, unexpected and mis-shaped key."""
     expected = model.state_dict()
@@ -300,11 +293,11 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: st
     ]
     problems = []
     if missing:
-        problems.append(f"missing keys: {_listed(missing)}")
+        problems.append(f"missing keys: {listed(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys: {_listed(unexpected)}")
+        problems.append(f"unexpected keys: {listed(unexpected)}")
     if misshaped:
-        problems.append(f"mis-shaped keys: {_listed(misshaped)}")
+        problems.append(f"mis-shaped keys: {listed(misshaped)}")
     if problems:
         raise CheckpointError(f"weights in {where} do not fit their config.json; " + "; ".join(problems))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from seqexport.errors import CheckpointError
+from seqexport.errors import CheckpointError, listed, shown
 from seqexport.jsonfile import read_json_object
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -31,11 +31,11 @@ def weight_map(index: Path) -> dict[str, str]:
     data = read_json_object(index, CheckpointError, f"{index} is missing")
     mapping = data.get("weight_map")
     if not isinstance(mapping, dict) or not mapping:
-        found = "no 'weight_map'" if mapping is None else f"'weight_map' {_short(mapping)}"
+        found = "no 'weight_map'" if mapping is None else f"'weight_map' {shown(mapping)}"
         raise CheckpointError(f"{index} has {found}: expected an object naming the shard file of every tensor")
     for name, shard in mapping.items():
         if not isinstance(shard, str):
-            raise CheckpointError(f"{index}: the shard of {name!r} is {_short(shard)}, expected a file name")
+            raise CheckpointError(f"{index}: the shard of {name!r} is {shown(shard)}, expected a file name")
         if shard != Path(shard).name or shard in ("", ".", ".."):
             raise CheckpointError(f"{index}: the shard of {name!r} is {shard!r}, expected the name of a file "
                                   "in the same folder")
@@ -63,22 +63,13 @@ def read_sharded(index: Path, read_file: Callable[[Path], dict[str, torch.Tensor
         tensors = read_file(index.parent / shard)
         absent = sorted(wanted[shard] - set(tensors))
         if absent:
-            raise CheckpointError(f"{index.parent / shard} does not hold {_names(absent)}, which {index.name} "
+            raise CheckpointError(f"{index.parent / shard} does not hold {listed(absent, 20)}, which {index.name} "
                                   "puts in it")
         stray = sorted(set(tensors) - wanted[shard])
         if stray:
             elsewhere = [f"{n} (listed in {mapping[n]})" if n in mapping else f"{n} (not listed)" for n in stray]
             raise CheckpointError(f"{index.parent / shard} holds tensors {index.name} does not put in it: "
-                                  f"{_names(elsewhere)}; is it a shard of another save?")
+                                  f"{listed(elsewhere, 20)}; is it a shard of another save?")
         state.update(tensors)
     return state
 
-
-def _names(names: list[str], most: int = 10) -> str:
-    shown = ", ".join(names[:most])
-    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

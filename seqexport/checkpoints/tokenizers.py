@@ -91,19 +91,30 @@ def _ids(value) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
+def _token_maps(folder: Path) -> list[dict]:
+    """Where a checkpoint names its special tokens by their strings, in the order transformers
+    reads them (older checkpoints keep them in special_tokens_map.json only)."""
+    return [_json(folder / "tokenizer_config.json"), _json(folder / "special_tokens_map.json")]
+
+
+def _token_strings(maps: list[dict], key: str):
+    """The strings the maps give for `key` ("bos_token": "<s>" or {"content": "<s>", ...}), in order."""
+    for m in maps:
+        token = m.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            yield token
+
+
 def special_ids(folder: Path, tok: HFTokenizer) -> dict:
     configs = [_json(folder / "generation_config.json"), _json(folder / "config.json")]
-    token_maps = [_json(folder / "tokenizer_config.json"), _json(folder / "special_tokens_map.json")]
+    token_maps = _token_maps(folder)
     out = {}
     for key, (id_key, token_key) in IDS.items():
         found = next(iter(_config_ids(configs, id_key)), None)
         if found is None and token_key:
-            for m in token_maps:
-                token = m.get(token_key)
-                token = token.get("content") if isinstance(token, dict) else token
-                if isinstance(token, str) and tok.token_id(token) is not None:
-                    found = tok.token_id(token)
-                    break
+            found = next((tok.token_id(t) for t in _token_strings(token_maps, token_key)
+                          if tok.token_id(t) is not None), None)
         out[key] = found
     listed = _config_ids(configs, "eos_token_id")  # the first is eos_id
     if len(listed) > 1:
@@ -115,12 +126,12 @@ def chat_template(folder: Path) -> dict | None:
     """The record of the folder's chat template ({"file", "text", "special_tokens"}; the
     export writes "text" into the artifact's file), or None. A template that does not compile is
     a CheckpointError naming its file and line."""
-    config = _json(folder / "tokenizer_config.json")
-    found = _template_text(folder, config)
+    maps = _token_maps(folder)
+    found = _template_text(folder, maps[0])
     if found is None:
         return None
     text, where = found
-    tokens = _special_strings(folder, config)
+    tokens = {key: token for key in CHAT_TOKENS if (token := next(_token_strings(maps, key), None)) is not None}
     try:
         ChatTemplate(text, tokens, where)
     except ArtifactError as e:
@@ -149,17 +160,3 @@ def _template_text(folder: Path, config: dict) -> tuple[str, str] | None:
     if not isinstance(text, str):
         raise CheckpointError(f"{where}: expected the template's text, got {type(text).__name__}")
     return text, where
-
-
-def _special_strings(folder: Path, config: dict) -> dict[str, str]:
-    """The special tokens' strings a template reads (bos_token, ...), from tokenizer_config.json,
-    else special_tokens_map.json (older checkpoints keep them there)."""
-    tokens = {}
-    for key in CHAT_TOKENS:
-        for source in (config, _json(folder / "special_tokens_map.json")):
-            token = source.get(key)
-            token = token.get("content") if isinstance(token, dict) else token
-            if isinstance(token, str):
-                tokens[key] = token
-                break
-    return tokens

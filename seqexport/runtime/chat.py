@@ -16,7 +16,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from seqexport.errors import ArtifactError, InputError
+from seqexport.errors import ArtifactError, InputError, shown
 
 MAX_MESSAGES = 4096
 
@@ -26,17 +26,17 @@ def check_messages(messages) -> list[dict]:
     `role` and `content` a string or a list of text parts (joined with newlines, as vLLM does
     for a template that reads strings). InputError naming the message and field."""
     if not isinstance(messages, list) or not messages:
-        raise InputError(f"messages: expected a non-empty list of {{role, content}} objects, got {_short(messages)}")
+        raise InputError(f"messages: expected a non-empty list of {{role, content}} objects, got {shown(messages)}")
     if len(messages) > MAX_MESSAGES:
         raise InputError(f"messages: {len(messages)} messages; at most {MAX_MESSAGES}")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise InputError(f"messages[{i}]: expected an object with role and content, got {_short(m)}")
+            raise InputError(f"messages[{i}]: expected an object with role and content, got {shown(m)}")
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise InputError(f"messages[{i}].role: expected a non-empty string (system, user, assistant, ...), "
-                             f"got {_short(role)}")
+                             f"got {shown(role)}")
         out.append({**m, "content": _content(m.get("content"), i)})
     return out
 
@@ -49,7 +49,7 @@ def check_variables(variables) -> dict:
     if variables is None:
         return {}
     if not isinstance(variables, dict) or not all(isinstance(k, str) and k.isidentifier() for k in variables):
-        raise InputError(f"chat_template_kwargs: expected an object of variable names to values, got {_short(variables)}")
+        raise InputError(f"chat_template_kwargs: expected an object of variable names to values, got {shown(variables)}")
     taken = sorted(set(variables) & set(RESERVED))
     if taken:
         raise InputError(f"chat_template_kwargs: {taken} are set by the request itself; expected other names")
@@ -65,10 +65,10 @@ def _content(content, i: int) -> str:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else None
                 raise InputError(f"messages[{i}].content[{k}]: expected a text part {{\"type\": \"text\", \"text\": "
-                                 f"...}}, got {_short(kind) if kind else _short(part)} (this model reads text only)")
+                                 f"...}}, got {shown(kind) if kind else shown(part)} (this model reads text only)")
             texts.append(part["text"])
         return "\n".join(texts)
-    raise InputError(f"messages[{i}].content: expected a string or a list of text parts, got {_short(content)}")
+    raise InputError(f"messages[{i}].content: expected a string or a list of text parts, got {shown(content)}")
 
 
 class ChatTemplate:
@@ -121,22 +121,6 @@ class ChatTemplate:
                                          documents=None, add_generation_prompt=add_generation_prompt)
         except self._errors as e:
             raise InputError(f"messages: the model's chat template refused them: {e}") from None
-
-    def to_dict(self) -> dict:
-        return {"special_tokens": self.special_tokens}
-
-
-def _short(value) -> str:
-    text = json.dumps(value, ensure_ascii=False) if _jsonable(value) else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _jsonable(value) -> bool:
-    try:
-        json.dumps(value)
-        return True
-    except (TypeError, ValueError):
-        return False
 
 
 def load_chat_template(record: dict | None, folder) -> "ChatTemplate | None":

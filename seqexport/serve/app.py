@@ -93,7 +93,7 @@ class ServingHost:
 
     def prompt_ids(self, params: CompletionParams) -> list[int]:
         if params.messages is not None:
-            return self.chat_ids(params.messages, params.chat_template_kwargs)
+            return self.chat_ids(params.messages, params.chat_template_kwargs)  # (both checked by parse_chat)
         if isinstance(params.prompt, list):
             return params.prompt
         if self.model.tokenizer is None:
@@ -107,20 +107,20 @@ class ServingHost:
                                  "exported before seqexport kept them); POST a prompt to /v1/completions", "messages")
         try:
             return self.model.encode_chat(messages, variables)
-        except InputError as e:
-            field = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else "messages"
-            raise HTTPError(400, str(e), field) from None
+        except InputError as e:  # what the template refused
+            raise HTTPError(400, str(e), "messages") from None
 
     def options(self, params: CompletionParams) -> SearchOptions:
         limit = self.model.max_new_tokens_limit
-        if params.max_tokens is None:  # a chat's answer: to its eos, within what the model holds
-            params.max_tokens = min(limit, CHAT_MAX_TOKENS) if limit is not None else CHAT_MAX_TOKENS
-        if limit is not None and params.max_tokens > limit:
-            raise HTTPError(400, f"max_tokens: {params.max_tokens} exceeds what the model can hold "
+        max_tokens = params.max_tokens
+        if max_tokens is None:  # a chat's answer: to its eos, within what the model holds
+            max_tokens = min(limit, CHAT_MAX_TOKENS) if limit is not None else CHAT_MAX_TOKENS
+        if limit is not None and max_tokens > limit:
+            raise HTTPError(400, f"max_tokens: {max_tokens} exceeds what the model can hold "
                                  f"({limit} positions)", "max_tokens")
         sample = not params.greedy
         try:
-            return SearchOptions(max_new_tokens=params.max_tokens, do_sample=sample,
+            return SearchOptions(max_new_tokens=max_tokens, do_sample=sample,
                                  temperature=params.temperature if sample else 1.0,
                                  top_k=params.top_k, top_p=params.top_p, seed=params.seed,
                                  eos_id=-1 if params.ignore_eos else None)

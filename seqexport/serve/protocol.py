@@ -18,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
+from seqexport.errors import InputError
+from seqexport.runtime.chat import check_messages, check_variables
+
 
 class HTTPError(Exception):
     """An error answer: status, message, the request field at fault (OpenAI's `param`)."""
@@ -264,22 +267,26 @@ def parse_chat(raw: bytes) -> CompletionParams:
     _check_fields(body, SAMPLING | {"messages", "max_completion_tokens", "chat_template_kwargs"}, CHAT_NEUTRAL)
     if "messages" not in body:
         raise _bad("messages", "missing; expected a list of {role, content} objects")
-    if not isinstance(body["messages"], list) or not body["messages"]:
-        raise _bad("messages", f"expected a non-empty list of {{role, content}} objects, got "
-                               f"{json.dumps(body['messages'])[:80]}")
     if body.get("max_completion_tokens") is not None:
         if body.get("max_tokens") is not None:
             raise _bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
         body = {**body, "max_tokens": _integer(body, "max_completion_tokens", 1, 16)}
-    params = _sampling(body, prompt=None, messages=body["messages"],
-                       chat_template_kwargs=body.get("chat_template_kwargs"))
-    if body.get("max_tokens") is None:
-        params.max_tokens = None  # the model's limit, else CHAT_MAX_TOKENS (ServingHost.options)
-    return params
+    # the conversation's shape, by the runtime's own checks (what the template makes of it: later)
+    messages = _checked(check_messages, body["messages"], "messages")
+    variables = _checked(check_variables, body.get("chat_template_kwargs"), "chat_template_kwargs")
+    # no max_tokens: the model's limit, else CHAT_MAX_TOKENS (ServingHost.options)
+    return _sampling(body, None, prompt=None, messages=messages, chat_template_kwargs=variables)
 
 
-def _sampling(body: dict, **request) -> CompletionParams:
-    """The fields a completion and a chat request share."""
+def _checked(check, value, param: str):
+    try:
+        return check(value)
+    except InputError as e:
+        raise HTTPError(400, str(e), param) from None
+
+
+def _sampling(body: dict, max_tokens: int | None = 16, **request) -> CompletionParams:
+    """The fields a completion and a chat request share; `max_tokens`: the default."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"expected a string, got {json.dumps(model)}")
@@ -291,7 +298,7 @@ def _sampling(body: dict, **request) -> CompletionParams:
     params = CompletionParams(
         **request,
         model=model,
-        max_tokens=_integer(body, "max_tokens", 1, 16) if body.get("max_tokens") is not None else 16,
+        max_tokens=_integer(body, "max_tokens", 1, 16) if body.get("max_tokens") is not None else max_tokens,
         temperature=_number(body, "temperature", 1.0, ">= 0", lambda v: v >= 0),
         top_p=_number(body, "top_p", 1.0, "in (0, 1]", lambda v: 0 < v <= 1),
         top_k=top_k,
