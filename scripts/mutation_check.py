@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 373 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 384 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1383,6 +1383,50 @@ FAULTS = (
           'seqexport/runtime/chat.py', '    taken = sorted(set(variables) & set(RESERVED))',
           '    taken = []',
           ('tests/test_serve_chat.py::test_the_template_variables_a_request_may_set_are_checked', 'tests/test_serve_chat.py::test_a_bad_chat_request_is_a_400_naming_the_field')),
+    Fault('M384', "generation config: a key's non-neutral value taken as neutral (repetition_penalty not said)",
+          'seqexport/generation_config.py', '    return any(value is n if n is None or isinstance(value, bool) else value == n for n in NOT_APPLIED[key])',
+          '    return True',
+          ('tests/test_generation_config.py::test_sampling_defaults_are_applied_and_flags_override_them',)),
+    Fault('M385', 'generation config: temperature left out of the defaults',
+          'seqexport/generation_config.py', '    "temperature": (_real(lambda v: v >= 0), "a number >= 0"),\n',
+          '',
+          ('tests/test_generation_config.py::test_sampling_defaults_are_applied_and_flags_override_them', 'tests/test_generation_config.py::test_a_request_that_leaves_sampling_out_takes_the_models_defaults')),
+    Fault('M386', 'generation config: temperature 0 with do_sample true accepted',
+          'seqexport/generation_config.py', '    if defaults.get("do_sample") and defaults.get("temperature") == 0:',
+          '    if defaults.get("do_sample") and defaults.get("temperature") == -1:',
+          ('tests/test_generation_config.py::test_a_value_transformers_would_refuse_stops_the_export_naming_it',)),
+    Fault('M387', "generation options: the model's defaults win over what was given",
+          'seqexport/runtime/generate.py', '    return SearchOptions(**({k: v for k, v in defaults.items() if k in fields}\n                            | {k: v for k, v in given.items() if v is not None}))',
+          '    return SearchOptions(**({k: v for k, v in given.items() if v is not None}\n                            | {k: v for k, v in defaults.items() if k in fields}))',
+          ('tests/test_generation_config.py::test_sampling_defaults_are_applied_and_flags_override_them',)),
+    Fault('M388', "generation options: the model's beam width dropped even when nothing was asked",
+          'seqexport/runtime/generate.py', '    if given.get("do_sample") is not None or (given.get("num_beams") or 1) > 1:',
+          '    if True:',
+          ('tests/test_generation_config.py::test_generate_without_options_decodes_as_transformers_does_with_the_same_folder',)),
+    Fault('M389', "generate() with no options ignores the model's generation defaults",
+          'seqexport/runtime/generate.py', '    if options is None:\n        return model_options(model)',
+          '    if options is None:\n        return SearchOptions()',
+          ('tests/test_generation_config.py::test_generate_without_options_decodes_as_transformers_does_with_the_same_folder',)),
+    Fault('M390', "server: a request without temperature ignores the model's",
+          'seqexport/serve/app.py', '        temperature = _first(params.temperature, default.get("temperature"), 1.0)',
+          '        temperature = _first(params.temperature, 1.0)',
+          ('tests/test_generation_config.py::test_a_request_that_leaves_sampling_out_takes_the_models_defaults',)),
+    Fault('M391', "server: a request without max_tokens ignores the model's max_new_tokens",
+          'seqexport/serve/app.py', '        max_tokens = _first(params.max_tokens, default.get("max_new_tokens"))',
+          '        max_tokens = params.max_tokens',
+          ('tests/test_generation_config.py::test_a_request_that_leaves_sampling_out_takes_the_models_defaults',)),
+    Fault('M392', "server: --generation-config none still takes the model's defaults",
+          'seqexport/serve/app.py', '    return {k: defaults[k] for k in SERVED_DEFAULTS if k in defaults} if source == "model" else {}',
+          '    return {k: defaults[k] for k in SERVED_DEFAULTS if k in defaults}',
+          ('tests/test_generation_config.py::test_a_request_that_leaves_sampling_out_takes_the_models_defaults',)),
+    Fault('M393', 'checkpoint: generation_config.json passed over for config.json',
+          'seqexport/checkpoints/generation.py', '    file = GENERATION_FILE if (folder / GENERATION_FILE).is_file() else CONFIG_FILE',
+          '    file = CONFIG_FILE',
+          ('tests/test_generation_config.py::test_generate_without_options_decodes_as_transformers_does_with_the_same_folder', 'tests/test_generation_config.py::test_a_value_transformers_would_refuse_stops_the_export_naming_it')),
+    Fault('M394', "manifest: a generation default's value not checked",
+          'seqexport/generation_config.py', '        if not ok(value):\n            return f"defaults.{key} {expected}, not {shown(value)}"',
+          '        if not ok(value) and False:\n            return f"defaults.{key} {expected}, not {shown(value)}"',
+          ('tests/test_generation_config.py::test_a_malformed_generation_record_is_refused_naming_it',)),
 )
 
 

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from seqexport.errors import ArtifactError
+from seqexport.generation_config import generation_lines
 from seqexport.jsonfile import read_json_object
 from seqexport.manifest_schema import check_manifest
 from seqexport.specs import GraphSpec
@@ -130,6 +131,7 @@ def describe(folder, m: dict) -> str:
                                   ", ".join(f"{k} {v}" for k, v in tok.items() if not isinstance(v, dict))))
     if tok and tok.get("chat_template"):
         lines.append(f"chat template: {tok['chat_template']['file']} (POST /v1/chat/completions, generate --chat)")
+    lines += generation_lines(m.get("generation"))
     options = {k: v for k, v in (m.get("export_options") or {}).items() if v is not None}
     if options:
         lines.append("export options: " + ", ".join(f"{k}={v}" for k, v in options.items()))

@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from seqexport import families
 from seqexport.errors import ArtifactError
+from seqexport.generation_config import check_record
 from seqexport.specs import DIM_NAMES, DTYPES, ROLES
 
 EXPORT_DTYPES = ("float32", "float16")  # what an export's weights may be
@@ -114,6 +115,9 @@ def check_manifest(m: dict, folder: Path, path: Path) -> None:
         size = c.get(weights, "bytes", "weights", "a byte count (integer >= 0)", _int(0))
         c.get(weights, "tensors", "weights", "an object: name -> {offset, length, dtype, dims} inside the file",
               lambda v: isinstance(v, dict) and all(_stored_ok(t, size) for t in v.values()))
+    generation = m.get("generation")
+    if generation is not None and (problem := check_record(generation)) is not None:
+        c.fail("generation", f"null or the checkpoint's generation defaults: {problem}", generation)
     for key in ("source", "export_options", "parity", "versions", "quantization"):
         c.get(m, key, "", "an object", lambda v: v is None or isinstance(v, dict), optional=True)
 

@@ -416,6 +416,58 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
     assert chat["message"] is None and chat["run"]["tokens"] == chat_want != want[0]
 
 
+def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime(tmp_path):
+    """A checkpoint whose generation_config.json samples (temperature, top-k, top-p, max new
+    tokens) and sets a repetition_penalty: the page's decoding options start at those values,
+    it says the penalty is not applied, and a seeded run with nothing else changed gives the
+    tokens Python's `generate` gives with the model's defaults and that seed; so does the JS
+    runtime's `generateIds(ids, {seed})`."""
+    import torch
+    import transformers
+
+    need_browser()
+    try:
+        find_node_modules()
+    except UsageError as e:
+        unavailable(f"onnxruntime-web cannot be had: {e}")
+    tok = byte_level_bpe()
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                      state_size=8, pad_token_id=0, eos_token_id=None)
+    hf = transformers.MambaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in hf.backbone.layers:
+            layer.mixer.out_proj.weight.mul_(5.0)  # tokens that vary
+    hf.save_pretrained(tmp_path / "ckpt")
+    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "max_new_tokens": 6,
+         "repetition_penalty": 1.2}))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "g")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["web", str(tmp_path / "g"), "--out", str(tmp_path / "site")])
+    assert result.exit_code == 0, result.output
+    model = rt.load(tmp_path / "g", provider="cpu")
+    prompt = "Friday, 5 März 2021"
+    ids = model.encode(prompt)
+    want = {seed: rt.generate(model, [ids], rt.model_options(model, seed=seed))[0] for seed in (7, 8)}
+    assert all(len(w) == 6 for w in want.values()) and want[7] != want[8]
+    with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
+        assert browser.open_page(driver, url, "g") == "ready"
+        shown = {i: driver.find_element("id", i).get_attribute("value")
+                 for i in ("decoding", "temperature", "top-k", "top-p", "max-new-tokens")}
+        note = driver.find_element("id", "error").text
+        got = browser.run_prompt(driver, prompt, doSample=True, seed=7)
+        api = driver.execute_async_script(
+            "const [ids, done] = arguments; window.seqexportPage.model.generateIds(ids, {seed: 8})"
+            ".then(done, (e) => done(String(e)));", ids)
+    assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6"}
+    assert "generation_config.json sets repetition_penalty 1.2, which seqexport does not apply" in note
+    assert got["message"] is None and got["run"]["tokens"] == want[7]
+    assert api == want[8]
+
+
 def test_an_address_naming_a_model_or_option_the_site_lacks_says_so(page):
     """?model= a model the site lacks opens the first one with a visible notice naming what the
     site has (it opened silently); ?threads= or ?backend= that are not ones ORT takes stop the

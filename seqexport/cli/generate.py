@@ -18,29 +18,28 @@ from seqexport.errors import UsageError
 @click.option("--chat", is_flag=True, help="Each --text is a user's message, put through the model's chat template "
               "(as POST /v1/chat/completions does).")
 @click.option("--system", help="With --chat: a system message before each user message.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Stop after this many new tokens.")
-@click.option("--greedy/--sample", default=True, help="Greedy decoding (default) or sampling.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1),
+              help="Stop after this many new tokens [the model's generation default, else 32].")
+@click.option("--greedy/--sample", default=None,
+              help="Greedy decoding or sampling [the model's generation default (do_sample), else greedy].")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True),
-              help="Sampling temperature [1.0].")
-@click.option("--top-k", type=click.IntRange(min=0), help="Sampling: top-k (0: off) [0].")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Sampling: nucleus probability [1.0].")
+              help="Sampling temperature [the model's generation default, else 1.0].")
+@click.option("--top-k", type=click.IntRange(min=0), help="Sampling: top-k (0: off) [the model's, else 0].")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True),
+              help="Sampling: nucleus probability [the model's, else 1.0].")
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
-@click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Beam search width (every family; 1: greedy).")
+@click.option("--beams", type=click.IntRange(min=1),
+              help="Beam search width (every family; 1: greedy) [the model's generation default, else 1].")
 @click.option("--eos-id", type=click.IntRange(min=-1), multiple=True,
               help="Stop a row at this token (repeat for several; -1: never) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
 def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id,
              provider):
-    """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens."""
-    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
-    given = [f"--{k.replace('_', '-')}" for k, v in sampling.items() if v is not None]
-    if greedy and given:
-        click.echo(f"warning: {', '.join(given)} apply to sampling only; add --sample (decoding greedily)", err=True)
-    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
-    search = {k: defaults[k] if v is None else v for k, v in sampling.items()}
+    """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens.
+
+    Options not given take the model's generation defaults (its checkpoint's
+    generation_config.json, as transformers' generate does), else greedy decoding of 32 tokens."""
     if system is not None and not chat:
         raise UsageError("--system is a chat's system message: add --chat")
     if chat and ids:
@@ -49,9 +48,37 @@ def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperatur
         first = [{"role": "system", "content": system}] if system is not None else []
         return first + [{"role": "user", "content": t}]
 
-    run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=not greedy, num_beams=beams,
+    run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=None if greedy is None else not greedy,
+                 num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                  eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True),
-                 conversation=conversation if chat else None, **search)
+                 conversation=conversation if chat else None)
+
+
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
+
+
+def _check_given(given: dict):
+    """The options given (None: not given) checked before a model loads, as SearchOptions checks them."""
+    from seqexport.runtime.generate import SearchOptions
+
+    SearchOptions(**{k: v for k, v in given.items() if v is not None})
+
+
+def _say_defaults(model, given: dict, options, log) -> None:
+    """Tell which of the model's generation defaults this decode took, and what it cannot apply;
+    warn of sampling flags that a greedy decode ignores."""
+    from seqexport.generation_config import not_applied_note
+
+    taken = {k: v for k, v in model.generation_defaults.items()
+             if given.get(k) is None and getattr(options, k) == v and k in given}
+    if taken:
+        log("using the model's generation defaults (" + model.generation["file"] + "): "
+            + ", ".join(f"{k} {v}" for k, v in taken.items()) + " (options given override them)")
+    if note := not_applied_note(model.generation):
+        log(f"warning: {note}")
+    flags = [f"--{k.replace('_', '-')}" for k in SAMPLING_FLAGS if given.get(k) is not None]
+    if flags and not options.do_sample:
+        log(f"warning: {', '.join(flags)} apply to sampling only; add --sample (decoding greedily)")
 
 
 def parse_ids(s: str) -> list[int]:
@@ -79,22 +106,25 @@ def _check_in_vocabulary(prompts: list[list[int]], vocab_size: int) -> None:
 
 def run_generate(folder, texts, ids, *, provider="auto", out=None, log=None, conversation=None,
                  **search) -> list[list[int]]:
-    """`log` (e.g. stderr) hears which provider runs; `out` gets the text or ids; `conversation`
-    (text -> messages) puts each text through the model's chat template."""
+    """`log` (e.g. stderr) hears which provider runs and the generation defaults taken; `out`
+    gets the text or ids; `conversation` (text -> messages) puts each text through the model's
+    chat template; `search`: SearchOptions' fields, None for the model's default."""
     out = out or sys.stdout
     if bool(texts) == bool(ids):
         raise UsageError("give the prompt as --text or as --ids (one of them)")
     for i, t in enumerate(texts):
         if not t.strip():
             raise UsageError(f"--text #{i + 1} is empty; expected a prompt")
-    from seqexport.runtime.generate import SearchOptions, eos_for, generate
+    from seqexport.runtime.generate import eos_for, generate, model_options
     from seqexport.runtime.models import load
 
-    options = SearchOptions(**search)  # checked before the model loads
+    _check_given(search)  # before the model loads
     prompts = [parse_ids(s) for s in ids]
     model = load(folder, provider=provider)
+    options = model_options(model, **search)
     if log:
         log(f"{model.family} from {folder} on {model.provider}")
+        _say_defaults(model, search, options, log)
     tok = model.tokenizer
     if texts:
         if tok is None:

@@ -82,6 +82,9 @@ def _engine_kwargs(kw: dict) -> dict:
                    "with 503 'shutting down; retry' (a stream: an error event, then [DONE]).")
 @click.option("--config-out", type=click.Path(dir_okay=False),
               help="Write a Ray Serve config file (for `serve deploy` on a cluster) and exit.")
+@click.option("--generation-config", type=click.Choice(["model", "none"]), default="model", show_default=True,
+              help="model: a request that leaves out temperature, top_p, top_k or max_tokens takes the model's "
+                   "default (its checkpoint's generation_config.json, as vLLM does); none: OpenAI's defaults.")
 @engine_options
 def serve(folder, **kw):
     """Serve an exported FOLDER over HTTP: OpenAI-style /v1/completions with continuous batching.
@@ -174,6 +177,7 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
     from seqexport.serve.run import run_plain, run_ray
 
     manifest = read_manifest(folder)  # a missing or altered export fails here, in one line
+    _say_defaults(manifest.get("generation"), engine.get("generation_config", "model"), log)
     if engine.get("pin_threads") and (replicas != 1 or autoscale):
         raise UsageError("--pin-threads puts every engine's thread on the same first CPU: use it with one replica "
                          "(no --replicas N > 1 or --autoscale)")
@@ -192,6 +196,21 @@ def serve_command(folder: str, *, host: str, port: int, use_ray: bool, address: 
         if address or replicas != 1 or autoscale:
             raise UsageError("--address, --replicas and --autoscale need Ray; drop --no-ray")
         run_plain(config, host, port, log, manifest, limits)
+
+
+def _say_defaults(record: dict | None, source: str, log) -> None:
+    """Which generation defaults a request will take, and which of the model's cannot apply."""
+    from seqexport.generation_config import not_applied_note
+    from seqexport.serve.app import served_defaults
+
+    if not record:
+        return
+    taken = served_defaults(record["defaults"], source)
+    if taken:
+        log(f"requests that leave them out take the model's generation defaults ({record['file']}): "
+            + ", ".join(f"{k} {v}" for k, v in taken.items()) + " (--generation-config none: OpenAI's)")
+    if source == "model" and (note := not_applied_note(record)):
+        log(f"warning: {note}")
 
 
 def write_config(path: str, config, host: str, port: int, scaling: dict) -> None:

@@ -16,12 +16,14 @@ import onnx
 import torch
 
 import seqexport
+from seqexport.checkpoints.generation import checkpoint_generation
 from seqexport.checkpoints.io import Checkpoint, checkpoint_sha256, save_checkpoint
 from seqexport.errors import ExportError
 from seqexport.export.atomic import atomic_folder
 from seqexport.export.decompose import skipping_needless_decompositions
 from seqexport.export.type_promotion import skipping_needless_type_promotion
 from seqexport.export.weights import WEIGHTS_FILE, Weights, share_weights
+from seqexport.generation_config import not_applied_note
 from seqexport.manifest import graph_entry, sha256_file, write_manifest
 from seqexport.specs import GraphSpec
 
@@ -266,6 +268,9 @@ def write_artifact(out: str | Path, overwrite: bool, ckpt: Checkpoint, preset: s
     family, config = ckpt.family, ckpt.config
     started = time.perf_counter()
     global _pending
+    generation = checkpoint_generation(ckpt)  # (a bad value refused before anything is written)
+    if note := not_applied_note(generation):
+        progress(f"warning: {note}")
     with atomic_folder(out, overwrite) as tmp:
         tokenizer = copy_tokenizer(tokenizer, tmp)
         _pending = []
@@ -283,6 +288,7 @@ def write_artifact(out: str | Path, overwrite: bool, ckpt: Checkpoint, preset: s
             "opset": opset,
             "dtype": dtype,
             "tokenizer": tokenizer,
+            **({"generation": generation} if generation else {}),  # the checkpoint's decode defaults
             "graphs": graphs,
             "weights": weights.record() if weights else None,
             "source": source,

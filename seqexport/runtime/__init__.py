@@ -11,10 +11,18 @@ Each family's runtime model lives with its family (`seqexport/families/<name>/ru
 from seqexport.errors import ArtifactError, InputError, SeqexportError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.engine import Engine, QueueFull, Request
-from seqexport.runtime.generate import Generator, SearchOptions, beam_search, generate, stream
+from seqexport.runtime.generate import (
+    Generator,
+    SearchOptions,
+    beam_search,
+    generate,
+    model_options,
+    stream,
+)
 from seqexport.runtime.models import load
 
 __all__ = [
     "ArtifactError", "Engine", "Generator", "InputError", "QueueFull", "Request", "RuntimeModel",
-    "SearchOptions", "SeqexportError", "State", "UsageError", "beam_search", "generate", "load", "stream",
+    "SearchOptions", "SeqexportError", "State", "UsageError", "beam_search", "generate", "load",
+    "model_options", "stream",
 ]

@@ -62,6 +62,10 @@ class RuntimeModel(StepModel):
             self.chat_template = load_chat_template(record, self.folder)
         except ArtifactError as e:
             raise ArtifactError(f"{self.folder / MANIFEST}: field 'tokenizer': {e}") from None
+        # the checkpoint's decode defaults (generation_config.json): what generate() and a served
+        # request use where they give no value; the record keeps what is not applied too
+        self.generation = self.manifest.get("generation")
+        self.generation_defaults = dict((self.generation or {}).get("defaults") or {})
 
     def encode(self, text: str) -> list[int]:
         """`text` as the prompt ids generation takes, framed as the model was trained (bos,

@@ -82,11 +82,33 @@ def _real(name: str, value, rule: str, ok) -> None:
         raise UsageError(f"{name} must be {rule}, got {value}")
 
 
-def checked_options(options) -> SearchOptions:
+def model_options(model, **given) -> SearchOptions:
+    """SearchOptions where each field given as None (or not given) takes the model's generation
+    default (its checkpoint's generation_config.json: `model.generation_defaults`), else
+    SearchOptions' own, as transformers' `generate` does with a model's generation_config.
+
+    Sampling asked for (do_sample=True) keeps the model's beam width out, and a beam width
+    asked for keeps its do_sample out: the two cannot be combined, and what was asked wins."""
+    defaults = dict(model.generation_defaults)
+    if given.get("do_sample") is not None or (given.get("num_beams") or 1) > 1:
+        defaults.pop("num_beams", None)
+        defaults.pop("do_sample", None)
+    if not (given.get("do_sample") if given.get("do_sample") is not None else defaults.get("do_sample")) \
+            and defaults.get("temperature") == 0:  # greedy's temperature: 0 says greedy, not a divisor
+        defaults.pop("temperature")
+    fields = SearchOptions.__dataclass_fields__
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise UsageError(f"unknown search option(s) {unknown}; expected among {sorted(fields)}")
+    return SearchOptions(**({k: v for k, v in defaults.items() if k in fields}
+                            | {k: v for k, v in given.items() if v is not None}))
+
+
+def checked_options(options, model=None) -> SearchOptions:
     """The options given (a dict's keys would otherwise fail as a bare AttributeError deep in
-    the decode), or the defaults for None."""
+    the decode), or for None the model's generation defaults (model_options)."""
     if options is None:
-        return SearchOptions()
+        return model_options(model)
     if not isinstance(options, SearchOptions):
         raise UsageError(f"options: expected SearchOptions (or None), got {type(options).__name__}"
                          + (": use SearchOptions(**options)" if isinstance(options, dict) else ""))
@@ -207,7 +229,7 @@ class Generator:
 
     def __init__(self, model: RuntimeModel, options: SearchOptions | None = None):
         self.model = model
-        self.options = checked_options(options)
+        self.options = checked_options(options, model)
         check_start_id(model, self.options.start_id)  # (beam search's Generator checks it for it)
         if self.options.num_beams > 1:
             raise UsageError("Generator does greedy or sampling; use generate(..., num_beams=N) for beam search")
@@ -273,8 +295,10 @@ def stream(model, prompts, options: SearchOptions | None = None) -> Iterator[np.
 
 def generate(model, prompts, options: SearchOptions | None = None,
              on_token: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
-    """Generated ids per prompt (eos excluded). `on_token` sees each step's tokens as they come."""
-    options = checked_options(options)
+    """Generated ids per prompt (eos excluded). `on_token` sees each step's tokens as they come.
+    No options: the model's generation defaults (its checkpoint's generation_config.json), else
+    SearchOptions' (greedy, 32 new tokens)."""
+    options = checked_options(options, model)
     if on_token is not None and not callable(on_token):  # (else a TypeError after the first step)
         raise UsageError(f"on_token: expected a function or None, got {type(on_token).__name__}")
     if options.num_beams > 1:

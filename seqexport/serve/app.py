@@ -65,9 +65,26 @@ class ServeConfig:
     request_timeout: float = 300.0  # seconds from submit to the last token (504 after)
     pin_threads: bool = False  # the engine thread on one CPU, the starter on the others (Engine)
     allow_origins: list[str] | None = None  # web pages (scheme://host[:port], or "*") that may call it (CORS)
+    generation_config: str = "model"  # "model": its generation defaults fill what a request leaves out; "none"
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for a completion
+# what a request takes from the model's generation defaults (as vLLM): do_sample and beams are
+# transformers' generate's; OpenAI's API says greedy by temperature 0 and has no beam search
+SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "max_new_tokens")
+
+
+def served_defaults(defaults: dict, source: str) -> dict:
+    """The model's generation defaults a request takes (none with `--generation-config none`)."""
+    return {k: defaults[k] for k in SERVED_DEFAULTS if k in defaults} if source == "model" else {}
+
+
+def _first(*values):
+    """The first value that is not None (None if all are)."""
+    return next((v for v in values if v is not None), None)
 
 
 class ServingHost:
@@ -87,6 +104,7 @@ class ServingHost:
         self.name = config.model_name or Path(config.folder).resolve().name
         self.body_limit = body_limit(config.max_prompt_tokens)
         self.created = int(time.time())
+        self.defaults = served_defaults(self.model.generation_defaults, config.generation_config)
 
     def close(self) -> None:
         self.engine.close()
@@ -111,18 +129,26 @@ class ServingHost:
             raise HTTPError(400, str(e), "messages") from None
 
     def options(self, params: CompletionParams) -> SearchOptions:
+        """The request's decode: each field it leaves out takes the model's generation default
+        (`--generation-config model`), else OpenAI's."""
         limit = self.model.max_new_tokens_limit
-        max_tokens = params.max_tokens
+        default = self.defaults
+        max_tokens = _first(params.max_tokens, default.get("max_new_tokens"))
+        if max_tokens is None and params.messages is None:
+            max_tokens = COMPLETION_MAX_TOKENS
         if max_tokens is None:  # a chat's answer: to its eos, within what the model holds
             max_tokens = min(limit, CHAT_MAX_TOKENS) if limit is not None else CHAT_MAX_TOKENS
         if limit is not None and max_tokens > limit:
-            raise HTTPError(400, f"max_tokens: {max_tokens} exceeds what the model can hold "
+            given = "max_tokens" if params.max_tokens is not None else "the model's default max_new_tokens"
+            raise HTTPError(400, f"max_tokens: {given} {max_tokens} exceeds what the model can hold "
                                  f"({limit} positions)", "max_tokens")
-        sample = not params.greedy
+        temperature = _first(params.temperature, default.get("temperature"), 1.0)
+        sample = temperature != 0  # OpenAI's API: temperature 0 is greedy
         try:
             return SearchOptions(max_new_tokens=max_tokens, do_sample=sample,
-                                 temperature=params.temperature if sample else 1.0,
-                                 top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+                                 temperature=temperature if sample else 1.0,
+                                 top_k=_first(params.top_k, default.get("top_k"), 0),
+                                 top_p=_first(params.top_p, default.get("top_p"), 1.0), seed=params.seed,
                                  eos_id=-1 if params.ignore_eos else None)
         except UsageError as e:
             raise HTTPError(400, str(e)) from None

@@ -39,10 +39,12 @@ class HTTPError(Exception):
 class CompletionParams:
     prompt: str | list[int] | None  # None for a chat request
     model: str | None = None
-    max_tokens: int | None = 16  # OpenAI's default for a completion; None: a chat's (CHAT_MAX_TOKENS)
-    temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 (or -1, vLLM's spelling): off
+    # None where the request leaves a field out: the model's generation default, else OpenAI's
+    # (ServingHost.options: max_tokens 16 for a completion, to eos for a chat; temperature 1)
+    max_tokens: int | None = None
+    temperature: float | None = None  # 0: greedy
+    top_p: float | None = None
+    top_k: int | None = None  # 0 (or -1, vLLM's spelling): off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -50,10 +52,6 @@ class CompletionParams:
     ignore_eos: bool = False  # vLLM extension: generate max_tokens tokens whatever comes
     messages: list[dict] | None = None  # a chat request's conversation (/v1/chat/completions)
     chat_template_kwargs: dict | None = None  # vLLM extension: more variables for the chat template
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 # fields of the OpenAI API we accept only at the value that changes nothing
@@ -163,7 +161,7 @@ def _integer(body: dict, name: str, least: int, default, allow_none=False):
     return v
 
 
-def _number(body: dict, name: str, default: float, rule: str, ok) -> float:
+def _number(body: dict, name: str, default: float | None, rule: str, ok) -> float | None:
     v = body.get(name, default)
     if v is None:
         return default
@@ -274,8 +272,8 @@ def parse_chat(raw: bytes) -> CompletionParams:
     # the conversation's shape, by the runtime's own checks (what the template makes of it: later)
     messages = _checked(check_messages, body["messages"], "messages")
     variables = _checked(check_variables, body.get("chat_template_kwargs"), "chat_template_kwargs")
-    # no max_tokens: the model's limit, else CHAT_MAX_TOKENS (ServingHost.options)
-    return _sampling(body, None, prompt=None, messages=messages, chat_template_kwargs=variables)
+    # no max_tokens: the model's generation default, else its limit, else CHAT_MAX_TOKENS (ServingHost.options)
+    return _sampling(body, prompt=None, messages=messages, chat_template_kwargs=variables)
 
 
 def _checked(check, value, param: str):
@@ -285,22 +283,22 @@ def _checked(check, value, param: str):
         raise HTTPError(400, str(e), param) from None
 
 
-def _sampling(body: dict, max_tokens: int | None = 16, **request) -> CompletionParams:
-    """The fields a completion and a chat request share; `max_tokens`: the default."""
+def _sampling(body: dict, **request) -> CompletionParams:
+    """The fields a completion and a chat request share (None: left out, or null)."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"expected a string, got {json.dumps(model)}")
-    top_k = body.get("top_k", 0)
-    top_k = 0 if top_k == -1 and not isinstance(top_k, bool) else _integer(body, "top_k", 0, 0)
+    top_k = body.get("top_k")
+    top_k = 0 if top_k == -1 and not isinstance(top_k, bool) else _integer(body, "top_k", 0, None, allow_none=True)
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise _bad("stream_options", f"expected {{\"include_usage\": true|false}}, got {json.dumps(options)}")
     params = CompletionParams(
         **request,
         model=model,
-        max_tokens=_integer(body, "max_tokens", 1, 16) if body.get("max_tokens") is not None else max_tokens,
-        temperature=_number(body, "temperature", 1.0, ">= 0", lambda v: v >= 0),
-        top_p=_number(body, "top_p", 1.0, "in (0, 1]", lambda v: 0 < v <= 1),
+        max_tokens=_integer(body, "max_tokens", 1, None, allow_none=True),
+        temperature=_number(body, "temperature", None, ">= 0", lambda v: v >= 0),
+        top_p=_number(body, "top_p", None, "in (0, 1]", lambda v: 0 < v <= 1),
         top_k=top_k,
         seed=_integer(body, "seed", 0, None, allow_none=True),
         stop=_stop(body.get("stop")),

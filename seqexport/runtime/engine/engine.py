@@ -119,7 +119,7 @@ class Engine:
                timeout: float | None = None, request_id: str | None = None) -> Request:
         """Queue one prompt (token ids). Raises InputError/UsageError for a prompt or options
         the model cannot take, QueueFull when `max_queue` requests already wait."""
-        options = checked_options(options)
+        options = checked_options(options, self.model)
         row = checked_prompt(self.model, prompt, options, timeout, self.max_prompt_tokens)
         check_hooks(on_event, stop, request_id)
         now = time.monotonic()

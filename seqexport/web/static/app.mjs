@@ -77,9 +77,7 @@ async function selectModel(name) {
     return b;
   }));
   const limit = entry.max_new_tokens_limit;
-  $("max-new-tokens").value = Math.min(32, limit ?? 32);
-  if (limit) $("max-new-tokens").max = limit;
-  else $("max-new-tokens").removeAttribute("max");
+  showDefaults({}, limit);
   const mine = (loading = loadModel(entry.path, {
     backend: params.get("backend") ?? "auto",
     threads: threadsAsked(),
@@ -94,9 +92,14 @@ async function selectModel(name) {
     current = { entry, model };
     page.model = model;
     $("chat-row").hidden = !model.chatTemplate; // a chat model: its prompts go through its template
+    showDefaults(model.generationDefaults, limit);
     $("status").className = "status ready";
     $("status").textContent = `${entry.name} ready · ${model.manifest.family} · ${backendLabel(model)}`;
     if (model.fallback) showError(model.fallback);
+    const skipped = Object.entries(model.manifest.generation?.not_applied ?? {});
+    if (skipped.length) // as `seqexport generate` and `serve` warn of it
+      showError(`This model's ${model.manifest.generation.file} sets ${skipped.map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ")}, ` +
+                "which seqexport does not apply: its tokens can differ from transformers' generate.");
     if (missing) showError(missing);
     setState("ready");
   } catch (e) {
@@ -105,6 +108,19 @@ async function selectModel(name) {
     showError(`The model ${entry.name} could not be loaded: ${explain(e)}`);
     setState("load-error");
   }
+}
+
+// The decoding options start at the model's generation defaults (its checkpoint's
+// generation_config.json), else the runtime's: what `seqexport generate` would use
+function showDefaults(defaults, limit) {
+  const o = { maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, ...defaults };
+  $("max-new-tokens").value = Math.min(o.maxNewTokens, limit ?? o.maxNewTokens);
+  if (limit) $("max-new-tokens").max = limit;
+  else $("max-new-tokens").removeAttribute("max");
+  $("decoding").value = o.doSample ? "sample" : "greedy";
+  $("temperature").value = o.temperature;
+  $("top-k").value = o.topK;
+  $("top-p").value = o.topP;
 }
 
 function readOptions() {

@@ -223,6 +223,9 @@ export class Model {
     const appended = new Set();
     for (const spec of Object.values(this.specs)) for (const [, inp] of spec.appends ?? []) appended.add(inp);
     this.appended = appended;
+    // the checkpoint's decode defaults (generation_config.json), in generate()'s option names:
+    // what an option left out takes, as Python's generate() (no beam search here: num_beams is Python's)
+    this.generationDefaults = generationDefaults(this.manifest.generation?.defaults ?? {});
   }
 
   get vocabSize() {
@@ -437,7 +440,7 @@ export class Model {
    * doSample, temperature, topK, topP, seed, eosId (an id or a list of ids; -1: never), startId.
    */
   async *generate(promptIds, options = {}) {
-    const o = searchOptions(options, this.tokenizer);
+    const o = searchOptions(options, this.tokenizer, this.generationDefaults);
     // an eos the model cannot pick would never end a row (as eos_for() refuses it)
     const unpickable = o.eosIds.find((id) => id >= this.vocabSize);
     if (unpickable !== undefined)
@@ -507,14 +510,26 @@ function randomSeed() {
   return words[0] * 2 ** 21 + (words[1] >>> 11); // < 2**53
 }
 
-/** Options checked as SearchOptions checks them; an error names the bad value. */
-export function searchOptions(options, tokenizer) {
+const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
+  max_new_tokens: "maxNewTokens" };
+
+/** A manifest's generation defaults ({do_sample, temperature, …}) as generate()'s options. */
+export function generationDefaults(defaults) {
+  const o = {};
+  for (const [key, name] of Object.entries(GENERATION_KEYS)) if (defaults[key] != null) o[name] = defaults[key];
+  if (!o.doSample && o.temperature === 0) delete o.temperature; // greedy's 0 says greedy, it is no divisor
+  return o;
+}
+
+/** Options checked as SearchOptions checks them; an error names the bad value. `model`: the
+ * model's generation defaults, taken where `options` leaves a field out (Python's model_options). */
+export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
     maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, seed: null,
     eosId: tokenizer?.eosIds ?? null, startId: null,
   };
   // a misspelt option (maxNewToken) would decode with the default instead, silently
-  const o = { ...defaults, ...checkedKeys(options, Object.keys(defaults), "generate") };
+  const o = { ...defaults, ...model, ...checkedKeys(options, Object.keys(defaults), "generate") };
   // the ids that end a row, as eos_for() gives them: one id, a list, or none
   o.eosIds = o.eosId == null ? [] : Array.isArray(o.eosId) ? [...o.eosId] : [o.eosId];
   for (const id of o.eosIds)
