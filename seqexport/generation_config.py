@@ -3,7 +3,7 @@
 
     record = generation_record(data, "ckpt/generation_config.json")  # None when it sets nothing we keep
     {"file": "generation_config.json", "defaults": {"do_sample": true, "temperature": 0.6, "top_p": 0.9},
-     "not_applied": {"repetition_penalty": 1.05}}
+     "not_applied": {"no_repeat_ngram_size": 3}}
 
 transformers' `model.generate()` decodes with these values when a call gives none, and vLLM
 takes temperature, top_p, top_k and max_new_tokens as the defaults of its requests: a model
@@ -39,11 +39,12 @@ APPLIED = {
     "max_new_tokens": (_int(1), "an integer >= 1"),
     "num_beams": (_int(1), "an integer >= 1"),
     "length_penalty": (_real(lambda v: True), "a finite number"),
+    "repetition_penalty": (_real(lambda v: v > 0), "a number > 0"),
 }
 # keys that change which tokens come out, with the values at which they change nothing: any
 # other value is not applied here, and said so
 NOT_APPLIED = {
-    "repetition_penalty": (1, 1.0), "encoder_repetition_penalty": (1, 1.0), "no_repeat_ngram_size": (0,),
+    "encoder_repetition_penalty": (1, 1.0), "no_repeat_ngram_size": (0,),
     "encoder_no_repeat_ngram_size": (0,), "min_p": (None, 0, 0.0), "typical_p": (1, 1.0),
     "epsilon_cutoff": (0, 0.0), "eta_cutoff": (0, 0.0), "min_length": (0,), "min_new_tokens": (None, 0),
     "bad_words_ids": (None, []), "suppress_tokens": (None, []), "begin_suppress_tokens": (None, []),
@@ -96,7 +97,7 @@ def check_record(record) -> str | None:
 
 
 def not_applied_keys(record: dict | None) -> str | None:
-    """The keys seqexport does not apply, with their values ("repetition_penalty 1.05"), or None."""
+    """The keys seqexport does not apply, with their values ("no_repeat_ngram_size 3"), or None."""
     skipped = (record or {}).get("not_applied") or {}
     return ", ".join(f"{k} {shown(v, 40)}" for k, v in skipped.items()) or None
 

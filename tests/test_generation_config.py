@@ -81,12 +81,12 @@ def test_generate_without_options_decodes_as_transformers_does_with_the_same_fol
 
 def test_sampling_defaults_are_applied_and_flags_override_them(checkpoint, tmp_path):
     folder, out = with_generation(checkpoint, tmp_path, do_sample=True, temperature=0.7, top_k=3, top_p=0.95,
-                                  max_new_tokens=8, repetition_penalty=1.1)
+                                  max_new_tokens=8, no_repeat_ngram_size=3)
     manifest = read_manifest(out)
     reference = transformers.GenerationConfig.from_pretrained(folder)  # how transformers reads the file
     assert manifest["generation"]["defaults"] == {k: getattr(reference, k) for k in
                                                   ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens")}
-    assert manifest["generation"]["not_applied"] == {"repetition_penalty": reference.repetition_penalty}
+    assert manifest["generation"]["not_applied"] == {"no_repeat_ngram_size": reference.no_repeat_ngram_size}
     hf = transformers.MambaForCausalLM.from_pretrained(folder).eval()
     seen = set()
     for seed in range(4):
@@ -99,11 +99,13 @@ def test_sampling_defaults_are_applied_and_flags_override_them(checkpoint, tmp_p
         seen.add(tuple(ours))
     assert len(seen) > 1  # sampled: seeds give different answers
     assert "do_sample True, temperature 0.7, top_k 3, top_p 0.95, max_new_tokens 8" in log
-    assert "repetition_penalty 1.1, which seqexport does not apply" in log
+    assert "no_repeat_ngram_size 3, which seqexport does not apply" in log
     # what was given wins; what was not keeps the model's
     greedy, _ = cli_ids(out, "--greedy")
     with torch.no_grad():
-        assert greedy == hf.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=8)[0, 8:].tolist()
+        # (transformers applies the file's no_repeat_ngram_size, which seqexport said it does not)
+        assert greedy == hf.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=8,
+                                     no_repeat_ngram_size=0)[0, 8:].tolist()
     wide, log = cli_ids(out, "--seed", "1", "--top-k", "0", "--max-new-tokens", "3")
     same = rt.generate(rt.load(out), [PROMPT], rt.SearchOptions(do_sample=True, temperature=0.7, top_k=0, top_p=0.95,
                                                                 max_new_tokens=3, seed=1))[0]
@@ -111,31 +113,37 @@ def test_sampling_defaults_are_applied_and_flags_override_them(checkpoint, tmp_p
     assert "top_k" not in log.split("generation defaults")[1].split("\n")[0]  # given, so not "taken"
     result = CliRunner().invoke(cli, ["inspect", str(out)])
     assert "generation defaults (generation_config.json): do_sample true, temperature 0.7" in result.output
-    assert "not applied (tokens can differ from transformers' generate): repetition_penalty 1.1" in result.output
+    assert "not applied (tokens can differ from transformers' generate): no_repeat_ngram_size 3" in result.output
 
 
 def test_a_request_that_leaves_sampling_out_takes_the_models_defaults(checkpoint, tmp_path, tmp_path_factory):
-    _, out = with_generation(checkpoint, tmp_path, do_sample=True, temperature=0.5, top_k=2, max_new_tokens=5)
+    _, out = with_generation(checkpoint, tmp_path, do_sample=True, temperature=3.0, top_k=40, top_p=0.9,
+                             max_new_tokens=5, repetition_penalty=1.2)
     model = rt.load(out)
 
     def explicit(seed, **given):
-        options = {"do_sample": True, "temperature": 0.5, "top_k": 2, "max_new_tokens": 5, "seed": seed} | given
+        options = {"do_sample": True, "temperature": 3.0, "top_k": 40, "top_p": 0.9, "max_new_tokens": 5,
+                   "repetition_penalty": 1.2, "seed": seed} | given
         return rt.generate(model, [PROMPT], rt.SearchOptions(**options))[0]
 
+    # each default matters: leaving any one out changes some seed's tokens (or the test says nothing)
+    for key, neutral in [("temperature", 1.0), ("top_k", 0), ("top_p", 1.0), ("repetition_penalty", 1.0)]:
+        assert any(explicit(seed) != explicit(seed, **{key: neutral}) for seed in range(4)), key
     with plain_server(out, tmp_path_factory) as server:
-        assert "take the model's generation defaults (generation_config.json): temperature 0.5, top_k 2, " \
-               "max_new_tokens 5" in server.log_path.read_text()
+        assert "take the model's generation defaults (generation_config.json): temperature 3.0, top_p 0.9, " \
+               "top_k 40, max_new_tokens 5, repetition_penalty 1.2" in server.log_path.read_text()
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        for seed in (0, 1, 2):
+        for seed in range(4):
             answer = client.completions.create(model=out.name, prompt=PROMPT, seed=seed)
-            assert answer.choices[0].token_ids == explicit(seed)  # 5 tokens, top_k 2, temperature 0.5
+            assert answer.choices[0].token_ids == explicit(seed)  # 5 tokens, each default applied
         given = client.completions.create(model=out.name, prompt=PROMPT, seed=3, max_tokens=7, temperature=0,
                                           extra_body={"top_k": 0})
         assert given.choices[0].token_ids == rt.generate(model, [PROMPT], rt.SearchOptions(max_new_tokens=7))[0]
     with plain_server(out, tmp_path_factory, "--generation-config", "none") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         answer = client.completions.create(model=out.name, prompt=PROMPT, seed=4)
-        assert answer.choices[0].token_ids == explicit(4, temperature=1.0, top_k=0, max_new_tokens=16)
+        assert answer.choices[0].token_ids == explicit(4, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
+                                                       repetition_penalty=1.0)
 
 
 @pytest.mark.parametrize("config, message", [

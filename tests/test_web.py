@@ -418,10 +418,11 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
 
 def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime(tmp_path):
     """A checkpoint whose generation_config.json samples (temperature, top-k, top-p, max new
-    tokens) and sets a repetition_penalty: the page's decoding options start at those values,
-    it says the penalty is not applied, and a seeded run with nothing else changed gives the
-    tokens Python's `generate` gives with the model's defaults and that seed; so does the JS
-    runtime's `generateIds(ids, {seed})`."""
+    tokens, a repetition penalty) and sets a no_repeat_ngram_size: the page's decoding options
+    start at those values, it says the n-gram rule is not applied, and a seeded run with nothing
+    else changed gives the tokens Python's `generate` gives with the model's defaults and that
+    seed; so does the JS runtime's `generateIds(ids, {seed})`, and greedy with OpenAI's presence
+    and frequency penalties."""
     import torch
     import transformers
 
@@ -442,7 +443,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
     (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(
         {"do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "max_new_tokens": 6,
-         "repetition_penalty": 1.2}))
+         "repetition_penalty": 1.4, "no_repeat_ngram_size": 2}))
     runner = CliRunner()
     result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "g")])
     assert result.exit_code == 0, result.output
@@ -453,19 +454,27 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     ids = model.encode(prompt)
     want = {seed: rt.generate(model, [ids], rt.model_options(model, seed=seed))[0] for seed in (7, 8)}
     assert all(len(w) == 6 for w in want.values()) and want[7] != want[8]
+    plain = rt.SearchOptions(do_sample=True, temperature=0.5, top_k=3, top_p=0.9, max_new_tokens=6, seed=7)
+    assert want[7] != rt.generate(model, [ids], plain)[0]  # the penalty decides a token
+    penalties = {"presencePenalty": 1.5, "frequencyPenalty": 0.7, "doSample": False, "maxNewTokens": 12}
+    greedy = rt.generate(model, [ids], rt.model_options(model, presence_penalty=1.5, frequency_penalty=0.7,
+                                                        do_sample=False, max_new_tokens=12))[0]
+    assert greedy != rt.generate(model, [ids], rt.model_options(model, do_sample=False, max_new_tokens=12))[0]
     with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
         assert browser.open_page(driver, url, "g") == "ready"
         shown = {i: driver.find_element("id", i).get_attribute("value")
-                 for i in ("decoding", "temperature", "top-k", "top-p", "max-new-tokens")}
+                 for i in ("decoding", "temperature", "top-k", "top-p", "max-new-tokens", "repetition-penalty")}
         note = driver.find_element("id", "error").text
         got = browser.run_prompt(driver, prompt, doSample=True, seed=7)
         api = driver.execute_async_script(
-            "const [ids, done] = arguments; window.seqexportPage.model.generateIds(ids, {seed: 8})"
-            ".then(done, (e) => done(String(e)));", ids)
-    assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6"}
-    assert "generation_config.json sets repetition_penalty 1.2, which seqexport does not apply" in note
+            "const [ids, options, done] = arguments; const m = window.seqexportPage.model;"
+            "Promise.all([m.generateIds(ids, {seed: 8}), m.generateIds(ids, options)])"
+            ".then(done, (e) => done(String(e)));", ids, penalties)
+    assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6",
+                     "repetition-penalty": "1.4"}
+    assert "generation_config.json sets no_repeat_ngram_size 2, which seqexport does not apply" in note
     assert got["message"] is None and got["run"]["tokens"] == want[7]
-    assert api == want[8]
+    assert api == [want[8], greedy]
 
 
 def test_an_address_naming_a_model_or_option_the_site_lacks_says_so(page):

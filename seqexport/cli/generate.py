@@ -28,14 +28,21 @@ from seqexport.errors import UsageError
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True),
               help="Sampling: nucleus probability [the model's, else 1.0].")
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
+@click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True),
+              help="A token already in the prompt or the answer: its logit / this (x this where negative), as "
+                   "transformers' [the model's generation default, else 1: off].")
+@click.option("--presence-penalty", type=click.FloatRange(-2, 2),
+              help="OpenAI's: minus this from each token already generated [0].")
+@click.option("--frequency-penalty", type=click.FloatRange(-2, 2),
+              help="OpenAI's: minus this times each token's count in the answer so far [0].")
 @click.option("--beams", type=click.IntRange(min=1),
               help="Beam search width (every family; 1: greedy) [the model's generation default, else 1].")
 @click.option("--eos-id", type=click.IntRange(min=-1), multiple=True,
               help="Stop a row at this token (repeat for several; -1: never) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
-def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperature, top_k, top_p, seed, beams, eos_id,
-             provider):
+def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperature, top_k, top_p, seed,
+             repetition_penalty, presence_penalty, frequency_penalty, beams, eos_id, provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens.
 
     Options not given take the model's generation defaults (its checkpoint's
@@ -50,6 +57,8 @@ def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperatur
 
     run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=None if greedy is None else not greedy,
                  num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                 repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                 frequency_penalty=frequency_penalty,
                  eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True),
                  conversation=conversation if chat else None)
 

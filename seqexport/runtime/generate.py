@@ -23,6 +23,7 @@ import numpy as np
 
 from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
+from seqexport.runtime.penalties import Seen, penalized
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class SearchOptions:
     seed: int | None = None  # sampling: seed of the random generator (reproducible)
     num_beams: int = 1  # beam search width; 1 = greedy
     length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
+    repetition_penalty: float = 1.0  # a seen token's score / this (x this where negative); 1: off
+    presence_penalty: float = 0.0  # OpenAI's: minus this for each token generated already
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times each token's count so far
     # stop a row at this token, or at any of these (default: the tokenizer's eos_ids; -1 or (): never)
     eos_id: int | tuple[int, ...] | None = None
     start_id: int | None = None  # an encoder-decoder's decoder start (default: tokenizer bos, else 1)
@@ -50,6 +54,9 @@ class SearchOptions:
             _integer("seed", self.seed, 0)
         _integer("num_beams", self.num_beams, 1)
         _real("length_penalty", self.length_penalty, "finite", lambda v: True)
+        _real("repetition_penalty", self.repetition_penalty, "> 0", lambda v: v > 0)
+        _real("presence_penalty", self.presence_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
+        _real("frequency_penalty", self.frequency_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
         if self.start_id is not None:
             _integer("start_id", self.start_id, 0)
         if isinstance(self.eos_id, list | tuple):
@@ -241,6 +248,7 @@ class Generator:
         self._logits = None
         self._done: np.ndarray | None = None
         self._steps = 0  # tokens picked so far (every unfinished row has this many)
+        self._seen: list[Seen] | None = None  # per row, for the penalties (None: no penalty asked)
 
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
@@ -250,6 +258,8 @@ class Generator:
             raise InputError(f"max_new_tokens {self.options.max_new_tokens} exceeds what the model can hold: "
                              f"its decoder has {limit} positions")
         self._logits, self.state = self.model.begin(rows, self.options.start_id)
+        if penalized(self.options):
+            self._seen = [Seen(self.options, seen_context(self.model, r)) for r in rows]
         self.sequences = [[] for _ in rows]
         self._done = np.zeros(len(rows), bool)
         self._steps = 0
@@ -271,8 +281,15 @@ class Generator:
         if not np.isfinite(self._logits).all():
             raise ArtifactError(f"the model produced NaN/Inf logits after {self._steps} new tokens; "
                                 "run `seqexport validate` on this export")
-        tokens = pick_tokens(self._logits, self.options, self.rng).astype(np.int64)
+        logits = self._logits
+        if self._seen is not None:  # (b, v): each row's own penalties
+            logits = np.stack([seen.apply(row) for seen, row in zip(self._seen, logits)])
+        tokens = pick_tokens(logits, self.options, self.rng).astype(np.int64)
         tokens[self._done] = -1
+        if self._seen is not None:
+            for seen, t in zip(self._seen, tokens.tolist()):
+                if t >= 0:  # (a finished row's -1 is no token)
+                    seen.add(t)
         # (b, k) -> (b,): a comparison, not np.isin (which costs ~10 us a decode step)
         ended = (tokens[:, None] == self._eos_ids).any(-1) & ~self._done  # finished rows' -1 is no eos
         for i in np.flatnonzero(~self._done & ~ended):
@@ -310,6 +327,19 @@ def generate(model, prompts, options: SearchOptions | None = None,
         if on_token:
             on_token(tokens)
     return gen.sequences
+
+
+def seen_context(model, prompt: list[int]) -> list[int]:
+    """What a row's repetition penalty counts before it generates: a language model's prompt
+    (transformers counts its input_ids); an encoder-decoder's source is another sequence."""
+    return [] if model.takes_start_id else prompt
+
+
+def _beam_seen(options: SearchOptions, model, prompt: list[int], generated: list[int]) -> Seen:
+    seen = Seen(options, seen_context(model, prompt))
+    for t in generated:
+        seen.add(t)
+    return seen
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -359,6 +389,7 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
     n = len(rows)
     gen = Generator(model, SearchOptions(max_new_tokens=options.max_new_tokens, eos_id=eos,
                                          start_id=options.start_id))
+    penalties = penalized(options)
     gen.append_tokens([r for r in rows for _ in range(k)])  # each source repeated k times
     state, logits = gen.state, gen._logits
     scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], n)  # only beam 0 is live at first
@@ -368,6 +399,8 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
     lp = options.length_penalty
     for step in range(options.max_new_tokens):
         logp = _log_softmax(logits)  # (n*k, v)
+        if penalties:  # on the log-probabilities, as transformers' beam search applies its processors
+            logp = np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logp[b]) for b in range(n * k)])
         v = logp.shape[-1]
         total = (scores[:, None] + logp).reshape(n, k * v)
         best = np.argsort(-total, axis=-1, kind="stable")[:, : 2 * k]

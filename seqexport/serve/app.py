@@ -74,7 +74,7 @@ class ServeConfig:
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for a completion
 # what a request takes from the model's generation defaults (as vLLM): do_sample and beams are
 # transformers' generate's; OpenAI's API says greedy by temperature 0 and has no beam search
-SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "max_new_tokens")
+SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
 
 
 def served_defaults(defaults: dict, source: str) -> dict:
@@ -149,6 +149,9 @@ class ServingHost:
                                  temperature=temperature if sample else 1.0,
                                  top_k=_first(params.top_k, default.get("top_k"), 0),
                                  top_p=_first(params.top_p, default.get("top_p"), 1.0), seed=params.seed,
+                                 repetition_penalty=_first(params.repetition_penalty,
+                                                           default.get("repetition_penalty"), 1.0),
+                                 presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
                                  eos_id=-1 if params.ignore_eos else None)
         except UsageError as e:
             raise HTTPError(400, str(e)) from None

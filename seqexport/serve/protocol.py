@@ -7,7 +7,7 @@ the server answers.
 
 Follows the OpenAI `/v1/completions` API (as vLLM and TGI do) so its clients work unchanged;
 fields we do not implement are accepted only at their neutral value (e.g. n = 1), others are
-refused with the field named. Extensions, as in vLLM: `top_k`, `ignore_eos`; each choice
+refused with the field named. Extensions, as in vLLM: `top_k`, `repetition_penalty`, `ignore_eos`; each choice
 also carries `token_ids` (what generate() would return).
 """
 
@@ -45,6 +45,9 @@ class CompletionParams:
     temperature: float | None = None  # 0: greedy
     top_p: float | None = None
     top_k: int | None = None  # 0 (or -1, vLLM's spelling): off
+    repetition_penalty: float | None = None  # vLLM extension (transformers'): 1 off
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -55,18 +58,17 @@ class CompletionParams:
 
 
 # fields of the OpenAI API we accept only at the value that changes nothing
-NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, 0), "presence_penalty": (0,),
-           "frequency_penalty": (0,), "suffix": (None, ""), "logit_bias": (None, {})}
+NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, 0), "suffix": (None, ""),
+           "logit_bias": (None, {})}
 # the same for a chat request (no tools: the model answers in text)
-CHAT_NEUTRAL = {"n": (1,), "logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (0,),
-                "frequency_penalty": (0,), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+CHAT_NEUTRAL = {"n": (1,), "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
                 "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, True, False)}
 IGNORED = {"user"}  # accepted and not used
 # A chat answer with no max_tokens runs to its eos, up to the model's positional limit, else this
 # many tokens: OpenAI's chat API has no fixed default, and the completions' 16 cuts answers short
 CHAT_MAX_TOKENS = 4096
 SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-            "ignore_eos"}
+            "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty"}
 MAX_STOPS = 4  # as OpenAI
 # characters of one stop string: each is indexed when its request arrives, on the event loop
 # (serve.text.StopMatcher: ~0.6 us a character, so a 1 MB stop string held every client 0.6 s)
@@ -300,6 +302,9 @@ def _sampling(body: dict, **request) -> CompletionParams:
         temperature=_number(body, "temperature", None, ">= 0", lambda v: v >= 0),
         top_p=_number(body, "top_p", None, "in (0, 1]", lambda v: 0 < v <= 1),
         top_k=top_k,
+        repetition_penalty=_number(body, "repetition_penalty", None, "> 0", lambda v: v > 0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),
         seed=_integer(body, "seed", 0, None, allow_none=True),
         stop=_stop(body.get("stop")),
         stream=_flag(body, "stream"),

@@ -268,5 +268,9 @@ class RunningBatch:
                                        "tokens; run `seqexport validate` on this export"))
                 continue
             opts = req.options
-            token = int(pick_tokens(logits[i : i + 1], opts, req._rng)[0]) if opts.do_sample else best[i]
+            if req._seen is not None:  # its penalties: its own row of scores
+                row = req._seen.apply(logits[i])[None]  # (1, v)
+                token = int(pick_tokens(row, opts, req._rng)[0]) if opts.do_sample else int(row.argmax())
+            else:
+                token = int(pick_tokens(logits[i : i + 1], opts, req._rng)[0]) if opts.do_sample else best[i]
             self.tokens_generated += req.take(token, now)

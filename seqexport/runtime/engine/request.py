@@ -10,6 +10,7 @@ import numpy as np
 from seqexport.errors import InputError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.generate import SearchOptions, as_rows, check_start_id
+from seqexport.runtime.penalties import Seen
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 
@@ -50,6 +51,7 @@ class Request:
         self._next = -1  # the token the next decode step feeds once _pending is empty
         self._pending: list[int] = []  # tokens still to feed before the first pick, last first
         self._eos: tuple[int, ...] = ()  # the ids that end it, set by the engine
+        self._seen: Seen | None = None  # the tokens its penalties count, set by the engine where it has any
         self._cancelled = False
         self._held = False  # hold(): its consumer is behind; the engine parks its row
         self._engine_flag: list | None = None  # the engine's "a request was cancelled" flag
@@ -104,6 +106,8 @@ class Request:
         """A picked token, by generate()'s rule: eos ends the request (not kept), else the token
         is kept and shown, then a stop string or the length limit ends it. True: a token was kept."""
         self._picked += 1
+        if self._seen is not None:
+            self._seen.add(token)
         if token in self._eos:
             self.finish("stop")
             return False

@@ -113,7 +113,7 @@ async function selectModel(name) {
 // The decoding options start at the model's generation defaults (its checkpoint's
 // generation_config.json), else the runtime's: what `seqexport generate` would use
 function showDefaults(defaults, limit) {
-  const o = { maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, ...defaults };
+  const o = { maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, repetitionPenalty: 1.0, ...defaults };
   $("max-new-tokens").value = Math.min(o.maxNewTokens, limit ?? o.maxNewTokens);
   if (limit) $("max-new-tokens").max = limit;
   else $("max-new-tokens").removeAttribute("max");
@@ -121,6 +121,7 @@ function showDefaults(defaults, limit) {
   $("temperature").value = o.temperature;
   $("top-k").value = o.topK;
   $("top-p").value = o.topP;
+  $("repetition-penalty").value = o.repetitionPenalty;
 }
 
 function readOptions() {
@@ -130,7 +131,8 @@ function readOptions() {
     if (raw === "" || !Number.isFinite(v)) throw new ModelError(`${$(id).parentElement.textContent.trim()}: "${raw}" is not a number`);
     return v;
   };
-  const options = { maxNewTokens: number("max-new-tokens"), doSample: $("decoding").value === "sample" };
+  const options = { maxNewTokens: number("max-new-tokens"), doSample: $("decoding").value === "sample",
+    repetitionPenalty: number("repetition-penalty") };
   if (options.doSample) {
     options.temperature = number("temperature");
     options.topK = number("top-k");

@@ -101,6 +101,47 @@ export function argmax(values) {
 }
 
 /**
+ * The tokens one row has seen, for its penalties, as Python's seqexport.runtime.penalties.Seen:
+ * a repetition penalty on every id of `context` (a language model's prompt) and of the answer
+ * (divided where positive, multiplied where negative, once), OpenAI's presence and frequency
+ * penalties on the answer's ids. In float32, each operation rounded as numpy's float32 rounds it.
+ */
+export class Seen {
+  static wanted(o) {
+    return o.repetitionPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0;
+  }
+
+  constructor(options, context = []) {
+    this.repetition = Math.fround(options.repetitionPenalty);
+    this.presence = Math.fround(options.presencePenalty);
+    this.frequency = Math.fround(options.frequencyPenalty);
+    this.ids = [...new Set(context)];
+    this.known = new Set(this.ids);
+    this.counts = new Map(); // generated token -> times
+  }
+
+  add(token) {
+    if (!this.known.has(token)) {
+      this.known.add(token);
+      this.ids.push(token);
+    }
+    this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
+  }
+
+  /** A penalised copy of one row of logits (Float32Array). */
+  apply(logits) {
+    const f = Math.fround;
+    const out = Float32Array.from(logits);
+    const v = out.length;
+    if (this.repetition !== 1)
+      for (const t of this.ids) if (t < v) out[t] = out[t] < 0 ? f(out[t] * this.repetition) : f(out[t] / this.repetition);
+    if (this.presence !== 0 || this.frequency !== 0)
+      for (const [t, c] of this.counts) if (t < v) out[t] = f(out[t] - f(f(this.frequency * c) + this.presence));
+    return out;
+  }
+}
+
+/**
  * The next token from one row of logits: argmax, or (doSample) a draw from `rng` after
  * temperature, top-k (0: off) and top-p (1: off), in float64 as the Python runtime computes it.
  */

@@ -17,7 +17,7 @@
 // positions are written into a state buffer at `past_lengths` (an attention KV cache). Inputs
 // are filled by their role: tokens, mask, state, lengths, keep.
 
-import { PCG64, pickToken } from "./sampling.mjs";
+import { PCG64, Seen, pickToken } from "./sampling.mjs";
 import { ChatTemplate, TextStream, encodePrompt, loadTokenizer } from "./tokenizers.mjs";
 
 const HERE = new URL(".", import.meta.url);
@@ -437,7 +437,8 @@ export class Model {
   /**
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
-   * doSample, temperature, topK, topP, seed, eosId (an id or a list of ids; -1: never), startId.
+   * doSample, temperature, topK, topP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
+   * eosId (an id or a list of ids; -1: never), startId; one left out: the model's generation default.
    */
   async *generate(promptIds, options = {}) {
     const o = searchOptions(options, this.tokenizer, this.generationDefaults);
@@ -449,12 +450,15 @@ export class Model {
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
     const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
     const stream = this.tokenizer ? new TextStream(this.tokenizer) : null;
+    // an encoder-decoder's source is another sequence: its penalties count the answer only
+    const seen = Seen.wanted(o) ? new Seen(o, this.roles.begin ? [] : promptIds) : null;
     let { logits, state, ms } = await this.start(promptIds, { startId: o.startId });
     try {
       for (let n = 0; n < o.maxNewTokens; n++) {
         if (!logits.every(Number.isFinite))
           throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
-        const token = pickToken(logits, o, rng);
+        const token = pickToken(seen ? seen.apply(logits) : logits, o, rng);
+        seen?.add(token);
         if (o.eosIds.includes(token)) return;
         yield { token, text: stream ? stream.push(token) : `${token} `, ms, first: n === 0 };
         if (n + 1 < o.maxNewTokens) {
@@ -511,7 +515,7 @@ function randomSeed() {
 }
 
 const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
-  max_new_tokens: "maxNewTokens" };
+  max_new_tokens: "maxNewTokens", repetition_penalty: "repetitionPenalty" };
 
 /** A manifest's generation defaults ({do_sample, temperature, …}) as generate()'s options. */
 export function generationDefaults(defaults) {
@@ -526,6 +530,7 @@ export function generationDefaults(defaults) {
 export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
     maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, seed: null,
+    repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0,
     eosId: tokenizer?.eosIds ?? null, startId: null,
   };
   // a misspelt option (maxNewToken) would decode with the default instead, silently
@@ -546,6 +551,10 @@ export function searchOptions(options, tokenizer, model = {}) {
   const number = (v) => typeof v === "number" && Number.isFinite(v);
   if (!(number(o.temperature) && o.temperature > 0)) throw new ModelError(`temperature must be a number > 0, got ${shown(o.temperature)}`);
   if (!(number(o.topP) && o.topP > 0 && o.topP <= 1)) throw new ModelError(`top-p must be a number in (0, 1], got ${shown(o.topP)}`);
+  if (!(number(o.repetitionPenalty) && o.repetitionPenalty > 0))
+    throw new ModelError(`repetitionPenalty must be a number > 0, got ${shown(o.repetitionPenalty)}`);
+  for (const name of ["presencePenalty", "frequencyPenalty"])
+    if (!(number(o[name]) && o[name] >= -2 && o[name] <= 2)) throw new ModelError(`${name} must be a number in [-2, 2], got ${shown(o[name])}`);
   if (o.seed !== null) integer("seed", 0);
   if (o.startId !== null) integer("startId", 0);
   return o;

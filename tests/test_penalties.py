@@ -1,0 +1,180 @@
+"""Repetition, presence and frequency penalties in every decode: generate() (greedy, sampling,
+beam search), the engine and the server, against transformers' generate(repetition_penalty=…)
+on the same checkpoint and against a greedy loop over transformers' full forward with OpenAI's
+presence / frequency rule written out here."""
+
+import json
+import shutil
+
+import numpy as np
+import openai
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+import seqexport.runtime as rt
+from seqexport.cli import cli
+from seqexport.errors import UsageError
+from tests.test_serve import plain_server
+
+PROMPTS = [[5, 17, 42, 8, 60, 3, 91, 11], [7, 7, 7, 2, 40]]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(transformers' model, our export) of one random Mamba checkpoint whose greedy decode repeats
+    itself (so that a penalty changes the tokens); no eos: decodes run their full length."""
+    torch.manual_seed(1)
+    cfg = transformers.MambaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, state_size=8,
+                                   eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    hf = transformers.MambaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in hf.backbone.layers:
+            layer.mixer.conv1d.bias.normal_(0, 0.5)
+            layer.mixer.out_proj.weight.mul_(5.0)
+    root = tmp_path_factory.mktemp("penalties")
+    hf.save_pretrained(root / "hf")
+    result = CliRunner().invoke(cli, ["export", "mamba", "--checkpoint", str(root / "hf"), "--out", str(root / "onnx")])
+    assert result.exit_code == 0, result.output
+    return hf, root / "onnx"
+
+
+def hf_tokens(hf, prompt, **kwargs) -> list[int]:
+    with torch.no_grad():
+        return hf.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt):].tolist()
+
+
+def test_greedy_with_a_repetition_penalty_is_transformers_greedy(exported):
+    hf, folder = exported
+    model = rt.load(folder)
+    for prompt in PROMPTS:
+        plain = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=16))[0]
+        ours = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=16, repetition_penalty=1.5))[0]
+        assert ours == hf_tokens(hf, prompt, do_sample=False, max_new_tokens=16, repetition_penalty=1.5)
+        assert ours != plain  # the penalty changed something
+    # rewarding repetition (< 1) too, and a batch (each row its own history)
+    batch = rt.generate(model, PROMPTS, rt.SearchOptions(max_new_tokens=10, repetition_penalty=0.6))
+    assert batch == [hf_tokens(hf, p, do_sample=False, max_new_tokens=10, repetition_penalty=0.6) for p in PROMPTS]
+
+
+def test_beam_search_with_a_repetition_penalty_is_transformers_beam_search(exported):
+    hf, folder = exported
+    model = rt.load(folder)
+    for prompt in PROMPTS:
+        ours = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=8, num_beams=3, repetition_penalty=1.5))[0]
+        assert ours == hf_tokens(hf, prompt, do_sample=False, num_beams=3, max_new_tokens=8, repetition_penalty=1.5,
+                                 length_penalty=1.0)
+        assert ours != rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=8, num_beams=3))[0]
+
+
+def openai_greedy(hf, prompt, n, presence, frequency) -> list[int]:
+    """A greedy loop over transformers' full forward (no cache), each generated token's logit
+    lowered by frequency x its count + presence, as OpenAI documents the two penalties."""
+    out: list[int] = []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + out])).logits[0, -1].double()
+        for t in set(out):
+            logits[t] -= frequency * out.count(t) + presence
+        out.append(int(logits.argmax()))
+    return out
+
+
+@pytest.mark.parametrize("presence, frequency", [(1.5, 0.0), (0.0, 0.8), (-0.5, 0.3)])
+def test_presence_and_frequency_penalties_follow_openais_rule(exported, presence, frequency):
+    hf, folder = exported
+    model = rt.load(folder)
+    prompt = PROMPTS[0]
+    ours = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=14, presence_penalty=presence,
+                                                         frequency_penalty=frequency))[0]
+    assert ours == openai_greedy(hf, prompt, 14, presence, frequency)
+    assert ours != rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=14))[0]
+
+
+def test_sampling_applies_the_penalty_before_it_draws(exported):
+    """Sampled with top_k 1 the draw is the penalised argmax: transformers' greedy with the penalty."""
+    hf, folder = exported
+    model = rt.load(folder)
+    ours = rt.generate(model, [PROMPTS[0]], rt.SearchOptions(max_new_tokens=12, do_sample=True, top_k=1, seed=3,
+                                                             repetition_penalty=1.5))[0]
+    assert ours == hf_tokens(hf, PROMPTS[0], do_sample=False, max_new_tokens=12, repetition_penalty=1.5)
+
+
+def test_served_requests_and_the_cli_take_the_penalties(exported, tmp_path, tmp_path_factory):
+    """A batch of penalised and plain requests on one server: each gets generate()'s tokens for
+    it alone; `generate --repetition-penalty` too; and a checkpoint's generation_config
+    repetition_penalty is the default of both."""
+    hf, folder = exported
+    model = rt.load(folder)
+    asks = [{"repetition_penalty": 1.5}, {}, {"presence_penalty": 1.5}, {"frequency_penalty": 0.8},
+            {"repetition_penalty": 1.3, "temperature": 0.8, "seed": 4}]
+
+    def expected(prompt, ask):
+        sample = "temperature" in ask
+        options = {k: v for k, v in ask.items() if k != "temperature"} | {
+            "temperature": ask.get("temperature", 1.0), "do_sample": sample}
+        return rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=10, **options))[0]
+
+    with plain_server(folder, tmp_path_factory) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        import concurrent.futures as cf
+
+        def ask(i):
+            body = asks[i % len(asks)]
+            extra = {"repetition_penalty": body["repetition_penalty"]} if "repetition_penalty" in body else {}
+            openai_fields = {k: v for k, v in body.items() if k != "repetition_penalty"}
+            return client.completions.create(model=folder.name, prompt=PROMPTS[i % 2], max_tokens=10,
+                                             **({"temperature": 0} | openai_fields), extra_body=extra)
+
+        with cf.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(ask, range(10)))
+        for i, answer in enumerate(answers):
+            assert answer.choices[0].token_ids == expected(PROMPTS[i % 2], asks[i % len(asks)]), i
+        for field, value in [("presence_penalty", 2.5), ("frequency_penalty", "high"), ("repetition_penalty", 0)]:
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.completions.create(model=folder.name, prompt=PROMPTS[0], extra_body={field: value})
+            assert caught.value.body["param"] == field
+    ids = " ".join(map(str, PROMPTS[0]))
+    result = CliRunner().invoke(cli, ["generate", str(folder), "--ids", ids, "--max-new-tokens", "16",
+                                      "--repetition-penalty", "1.5"])
+    assert result.exit_code == 0, result.output
+    assert [int(t) for t in result.stdout.split()] == hf_tokens(hf, PROMPTS[0], do_sample=False, max_new_tokens=16,
+                                                                repetition_penalty=1.5)
+    # the checkpoint's own repetition_penalty: the default (transformers' generate() with no arguments)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(folder.parent / "hf", ckpt)
+    (ckpt / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.5, "max_new_tokens": 9}))
+    result = CliRunner().invoke(cli, ["export", "mamba", "--checkpoint", str(ckpt), "--out", str(tmp_path / "g")])
+    assert result.exit_code == 0, result.output
+    reference = transformers.MambaForCausalLM.from_pretrained(ckpt).eval()
+    assert rt.generate(rt.load(tmp_path / "g"), [PROMPTS[0]])[0] == hf_tokens(reference, PROMPTS[0])
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("repetition_penalty", 0, "repetition_penalty must be > 0, got 0"),
+    ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3"),
+    ("frequency_penalty", float("nan"), "frequency_penalty must be in [-2, 2], got nan"),
+])
+def test_a_penalty_out_of_range_is_named(field, value, message):
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        rt.SearchOptions(**{field: value})
+
+
+def test_the_engine_keeps_each_rows_history_apart(exported):
+    """Several penalised requests in one batch, joined at different rounds: each gets the tokens
+    generate() gives it alone."""
+    _, folder = exported
+    model = rt.load(folder)
+    engine = rt.Engine(model, max_rows=4).start()
+    try:
+        options = [rt.SearchOptions(max_new_tokens=n, repetition_penalty=p, frequency_penalty=f)
+                   for n, p, f in [(12, 1.5, 0.0), (7, 1.0, 0.6), (10, 0.7, 0.0), (12, 1.2, 0.3), (5, 1.5, 1.0)]]
+        reqs = [engine.submit(PROMPTS[i % 2], o) for i, o in enumerate(options)]
+        for r in reqs:
+            assert r.wait(60)
+        got = [r.tokens for r in reqs]
+    finally:
+        engine.close()
+    assert got == [rt.generate(model, [PROMPTS[i % 2]], o)[0] for i, o in enumerate(options)]
+    assert np.unique([len(g) for g in got]).size > 1
