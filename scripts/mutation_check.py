@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 384 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 395 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1427,6 +1427,50 @@ FAULTS = (
           'seqexport/generation_config.py', '        if not ok(value):\n            return f"defaults.{key} {expected}, not {shown(value)}"',
           '        if not ok(value) and False:\n            return f"defaults.{key} {expected}, not {shown(value)}"',
           ('tests/test_generation_config.py::test_a_malformed_generation_record_is_refused_naming_it',)),
+    Fault('M395', 'repetition penalty: a negative score divided, a positive one multiplied',
+          'seqexport/runtime/penalties.py', 'out[ids] = np.where(s < 0, s * real(self.repetition), s / real(self.repetition))',
+          'out[ids] = np.where(s < 0, s / real(self.repetition), s * real(self.repetition))',
+          ('tests/test_penalties.py::test_greedy_with_a_repetition_penalty_is_transformers_greedy',)),
+    Fault('M396', 'repetition penalty: the prompt not counted',
+          'seqexport/runtime/penalties.py', '        self._ids = list(dict.fromkeys(int(t) for t in context))  # each once, for the repetition penalty',
+          '        self._ids = []  # each once, for the repetition penalty',
+          ('tests/test_penalties.py::test_greedy_with_a_repetition_penalty_is_transformers_greedy',)),
+    Fault('M397', "frequency penalty: a token's count taken as 1",
+          'seqexport/runtime/penalties.py', '        self._counts[token] = self._counts.get(token, 0) + 1',
+          '        self._counts[token] = 1',
+          ('tests/test_penalties.py::test_presence_and_frequency_penalties_follow_openais_rule',)),
+    Fault('M398', 'beam search: the penalty applied to the raw logits, not the log-probabilities',
+          'seqexport/runtime/generate.py', '            logp = np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logp[b]) for b in range(n * k)])',
+          '            logp = _log_softmax(np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logits[b]) for b in range(n * k)]))',
+          ('tests/test_penalties.py::test_beam_search_with_a_repetition_penalty_is_transformers_beam_search',)),
+    Fault('M399', "engine: a request's history not told its tokens",
+          'seqexport/runtime/engine/request.py', '        if self._seen is not None:\n            self._seen.add(token)\n',
+          '',
+          ('tests/test_penalties.py::test_the_engine_keeps_each_rows_history_apart', 'tests/test_penalties.py::test_served_requests_and_the_cli_take_the_penalties')),
+    Fault('M400', "engine: a penalised greedy row takes the batch's unpenalised argmax",
+          'seqexport/runtime/engine/batch.py', 'token = int(pick_tokens(row, opts, req._rng)[0]) if opts.do_sample else int(row.argmax())',
+          'token = int(pick_tokens(row, opts, req._rng)[0]) if opts.do_sample else best[i]',
+          ('tests/test_penalties.py::test_the_engine_keeps_each_rows_history_apart', 'tests/test_penalties.py::test_served_requests_and_the_cli_take_the_penalties')),
+    Fault('M401', "server: the model's repetition_penalty not a request's default",
+          'seqexport/serve/app.py', 'SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")',
+          'SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "max_new_tokens")',
+          ('tests/test_generation_config.py::test_a_request_that_leaves_sampling_out_takes_the_models_defaults',)),
+    Fault('M402', "server: a request's presence_penalty read and dropped",
+          'seqexport/serve/app.py', 'presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,',
+          'presence_penalty=0.0, frequency_penalty=params.frequency_penalty,',
+          ('tests/test_penalties.py::test_served_requests_and_the_cli_take_the_penalties',)),
+    Fault('M403', 'page: repetition penalty divides a negative logit',
+          'seqexport/web/static/sampling.mjs', 'out[t] = out[t] < 0 ? f(out[t] * this.repetition) : f(out[t] / this.repetition);',
+          'out[t] = f(out[t] / this.repetition);',
+          ('tests/test_web.py::test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime',)),
+    Fault('M404', 'page: the prompt not counted by the repetition penalty',
+          'seqexport/web/static/seqexport.mjs', 'const seen = Seen.wanted(o) ? new Seen(o, this.roles.begin ? [] : promptIds) : null;',
+          'const seen = Seen.wanted(o) ? new Seen(o, []) : null;',
+          ('tests/test_web.py::test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime',)),
+    Fault('M405', 'page: presence penalty left out',
+          'seqexport/web/static/sampling.mjs', 'out[t] = f(out[t] - f(f(this.frequency * c) + this.presence));',
+          'out[t] = f(out[t] - f(this.frequency * c));',
+          ('tests/test_web.py::test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime',)),
 )
 
 

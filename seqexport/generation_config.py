@@ -6,7 +6,7 @@
      "not_applied": {"no_repeat_ngram_size": 3}}
 
 transformers' `model.generate()` decodes with these values when a call gives none, and vLLM
-takes temperature, top_p, top_k and max_new_tokens as the defaults of its requests: a model
+takes temperature, top_p, top_k, repetition_penalty and max_new_tokens as the defaults of its requests: a model
 served without them answers differently from the one its authors tuned. Only the keys the file
 sets are kept (as vLLM does): a key it leaves out keeps seqexport's default (top_k off, where
 transformers' generate would add its own top_k 50). Keys that change the tokens and that
