@@ -24,6 +24,15 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.end_requests = end_requests  # ends every request in progress (blocking: run on a thread)
         self.grace_s = grace_s
+        self.stopped_by: int | None = None  # the first signal that stopped it
+
+    def handle_exit(self, sig: int, frame) -> None:
+        """uvicorn's, noting the signal: `run_plain` exits by it once the server has stopped
+        (uvicorn raises it again after restoring the handlers, but the CLI's Ctrl-C handler
+        defers a signal that lands inside an import by re-sending it 50 ms later, and by then
+        the process could have returned 0: seen once in CI under load)."""
+        self.stopped_by = self.stopped_by or sig
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
         loop = asyncio.get_running_loop()

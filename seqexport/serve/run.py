@@ -4,6 +4,7 @@ process (`--no-ray`), until SIGINT/SIGTERM."""
 
 import contextlib
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -36,11 +37,14 @@ def run_plain(config: ServeConfig, host: str, port: int, log, manifest: dict | N
             config = uvicorn.Config(build_app(serving), log_level="warning", http=limited_protocol(limits), ws="none",
                                     timeout_keep_alive=int(limits.timeout_s) + 5)
             server = DrainingServer(config, serving.engine.close, limits.shutdown_grace_s)
-            # uvicorn raises the signal it shut down on again once stopped: SIGTERM exits 143 and
-            # Ctrl-C 130 (`cli.main`), as in the embedded default (this swallowed Ctrl-C: exit 0)
+            # SIGTERM exits 143 and Ctrl-C 130 (`cli.main`), as in the embedded default: uvicorn
+            # raises the signal again once stopped, and below it is raised for certain (the CLI's
+            # handler may defer a re-raised Ctrl-C, and the process returned 0 first)
             server.run(sockets=[sock])
         finally:
             serving.close()
+    if server.stopped_by is not None:  # stopped by a signal: exit as it says (128 + it)
+        raise KeyboardInterrupt if server.stopped_by == signal.SIGINT else SystemExit(128 + server.stopped_by)
 
 
 def _listening(host: str, port: int):
