@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 395 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 397 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1462,7 +1462,7 @@ FAULTS = (
     Fault('M403', 'page: repetition penalty divides a negative logit',
           'seqexport/web/static/sampling.mjs', 'out[t] = out[t] < 0 ? f(out[t] * this.repetition) : f(out[t] / this.repetition);',
           'out[t] = f(out[t] / this.repetition);',
-          ('tests/test_web.py::test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime',)),
+          ('tests/test_web.py::test_the_pages_penalties_give_pythons_scores_to_the_bit',)),
     Fault('M404', 'page: the prompt not counted by the repetition penalty',
           'seqexport/web/static/seqexport.mjs', 'const seen = Seen.wanted(o) ? new Seen(o, this.roles.begin ? [] : promptIds) : null;',
           'const seen = Seen.wanted(o) ? new Seen(o, []) : null;',
@@ -1470,7 +1470,15 @@ FAULTS = (
     Fault('M405', 'page: presence penalty left out',
           'seqexport/web/static/sampling.mjs', 'out[t] = f(out[t] - f(f(this.frequency * c) + this.presence));',
           'out[t] = f(out[t] - f(this.frequency * c));',
-          ('tests/test_web.py::test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime',)),
+          ('tests/test_web.py::test_the_pages_penalties_give_pythons_scores_to_the_bit',)),
+    Fault('M406', 'beam search: early_stopping false ends a search at num_beams finished, as true does',
+          'seqexport/runtime/generate.py', '    if options.early_stopping is True:\n        return True',
+          '    if options.early_stopping is not None:\n        return True',
+          ('tests/test_beam_recurrent.py::test_beam_search_with_an_eos_ends_where_transformers_early_stopping_says',)),
+    Fault('M407', 'beam search: early_stopping "never" scores the best running beam at its current length',
+          'seqexport/runtime/generate.py', '    length = options.max_new_tokens if options.early_stopping == "never" and lp > 0 else t',
+          '    length = t',
+          ('tests/test_beam_recurrent.py::test_beam_search_with_an_eos_ends_where_transformers_early_stopping_says',)),
 )
 
 

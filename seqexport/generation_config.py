@@ -40,6 +40,7 @@ APPLIED = {
     "num_beams": (_int(1), "an integer >= 1"),
     "length_penalty": (_real(lambda v: True), "a finite number"),
     "repetition_penalty": (_real(lambda v: v > 0), "a number > 0"),
+    "early_stopping": (lambda v: isinstance(v, bool) or v == "never", 'true, false or "never"'),
 }
 # keys that change which tokens come out, with the values at which they change nothing: any
 # other value is not applied here, and said so

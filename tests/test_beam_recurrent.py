@@ -135,3 +135,37 @@ def test_rwkv7_beam_search_equals_a_reference_search_over_the_eager_forward(tmp_
     reference = [reference_beam_search(ckpt.model, p, BEAMS, NEW) for p in PROMPTS]
     greedy = [reference_beam_search(ckpt.model, p, 1, NEW) for p in PROMPTS]
     _check(ours, reference, greedy)
+
+
+def test_beam_search_with_an_eos_ends_where_transformers_early_stopping_says(tmp_path):
+    """With an eos some hypotheses finish early, and when a prompt's search stops decides the
+    answer: `early_stopping` True (at num_beams finished), False (transformers' default: once no
+    running beam can beat them at its length) and "never" (at the longest length) each give
+    transformers' tokens, over four eos tokens and three length penalties; and somewhere they
+    disagree (else this would test nothing)."""
+    hf = _hf_case(tmp_path, "mamba")
+    m = rt.load(tmp_path / "export", provider="cpu", threads=1)
+    new = 12
+    plain = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=new, num_beams=BEAMS, eos_id=NO_EOS))
+    counts = np.bincount([t for row in plain for t in row[1:]])
+    disagreements, ended = 0, 0
+    # tokens the beams produce once: hypotheses end at them, late (a frequent one ends every search
+    # at once, however it stops)
+    for eos in np.flatnonzero(counts == 1)[:4].tolist():
+        for length_penalty in (1.0, 0.3, 2.0):
+            answers = []
+            for early in (True, False, "never"):
+                ours = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=new, num_beams=BEAMS, eos_id=eos,
+                                                                length_penalty=length_penalty, early_stopping=early))
+                reference = []
+                for p in PROMPTS:
+                    with torch.no_grad():
+                        seq = hf.generate(torch.tensor([p]), num_beams=BEAMS, max_new_tokens=new, do_sample=False,
+                                          length_penalty=length_penalty, early_stopping=early, eos_token_id=eos,
+                                          pad_token_id=eos)[0, len(p):].tolist()
+                    reference.append(seq[: seq.index(eos)] if eos in seq else seq)  # ours: no eos, no padding
+                assert ours == reference, (early, eos, length_penalty)
+                answers.append(ours)
+                ended += sum(len(r) < new for r in ours)
+            disagreements += answers[0] != answers[1] or answers[1] != answers[2]
+    assert disagreements > 0 and ended > 0

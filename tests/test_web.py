@@ -457,6 +457,11 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     plain = rt.SearchOptions(do_sample=True, temperature=0.5, top_k=3, top_p=0.9, max_new_tokens=6, seed=7)
     assert want[7] != rt.generate(model, [ids], plain)[0]  # the penalty decides a token
     penalties = {"presencePenalty": 1.5, "frequencyPenalty": 0.7, "doSample": False, "maxNewTokens": 12}
+    # a prompt of the model's own favourite tokens, under a strong repetition penalty: counting the
+    # prompt or not decides the answer
+    echo = ids + rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=8))[0]
+    strong = rt.generate(model, [echo], rt.model_options(model, do_sample=False, repetition_penalty=4.0,
+                                                        max_new_tokens=8))[0]
     greedy = rt.generate(model, [ids], rt.model_options(model, presence_penalty=1.5, frequency_penalty=0.7,
                                                         do_sample=False, max_new_tokens=12))[0]
     assert greedy != rt.generate(model, [ids], rt.model_options(model, do_sample=False, max_new_tokens=12))[0]
@@ -467,14 +472,15 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
         note = driver.find_element("id", "error").text
         got = browser.run_prompt(driver, prompt, doSample=True, seed=7)
         api = driver.execute_async_script(
-            "const [ids, options, done] = arguments; const m = window.seqexportPage.model;"
-            "Promise.all([m.generateIds(ids, {seed: 8}), m.generateIds(ids, options)])"
-            ".then(done, (e) => done(String(e)));", ids, penalties)
+            "const [ids, options, echo, done] = arguments; const m = window.seqexportPage.model;"
+            "Promise.all([m.generateIds(ids, {seed: 8}), m.generateIds(ids, options),"
+            " m.generateIds(echo, {doSample: false, repetitionPenalty: 4.0, maxNewTokens: 8})])"
+            ".then(done, (e) => done(String(e)));", ids, penalties, echo)
     assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6",
                      "repetition-penalty": "1.4"}
     assert "generation_config.json sets no_repeat_ngram_size 2, which seqexport does not apply" in note
     assert got["message"] is None and got["run"]["tokens"] == want[7]
-    assert api == [want[8], greedy]
+    assert api == [want[8], greedy, strong]
 
 
 def test_an_address_naming_a_model_or_option_the_site_lacks_says_so(page):
@@ -705,6 +711,53 @@ def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
     assert got["listed"]["eosIds"] == got["listed"]["stops"] == eos_ids
     assert got["listed"]["text"] == ours.decode(ended) == hf.decode(ended[:k])
     assert got["listed"]["whole"] == ours.decode(ended, stop_at_eos=False)
+
+
+JS_PENALTIES = """
+const [cases, done] = arguments;
+(async () => {
+  const { Seen } = await import("./sampling.mjs");
+  return cases.map(([options, context, generated, logits]) => {
+    const seen = new Seen(options, context);
+    for (const t of generated) seen.add(t);
+    return { wanted: Seen.wanted(options), scores: Array.from(seen.apply(Float32Array.from(logits))) };
+  });
+})().then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_the_pages_penalties_give_pythons_scores_to_the_bit(page):
+    """The page's repetition, presence and frequency penalties (sampling.mjs `Seen`) against the
+    Python runtime's (`seqexport.runtime.penalties.Seen`, itself checked against transformers'
+    generate and OpenAI's rule): the same float32 scores, bit for bit, over random logits of
+    both signs, histories with repeats and ids past the vocabulary."""
+    from seqexport.runtime.generate import SearchOptions
+    from seqexport.runtime.penalties import Seen
+
+    url, driver, _ = page
+    rng = np.random.default_rng(0)
+    cases = []
+    for rep, presence, frequency in [(1.3, 0, 0), (0.7, 0.5, 0.4), (1, -1.2, 2), (1.5, 2, -2), (1, 0, 0)]:
+        v = 40
+        context = rng.integers(0, v + 3, 12).tolist()  # repeats, and ids the row cannot pick
+        generated = rng.integers(0, v + 3, 15).tolist()
+        logits = (rng.standard_normal(v) * 4).astype(np.float32)
+        cases.append(({"repetitionPenalty": rep, "presencePenalty": presence, "frequencyPenalty": frequency},
+                      context, generated, logits.tolist()))
+    driver.get(url)
+    got = driver.execute_async_script(JS_PENALTIES, cases)
+    assert "error" not in got, got
+    for (options, context, generated, logits), js in zip(cases, got):
+        search = SearchOptions(repetition_penalty=options["repetitionPenalty"],
+                               presence_penalty=options["presencePenalty"],
+                               frequency_penalty=options["frequencyPenalty"])
+        seen = Seen(search, context)
+        for t in generated:
+            seen.add(t)
+        want = seen.apply(np.array(logits, np.float32))
+        assert js["wanted"] == (options != {"repetitionPenalty": 1, "presencePenalty": 0, "frequencyPenalty": 0})
+        assert np.array_equal(np.array(js["scores"], np.float32), want), options
+        assert js["wanted"] == (not np.array_equal(want, np.array(logits, np.float32)))  # each case does something
 
 
 JS_STREAM = """

@@ -37,12 +37,16 @@ from seqexport.errors import UsageError
               help="OpenAI's: minus this times each token's count in the answer so far [0].")
 @click.option("--beams", type=click.IntRange(min=1),
               help="Beam search width (every family; 1: greedy) [the model's generation default, else 1].")
+@click.option("--early-stopping", type=click.Choice(["true", "false", "never"]),
+              help="Beam search: end at --beams finished hypotheses (true), once no running beam can beat "
+                   "them (false), or that at the longest length (never), as transformers "
+                   "[the model's generation default, else false].")
 @click.option("--eos-id", type=click.IntRange(min=-1), multiple=True,
               help="Stop a row at this token (repeat for several; -1: never) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
 def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperature, top_k, top_p, seed,
-             repetition_penalty, presence_penalty, frequency_penalty, beams, eos_id, provider):
+             repetition_penalty, presence_penalty, frequency_penalty, beams, early_stopping, eos_id, provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens.
 
     Options not given take the model's generation defaults (its checkpoint's
@@ -59,6 +63,7 @@ def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperatur
                  num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                  frequency_penalty=frequency_penalty,
+                 early_stopping={"true": True, "false": False}.get(early_stopping, early_stopping),
                  eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True),
                  conversation=conversation if chat else None)
 

@@ -36,6 +36,10 @@ class SearchOptions:
     seed: int | None = None  # sampling: seed of the random generator (reproducible)
     num_beams: int = 1  # beam search width; 1 = greedy
     length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
+    # beam search ends a prompt's search (as transformers): True at num_beams finished hypotheses;
+    # False once no running beam can beat the worst of them at its current length; "never" the
+    # same at the longest length (where length_penalty > 0)
+    early_stopping: bool | str = False
     repetition_penalty: float = 1.0  # a seen token's score / this (x this where negative); 1: off
     presence_penalty: float = 0.0  # OpenAI's: minus this for each token generated already
     frequency_penalty: float = 0.0  # OpenAI's: minus this times each token's count so far
@@ -54,6 +58,8 @@ class SearchOptions:
             _integer("seed", self.seed, 0)
         _integer("num_beams", self.num_beams, 1)
         _real("length_penalty", self.length_penalty, "finite", lambda v: True)
+        if not (isinstance(self.early_stopping, bool | np.bool_) or self.early_stopping == "never"):
+            raise UsageError(f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
         _real("repetition_penalty", self.repetition_penalty, "> 0", lambda v: v > 0)
         _real("presence_penalty", self.presence_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
         _real("frequency_penalty", self.frequency_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
@@ -373,12 +379,28 @@ def _next_beams(first: int, best: np.ndarray, total: np.ndarray, v: int, k: int,
     return chosen + [(first, 0, -np.inf)] * (k - len(chosen))  # padded with dead beams
 
 
+def _search_over(finished: list, chosen: list, k: int, t: int, options: SearchOptions) -> bool:
+    """Whether one prompt's search is over after its t-th token, by transformers' rule: it has k
+    finished hypotheses and (early_stopping False) its best running beam, scored at length t, or
+    ("never", length_penalty > 0) at the longest length, cannot beat the worst of the k best."""
+    if len(finished) < k:
+        return False
+    if options.early_stopping is True:
+        return True
+    worst = sorted((score for score, _ in finished), reverse=True)[k - 1]
+    running = max(score for _, _, score in chosen)  # sum log p of the best beam going on
+    lp = options.length_penalty
+    length = options.max_new_tokens if options.early_stopping == "never" and lp > 0 else t
+    return running / length ** lp <= worst
+
+
 def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[list[int]]:
     """Beam search (any family whose state rows can be reordered); each prompt keeps num_beams
     hypotheses.
 
-    Finished hypotheses are scored sum(log p) / length ** length_penalty; a row stops
-    when it has num_beams finished ones (early stopping), so num_beams=1 is greedy.
+    Finished hypotheses are scored sum(log p) / length ** length_penalty (length: the tokens
+    generated, eos included); a prompt's search ends as `early_stopping` says (transformers'
+    rule), so num_beams=1 is greedy.
     """
     if not model.supports_beams:
         raise UsageError(f"beam search is not available for the {model.family} family "
@@ -403,13 +425,14 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
             logp = np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logp[b]) for b in range(n * k)])
         v = logp.shape[-1]
         total = (scores[:, None] + logp).reshape(n, k * v)
-        best = np.argsort(-total, axis=-1, kind="stable")[:, : 2 * k]
+        # as many candidates as transformers keeps: enough that k go on though each eos ends some
+        best = np.argsort(-total, axis=-1, kind="stable")[:, : max(2, 1 + len(eos)) * k]
         new_rows, new_tokens, new_scores = [], [], []
         last = step == options.max_new_tokens - 1
         for r in range(n):
             ending = None if done[r] else finished[r]  # a done row records no more endings
             chosen = _next_beams(r * k, best[r], total[r], v, k, eos, last, seqs, ending, lp)
-            done[r] = done[r] or len(finished[r]) >= k  # early stopping: k finished hypotheses
+            done[r] = done[r] or _search_over(finished[r], chosen, k, step + 1, options)
             for src, tok, score in chosen:
                 new_rows.append(src)
                 new_tokens.append(tok)
