@@ -229,6 +229,26 @@ def ask(url: str, text: str, stream: bool, midway: Counter | None = None, lock=N
         return ("broken", type(e).__name__) if started else ("lost", repr(e))
 
 
+def test_the_chat_route_and_the_penalties_reach_the_replicas(two_replicas, dates):
+    """Through the front and a replica: a chat request to a model without a chat template is the
+    replica's 400 naming `messages` (not a 404 or a relay error), and a penalised request gets
+    generate()'s tokens for it."""
+    server, _, _ = two_replicas
+    folder, model = dates
+    r = requests.post(server.url + "/v1/chat/completions", timeout=30,
+                      json={"messages": [{"role": "user", "content": "5 March 2021"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert "no chat template" in r.json()["error"]["message"]
+    ids = model.encode("5 March 2021")
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    answer = c.completions.create(model=folder.name, prompt=ids, max_tokens=12, temperature=0, frequency_penalty=1.5,
+                                  extra_body={"repetition_penalty": 1.3, "ignore_eos": True})
+    want = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12, eos_id=-1, frequency_penalty=1.5,
+                                                      repetition_penalty=1.3))[0]
+    assert answer.choices[0].token_ids == want
+    assert want != rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12, eos_id=-1))[0]
+
+
 def test_a_replica_killed_under_load_sends_no_client_a_500(two_replicas, dates):
     """16 clients, 160 requests (half streamed), one of two replicas SIGKILLed a second into the
     load while one of its streams is half-way: no HTTP 500 and no connection cut reaches a
