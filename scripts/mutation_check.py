@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 397 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 400 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1462,7 +1462,7 @@ FAULTS = (
     Fault('M403', 'page: repetition penalty divides a negative logit',
           'seqexport/web/static/sampling.mjs', 'out[t] = out[t] < 0 ? f(out[t] * this.repetition) : f(out[t] / this.repetition);',
           'out[t] = f(out[t] / this.repetition);',
-          ('tests/test_web.py::test_the_pages_penalties_give_pythons_scores_to_the_bit',)),
+          ('tests/test_web.py::test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws',)),
     Fault('M404', 'page: the prompt not counted by the repetition penalty',
           'seqexport/web/static/seqexport.mjs', 'const seen = Seen.wanted(o) ? new Seen(o, this.roles.begin ? [] : promptIds) : null;',
           'const seen = Seen.wanted(o) ? new Seen(o, []) : null;',
@@ -1470,7 +1470,7 @@ FAULTS = (
     Fault('M405', 'page: presence penalty left out',
           'seqexport/web/static/sampling.mjs', 'out[t] = f(out[t] - f(f(this.frequency * c) + this.presence));',
           'out[t] = f(out[t] - f(this.frequency * c));',
-          ('tests/test_web.py::test_the_pages_penalties_give_pythons_scores_to_the_bit',)),
+          ('tests/test_web.py::test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws',)),
     Fault('M406', 'beam search: early_stopping false ends a search at num_beams finished, as true does',
           'seqexport/runtime/generate.py', '    if options.early_stopping is True:\n        return True',
           '    if options.early_stopping is not None:\n        return True',
@@ -1479,6 +1479,18 @@ FAULTS = (
           'seqexport/runtime/generate.py', '    length = options.max_new_tokens if options.early_stopping == "never" and lp > 0 else t',
           '    length = t',
           ('tests/test_beam_recurrent.py::test_beam_search_with_an_eos_ends_where_transformers_early_stopping_says',)),
+    Fault('M408', 'sampling: min-p left out',
+          'seqexport/runtime/generate.py', '    if options.min_p > 0:  # after top-k and top-p',
+          '    if options.min_p > 1:  # after top-k and top-p',
+          ('tests/test_search.py::test_min_p_keeps_the_tokens_within_its_share_of_the_most_likely',)),
+    Fault('M409', 'page: min-p left out',
+          'seqexport/web/static/sampling.mjs', '  if (options.minP > 0) {',
+          '  if (options.minP > 1) {',
+          ('tests/test_web.py::test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws',)),
+    Fault('M410', "server: a request's min_p read and dropped",
+          'seqexport/serve/app.py', '                                 min_p=_first(params.min_p, default.get("min_p"), 0.0), seed=params.seed,',
+          '                                 min_p=0.0, seed=params.seed,',
+          ('tests/test_penalties.py::test_served_requests_and_the_cli_take_the_penalties',)),
 )
 
 

@@ -8,6 +8,8 @@ over the eager model's full forward (no cache, no state: the whole sequence each
 transformers' semantics. Prompts are chosen where the beams differ from greedy decoding.
 """
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
@@ -141,31 +143,31 @@ def test_beam_search_with_an_eos_ends_where_transformers_early_stopping_says(tmp
     """With an eos some hypotheses finish early, and when a prompt's search stops decides the
     answer: `early_stopping` True (at num_beams finished), False (transformers' default: once no
     running beam can beat them at its length) and "never" (at the longest length) each give
-    transformers' tokens, over four eos tokens and three length penalties; and somewhere they
-    disagree (else this would test nothing)."""
+    transformers' tokens, over the eos tokens the beams produce, beam widths and length
+    penalties; and somewhere True and False disagree, and False and "never" (else this would not
+    tell the rules apart)."""
     hf = _hf_case(tmp_path, "mamba")
     m = rt.load(tmp_path / "export", provider="cpu", threads=1)
-    new = 12
+    new = 16
     plain = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=new, num_beams=BEAMS, eos_id=NO_EOS))
     counts = np.bincount([t for row in plain for t in row[1:]])
-    disagreements, ended = 0, 0
-    # tokens the beams produce once: hypotheses end at them, late (a frequent one ends every search
-    # at once, however it stops)
-    for eos in np.flatnonzero(counts == 1)[:4].tolist():
-        for length_penalty in (1.0, 0.3, 2.0):
-            answers = []
+    apart = Counter()
+    for eos in np.flatnonzero(counts).tolist():  # tokens the beams produce: hypotheses end at them
+        for length_penalty, beams in [(1.0, 2), (0.3, 4), (2.0, 4)]:
+            answers = {}
             for early in (True, False, "never"):
-                ours = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=new, num_beams=BEAMS, eos_id=eos,
+                ours = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=new, num_beams=beams, eos_id=eos,
                                                                 length_penalty=length_penalty, early_stopping=early))
                 reference = []
                 for p in PROMPTS:
                     with torch.no_grad():
-                        seq = hf.generate(torch.tensor([p]), num_beams=BEAMS, max_new_tokens=new, do_sample=False,
+                        seq = hf.generate(torch.tensor([p]), num_beams=beams, max_new_tokens=new, do_sample=False,
                                           length_penalty=length_penalty, early_stopping=early, eos_token_id=eos,
                                           pad_token_id=eos)[0, len(p):].tolist()
                     reference.append(seq[: seq.index(eos)] if eos in seq else seq)  # ours: no eos, no padding
-                assert ours == reference, (early, eos, length_penalty)
-                answers.append(ours)
-                ended += sum(len(r) < new for r in ours)
-            disagreements += answers[0] != answers[1] or answers[1] != answers[2]
-    assert disagreements > 0 and ended > 0
+                assert ours == reference, (early, eos, length_penalty, beams)
+                answers[early] = ours
+                apart["ended"] += sum(len(r) < new for r in ours)
+            apart["true/false"] += answers[True] != answers[False]
+            apart["false/never"] += answers[False] != answers["never"]
+    assert min(apart.values()) > 0, apart

@@ -108,7 +108,7 @@ def test_served_requests_and_the_cli_take_the_penalties(exported, tmp_path, tmp_
     hf, folder = exported
     model = rt.load(folder)
     asks = [{"repetition_penalty": 1.5}, {}, {"presence_penalty": 1.5}, {"frequency_penalty": 0.8},
-            {"repetition_penalty": 1.3, "temperature": 0.8, "seed": 4}]
+            {"repetition_penalty": 1.3, "temperature": 0.8, "seed": 4}, {"min_p": 0.3, "temperature": 1.5, "seed": 5}]
 
     def expected(prompt, ask):
         sample = "temperature" in ask
@@ -122,15 +122,17 @@ def test_served_requests_and_the_cli_take_the_penalties(exported, tmp_path, tmp_
 
         def ask(i):
             body = asks[i % len(asks)]
-            extra = {"repetition_penalty": body["repetition_penalty"]} if "repetition_penalty" in body else {}
-            openai_fields = {k: v for k, v in body.items() if k != "repetition_penalty"}
+            extra = {k: v for k, v in body.items() if k in ("repetition_penalty", "min_p")}  # vLLM's fields
+            openai_fields = {k: v for k, v in body.items() if k not in extra}
             return client.completions.create(model=folder.name, prompt=PROMPTS[i % 2], max_tokens=10,
                                              **({"temperature": 0} | openai_fields), extra_body=extra)
 
         with cf.ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(ask, range(10)))
+            answers = list(pool.map(ask, range(12)))
         for i, answer in enumerate(answers):
             assert answer.choices[0].token_ids == expected(PROMPTS[i % 2], asks[i % len(asks)]), i
+        sampled = {k: v for k, v in asks[5].items() if k != "min_p"}  # min-p decides a token here
+        assert expected(PROMPTS[1], asks[5]) != expected(PROMPTS[1], sampled)
         for field, value in [("presence_penalty", 2.5), ("frequency_penalty", "high"), ("repetition_penalty", 0)]:
             with pytest.raises(openai.BadRequestError) as caught:
                 client.completions.create(model=folder.name, prompt=PROMPTS[0], extra_body={field: value})

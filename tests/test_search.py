@@ -2,7 +2,7 @@
 
 Sampling: `pick_tokens` draws N seeded samples from a batch of N identical logit rows; the
 empirical frequencies are compared with the distribution the options define, written out
-below in float64 (softmax(z / T), top-k, top-p, renormalised).
+below in float64 (softmax(z / T), top-k, top-p, min-p, renormalised).
 
 Beam search: on a transformer whose target vocabulary is so small that every hypothesis of
 at most L tokens can be listed, each hypothesis is scored with the eager model's full
@@ -28,10 +28,11 @@ N = 20_000  # samples per distribution
 LOGITS = np.array([0.3, 2.1, -1.0, 1.2, 0.0, 1.7, -0.4, 0.8])
 
 
-def reference(z, temperature=1.0, top_k=0, top_p=1.0) -> np.ndarray:
+def reference(z, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> np.ndarray:
     """The sampling distribution, in float64: softmax(z / T); top-k keeps the k largest;
     top-p then keeps the smallest set of most likely tokens whose probability reaches p (the
-    most likely token always); what is kept is renormalised."""
+    most likely token always); min-p then keeps those at least min_p x the most likely one's
+    probability; what is kept is renormalised."""
     z = np.asarray(z, np.float64) / temperature
     p = np.exp(z - z.max())
     p /= p.sum()
@@ -51,6 +52,11 @@ def reference(z, temperature=1.0, top_k=0, top_p=1.0) -> np.ndarray:
         kept[order[:n_keep]] = True
         p = np.where(kept, p, 0.0)
         p /= p.sum()
+    if min_p > 0:
+        ratio = p / p.max()
+        assert np.min(np.abs(ratio - min_p)) > 1e-3, "choose another min_p"
+        p = np.where(ratio >= min_p, p, 0.0)
+        p /= p.sum()
     return p
 
 
@@ -66,7 +72,7 @@ def frequencies(rows: np.ndarray, options: SearchOptions, seed: int) -> np.ndarr
 
 
 def check_sampling(z, options: SearchOptions, seed: int = 0) -> np.ndarray:
-    expected = reference(z, options.temperature, options.top_k, options.top_p)
+    expected = reference(z, options.temperature, options.top_k, options.top_p, options.min_p)
     rows = np.tile(np.asarray(z, np.float32), (N, 1))
     freq = frequencies(rows, options, seed)
     dropped = expected == 0
@@ -114,6 +120,15 @@ def test_temperature_top_k_top_p_together(temperature, top_k, top_p):
     for other in (reference(LOGITS, 1.0, top_k, top_p), reference(LOGITS, temperature, 0, top_p),
                   reference(LOGITS, temperature, top_k, 1.0)):
         assert np.max(np.abs(other - expected) - tolerance(expected)) > 0.01
+
+
+@pytest.mark.parametrize("temperature, top_k, min_p", [(1.0, 0, 0.3), (2.0, 6, 0.45), (0.7, 0, 0.1)])
+def test_min_p_keeps_the_tokens_within_its_share_of_the_most_likely(temperature, top_k, min_p):
+    opts = SearchOptions(do_sample=True, temperature=temperature, top_k=top_k, min_p=min_p)
+    expected = check_sampling(LOGITS, opts, seed=7)
+    assert 1 < (expected > 0).sum() < len(LOGITS)  # something cut, something kept besides the top
+    without = reference(LOGITS, temperature, top_k)
+    assert np.max(np.abs(without - expected) - tolerance(expected)) > 0.01  # min-p matters here
 
 
 def test_rows_of_a_batch_are_sampled_from_their_own_logits():

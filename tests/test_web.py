@@ -714,24 +714,30 @@ def test_js_tokenizers_and_random_draws_match_python(page, tmp_path):
 
 
 JS_PENALTIES = """
-const [cases, done] = arguments;
+const [cases, draws, done] = arguments;
 (async () => {
-  const { Seen } = await import("./sampling.mjs");
-  return cases.map(([options, context, generated, logits]) => {
+  const { PCG64, Seen, pickToken } = await import("./sampling.mjs");
+  const scores = cases.map(([options, context, generated, logits]) => {
     const seen = new Seen(options, context);
     for (const t of generated) seen.add(t);
     return { wanted: Seen.wanted(options), scores: Array.from(seen.apply(Float32Array.from(logits))) };
   });
+  const picked = draws.map(([options, seed, logits]) => {
+    const rng = new PCG64(seed);
+    return Array.from({ length: 40 }, () => pickToken(Float32Array.from(logits), options, rng));
+  });
+  return { scores, picked };
 })().then(done, (e) => done({ error: String(e) }));
 """
 
 
-def test_the_pages_penalties_give_pythons_scores_to_the_bit(page):
+def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
     """The page's repetition, presence and frequency penalties (sampling.mjs `Seen`) against the
     Python runtime's (`seqexport.runtime.penalties.Seen`, itself checked against transformers'
     generate and OpenAI's rule): the same float32 scores, bit for bit, over random logits of
-    both signs, histories with repeats and ids past the vocabulary."""
-    from seqexport.runtime.generate import SearchOptions
+    both signs, histories with repeats and ids past the vocabulary; and its seeded draws with
+    min-p (with temperature, top-k, top-p) the tokens Python's sampler draws."""
+    from seqexport.runtime.generate import SearchOptions, pick_tokens
     from seqexport.runtime.penalties import Seen
 
     url, driver, _ = page
@@ -744,10 +750,23 @@ def test_the_pages_penalties_give_pythons_scores_to_the_bit(page):
         logits = (rng.standard_normal(v) * 4).astype(np.float32)
         cases.append(({"repetitionPenalty": rep, "presencePenalty": presence, "frequencyPenalty": frequency},
                       context, generated, logits.tolist()))
+    draws = []
+    for seed, (t, k, p, m) in enumerate([(1.0, 0, 1.0, 0.2), (1.5, 30, 0.9, 0.25), (0.8, 0, 0.95, 0.5)]):
+        logits = (rng.standard_normal(200) * 2).astype(np.float32)
+        draws.append(({"doSample": True, "temperature": t, "topK": k, "topP": p, "minP": m}, seed, logits.tolist()))
     driver.get(url)
-    got = driver.execute_async_script(JS_PENALTIES, cases)
+    got = driver.execute_async_script(JS_PENALTIES, cases, draws)
     assert "error" not in got, got
-    for (options, context, generated, logits), js in zip(cases, got):
+    for (o, seed, logits), js in zip(draws, got["picked"]):
+        options = SearchOptions(do_sample=True, temperature=o["temperature"], top_k=o["topK"], top_p=o["topP"],
+                                min_p=o["minP"])
+        python_rng = np.random.default_rng(seed)
+        want = [int(pick_tokens(np.array([logits], np.float32), options, python_rng)[0]) for _ in range(40)]
+        assert js == want, o
+        plain = SearchOptions(do_sample=True, temperature=o["temperature"], top_k=o["topK"], top_p=o["topP"])
+        plain_rng = np.random.default_rng(seed)
+        assert want != [int(pick_tokens(np.array([logits], np.float32), plain, plain_rng)[0]) for _ in range(40)]
+    for (options, context, generated, logits), js in zip(cases, got["scores"]):
         search = SearchOptions(repetition_penalty=options["repetitionPenalty"],
                                presence_penalty=options["presencePenalty"],
                                frequency_penalty=options["frequencyPenalty"])

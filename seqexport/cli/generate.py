@@ -27,6 +27,8 @@ from seqexport.errors import UsageError
 @click.option("--top-k", type=click.IntRange(min=0), help="Sampling: top-k (0: off) [the model's, else 0].")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True),
               help="Sampling: nucleus probability [the model's, else 1.0].")
+@click.option("--min-p", type=click.FloatRange(0, 1),
+              help="Sampling: drop tokens below this x the most likely one's probability [the model's, else 0: off].")
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (reproducible output).")
 @click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True),
               help="A token already in the prompt or the answer: its logit / this (x this where negative), as "
@@ -45,7 +47,7 @@ from seqexport.errors import UsageError
               help="Stop a row at this token (repeat for several; -1: never) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
-def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperature, top_k, top_p, seed,
+def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperature, top_k, top_p, min_p, seed,
              repetition_penalty, presence_penalty, frequency_penalty, beams, early_stopping, eos_id, provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens.
 
@@ -60,7 +62,7 @@ def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperatur
         return first + [{"role": "user", "content": t}]
 
     run_generate(folder, text, ids, max_new_tokens=max_new_tokens, do_sample=None if greedy is None else not greedy,
-                 num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                 num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                  frequency_penalty=frequency_penalty,
                  early_stopping={"true": True, "false": False}.get(early_stopping, early_stopping),
@@ -68,7 +70,7 @@ def generate(folder, text, ids, chat, system, max_new_tokens, greedy, temperatur
                  conversation=conversation if chat else None)
 
 
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "seed")
 
 
 def _check_given(given: dict):

@@ -33,6 +33,7 @@ class SearchOptions:
     temperature: float = 1.0  # sampling: logits / temperature
     top_k: int = 0  # sampling: keep the k most likely tokens (0: all)
     top_p: float = 1.0  # sampling: keep the smallest set with this much probability
+    min_p: float = 0.0  # sampling: drop tokens below min_p x the most likely one's probability (0: off)
     seed: int | None = None  # sampling: seed of the random generator (reproducible)
     num_beams: int = 1  # beam search width; 1 = greedy
     length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
@@ -54,6 +55,7 @@ class SearchOptions:
         _real("temperature", self.temperature, "> 0", lambda v: v > 0)
         _integer("top_k", self.top_k, 0)
         _real("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
+        _real("min_p", self.min_p, "in [0, 1]", lambda v: 0 <= v <= 1)
         if self.seed is not None:
             _integer("seed", self.seed, 0)
         _integer("num_beams", self.num_beams, 1)
@@ -155,7 +157,7 @@ def check_start_id(model, start_id: int | None) -> None:
 
 
 def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> np.ndarray:
-    """(b, v) logits -> (b,) token ids: argmax, or a sample after temperature / top-k / top-p."""
+    """(b, v) logits -> (b,) token ids: argmax, or a sample after temperature / top-k / top-p / min-p."""
     if not options.do_sample:
         return logits.argmax(-1)
     return np.array([_sample(row, options, rng) for row in logits], np.int64)
@@ -170,7 +172,7 @@ def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Gener
 
 
 def _sample(z: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> int:
-    """One token from a row (v,) of logits: softmax(z / T), top-k, top-p, renormalised."""
+    """One token from a row (v,) of logits: softmax(z / T), top-k, top-p, min-p, renormalised."""
     z = z.astype(np.float64) / options.temperature
     k = options.top_k
     if k and k < z.size:
@@ -179,6 +181,8 @@ def _sample(z: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> 
     p /= p.sum()
     if options.top_p < 1:
         p = _nucleus(p, options.top_p)
+    if options.min_p > 0:  # after top-k and top-p, as transformers' and vLLM's samplers order them
+        p = np.where(p < options.min_p * p.max(), 0.0, p)  # (the most likely stays: p.max() >= min_p x it)
     cdf = p.cumsum()  # as Generator.choice(v, p=p) draws, one rng.random() a row
     cdf /= cdf[-1]
     return int(cdf.searchsorted(rng.random(), side="right"))

@@ -74,7 +74,7 @@ class ServeConfig:
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for a completion
 # what a request takes from the model's generation defaults (as vLLM): do_sample and beams are
 # transformers' generate's; OpenAI's API says greedy by temperature 0 and has no beam search
-SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
+SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "repetition_penalty")
 
 
 def served_defaults(defaults: dict, source: str) -> dict:
@@ -148,7 +148,8 @@ class ServingHost:
             return SearchOptions(max_new_tokens=max_tokens, do_sample=sample,
                                  temperature=temperature if sample else 1.0,
                                  top_k=_first(params.top_k, default.get("top_k"), 0),
-                                 top_p=_first(params.top_p, default.get("top_p"), 1.0), seed=params.seed,
+                                 top_p=_first(params.top_p, default.get("top_p"), 1.0),
+                                 min_p=_first(params.min_p, default.get("min_p"), 0.0), seed=params.seed,
                                  repetition_penalty=_first(params.repetition_penalty,
                                                            default.get("repetition_penalty"), 1.0),
                                  presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,

@@ -173,6 +173,11 @@ export function pickToken(logits, options, rng) {
     for (let i = 0; i < n; i++) kept += keep[i] ? p[i] : 0;
     for (let i = 0; i < n; i++) p[i] = keep[i] ? p[i] / kept : 0;
   }
+  if (options.minP > 0) { // after top-k and top-p, as Python (transformers' and vLLM's order)
+    let top = 0;
+    for (let i = 0; i < n; i++) if (p[i] > top) top = p[i];
+    for (let i = 0; i < n; i++) if (p[i] < options.minP * top) p[i] = 0;
+  }
   // Generator.choice(n, p=p): cdf normalised by its last value, then searchsorted(u, 'right')
   const cdf = new Float64Array(n);
   let acc = 0;

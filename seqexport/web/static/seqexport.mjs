@@ -437,7 +437,7 @@ export class Model {
   /**
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
-   * doSample, temperature, topK, topP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
+   * doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
    * eosId (an id or a list of ids; -1: never), startId; one left out: the model's generation default.
    */
   async *generate(promptIds, options = {}) {
@@ -515,7 +515,7 @@ function randomSeed() {
 }
 
 const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
-  max_new_tokens: "maxNewTokens", repetition_penalty: "repetitionPenalty" };
+  min_p: "minP", max_new_tokens: "maxNewTokens", repetition_penalty: "repetitionPenalty" };
 
 /** A manifest's generation defaults ({do_sample, temperature, …}) as generate()'s options. */
 export function generationDefaults(defaults) {
@@ -529,7 +529,7 @@ export function generationDefaults(defaults) {
  * model's generation defaults, taken where `options` leaves a field out (Python's model_options). */
 export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
-    maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, seed: null,
+    maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
     repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0,
     eosId: tokenizer?.eosIds ?? null, startId: null,
   };
@@ -551,6 +551,7 @@ export function searchOptions(options, tokenizer, model = {}) {
   const number = (v) => typeof v === "number" && Number.isFinite(v);
   if (!(number(o.temperature) && o.temperature > 0)) throw new ModelError(`temperature must be a number > 0, got ${shown(o.temperature)}`);
   if (!(number(o.topP) && o.topP > 0 && o.topP <= 1)) throw new ModelError(`top-p must be a number in (0, 1], got ${shown(o.topP)}`);
+  if (!(number(o.minP) && o.minP >= 0 && o.minP <= 1)) throw new ModelError(`minP must be a number in [0, 1], got ${shown(o.minP)}`);
   if (!(number(o.repetitionPenalty) && o.repetitionPenalty > 0))
     throw new ModelError(`repetitionPenalty must be a number > 0, got ${shown(o.repetitionPenalty)}`);
   for (const name of ["presencePenalty", "frequencyPenalty"])
