@@ -442,7 +442,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
     (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "max_new_tokens": 6,
+        {"do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": 6,
          "repetition_penalty": 1.4, "no_repeat_ngram_size": 2}))
     runner = CliRunner()
     result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "g")])
@@ -454,7 +454,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     ids = model.encode(prompt)
     want = {seed: rt.generate(model, [ids], rt.model_options(model, seed=seed))[0] for seed in (7, 8)}
     assert all(len(w) == 6 for w in want.values()) and want[7] != want[8]
-    plain = rt.SearchOptions(do_sample=True, temperature=0.5, top_k=3, top_p=0.9, max_new_tokens=6, seed=7)
+    plain = rt.SearchOptions(do_sample=True, temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, max_new_tokens=6, seed=7)
     assert want[7] != rt.generate(model, [ids], plain)[0]  # the penalty decides a token
     penalties = {"presencePenalty": 1.5, "frequencyPenalty": 0.7, "doSample": False, "maxNewTokens": 12}
     # a prompt of the model's own favourite tokens, under a strong repetition penalty: counting the
@@ -468,7 +468,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
         assert browser.open_page(driver, url, "g") == "ready"
         shown = {i: driver.find_element("id", i).get_attribute("value")
-                 for i in ("decoding", "temperature", "top-k", "top-p", "max-new-tokens", "repetition-penalty")}
+                 for i in ("decoding", "temperature", "top-k", "top-p", "max-new-tokens", "repetition-penalty", "min-p")}
         note = driver.find_element("id", "error").text
         got = browser.run_prompt(driver, prompt, doSample=True, seed=7)
         api = driver.execute_async_script(
@@ -477,7 +477,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
             " m.generateIds(echo, {doSample: false, repetitionPenalty: 4.0, maxNewTokens: 8})])"
             ".then(done, (e) => done(String(e)));", ids, penalties, echo)
     assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6",
-                     "repetition-penalty": "1.4"}
+                     "repetition-penalty": "1.4", "min-p": "0.1"}
     assert "generation_config.json sets no_repeat_ngram_size 2, which seqexport does not apply" in note
     assert got["message"] is None and got["run"]["tokens"] == want[7]
     assert api == [want[8], greedy, strong]

@@ -113,7 +113,8 @@ async function selectModel(name) {
 // The decoding options start at the model's generation defaults (its checkpoint's
 // generation_config.json), else the runtime's: what `seqexport generate` would use
 function showDefaults(defaults, limit) {
-  const o = { maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, repetitionPenalty: 1.0, ...defaults };
+  const o = { maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0, repetitionPenalty: 1.0,
+    ...defaults };
   $("max-new-tokens").value = Math.min(o.maxNewTokens, limit ?? o.maxNewTokens);
   if (limit) $("max-new-tokens").max = limit;
   else $("max-new-tokens").removeAttribute("max");
@@ -121,6 +122,7 @@ function showDefaults(defaults, limit) {
   $("temperature").value = o.temperature;
   $("top-k").value = o.topK;
   $("top-p").value = o.topP;
+  $("min-p").value = o.minP;
   $("repetition-penalty").value = o.repetitionPenalty;
 }
 
@@ -137,6 +139,7 @@ function readOptions() {
     options.temperature = number("temperature");
     options.topK = number("top-k");
     options.topP = number("top-p");
+    options.minP = number("min-p");
     if ($("seed").value.trim() !== "") options.seed = number("seed");
   }
   if (!$("stop-at-eos").checked) options.eosId = -1; // an eos that never matches
