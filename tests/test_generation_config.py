@@ -40,13 +40,19 @@ def checkpoint(tmp_path_factory):
     return folder
 
 
-def with_generation(checkpoint, tmp_path, **config) -> tuple:
-    """A copy of the checkpoint whose generation_config.json sets `config`, exported; (checkpoint, export)."""
+def export_with(checkpoint, tmp_path, config: dict) -> tuple:
+    """A copy of the checkpoint whose generation_config.json holds `config`, and `seqexport export`
+    run on it: (checkpoint, export folder, the CLI's result)."""
     folder = tmp_path / "ckpt"
     shutil.copytree(checkpoint, folder)
     (folder / "generation_config.json").write_text(json.dumps(config))
     out = tmp_path / "onnx"
-    result = CliRunner().invoke(cli, ["export", "mamba", "--checkpoint", str(folder), "--out", str(out)])
+    return folder, out, CliRunner().invoke(cli, ["export", "mamba", "--checkpoint", str(folder), "--out", str(out)])
+
+
+def with_generation(checkpoint, tmp_path, **config) -> tuple:
+    """(checkpoint, export) of the checkpoint with a generation_config.json setting `config`."""
+    folder, out, result = export_with(checkpoint, tmp_path, config)
     assert result.exit_code == 0, result.output
     return folder, out
 
@@ -154,11 +160,7 @@ def test_a_request_that_leaves_sampling_out_takes_the_models_defaults(checkpoint
     ({"do_sample": "yes"}, "do_sample is \"yes\"; expected true or false"),
 ])
 def test_a_value_transformers_would_refuse_stops_the_export_naming_it(checkpoint, tmp_path, config, message):
-    folder = tmp_path / "ckpt"
-    shutil.copytree(checkpoint, folder)
-    (folder / "generation_config.json").write_text(json.dumps(config))
-    out = tmp_path / "onnx"
-    result = CliRunner().invoke(cli, ["export", "mamba", "--checkpoint", str(folder), "--out", str(out)])
+    folder, out, result = export_with(checkpoint, tmp_path, config)
     assert result.exit_code == 2, result.output
     assert f"{folder / 'generation_config.json'}: {message}" in result.output
     assert "Traceback" not in result.output

@@ -68,6 +68,24 @@ def site(tmp_path_factory, worker_id):
     return out, exports
 
 
+def export_and_site(checkpoint: Path, out: Path, site: Path) -> None:
+    """`seqexport export mamba` of a checkpoint, then `seqexport web` of the export."""
+    runner = CliRunner()
+    result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(checkpoint), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["web", str(out), "--out", str(site)])
+    assert result.exit_code == 0, result.output
+
+
+def need_page():
+    """A browser and onnxruntime-web (else the test is unavailable: a skip, or a failure in CI)."""
+    need_browser()
+    try:
+        find_node_modules()
+    except UsageError as e:
+        unavailable(f"onnxruntime-web cannot be had: {e}")
+
+
 def need_browser():
     why = browser.browser_missing()
     if why:
@@ -373,11 +391,7 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
     import torch
     import transformers
 
-    need_browser()
-    try:
-        find_node_modules()
-    except UsageError as e:
-        unavailable(f"onnxruntime-web cannot be had: {e}")
+    need_page()
     tok = byte_level_bpe()
     prompts = ["Friday, 5 März 2021", "Straße über 1984-05-09"]
     torch.manual_seed(0)
@@ -392,11 +406,7 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
     (tmp_path / "ckpt" / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    runner = CliRunner()
-    result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "m")])
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(cli, ["web", str(tmp_path / "m"), "--out", str(tmp_path / "site")])
-    assert result.exit_code == 0, result.output
+    export_and_site(tmp_path / "ckpt", tmp_path / "m", tmp_path / "site")
     model = rt.load(tmp_path / "m", provider="cpu")
     assert model.manifest["tokenizer"]["type"] == "hf" and list(model.tokenizer.eos_ids) == [first]
     want = [rt.generate(model, [model.encode(p)], rt.SearchOptions(max_new_tokens=MAX_NEW))[0] for p in prompts]
@@ -426,11 +436,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     import torch
     import transformers
 
-    need_browser()
-    try:
-        find_node_modules()
-    except UsageError as e:
-        unavailable(f"onnxruntime-web cannot be had: {e}")
+    need_page()
     tok = byte_level_bpe()
     torch.manual_seed(0)
     config = transformers.MambaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
@@ -444,11 +450,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(
         {"do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": 6,
          "repetition_penalty": 1.4, "no_repeat_ngram_size": 2}))
-    runner = CliRunner()
-    result = runner.invoke(cli, ["export", "mamba", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "g")])
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(cli, ["web", str(tmp_path / "g"), "--out", str(tmp_path / "site")])
-    assert result.exit_code == 0, result.output
+    export_and_site(tmp_path / "ckpt", tmp_path / "g", tmp_path / "site")
     model = rt.load(tmp_path / "g", provider="cpu")
     prompt = "Friday, 5 März 2021"
     ids = model.encode(prompt)
