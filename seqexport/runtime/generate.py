@@ -119,7 +119,7 @@ def model_options(model, **given) -> SearchOptions:
                             | {k: v for k, v in given.items() if v is not None}))
 
 
-def checked_options(options, model=None) -> SearchOptions:
+def checked_options(options, model) -> SearchOptions:
     """The options given (a dict's keys would otherwise fail as a bare AttributeError deep in
     the decode), or for None the model's generation defaults (model_options)."""
     if options is None:

@@ -133,14 +133,14 @@ class ServingHost:
         (`--generation-config model`), else OpenAI's."""
         limit = self.model.max_new_tokens_limit
         default = self.defaults
-        max_tokens = _first(params.max_tokens, default.get("max_new_tokens"))
-        if max_tokens is None and params.messages is None:
-            max_tokens = COMPLETION_MAX_TOKENS
-        if max_tokens is None:  # a chat's answer: to its eos, within what the model holds
-            max_tokens = min(limit, CHAT_MAX_TOKENS) if limit is not None else CHAT_MAX_TOKENS
+        max_tokens = params.max_tokens
+        if max_tokens is None:  # a default, within what the model holds: the model's, else OpenAI's for a
+            # completion, else (a chat's answer) to its eos
+            max_tokens = _first(default.get("max_new_tokens"),
+                                COMPLETION_MAX_TOKENS if params.messages is None else CHAT_MAX_TOKENS)
+            max_tokens = min(max_tokens, limit) if limit is not None else max_tokens
         if limit is not None and max_tokens > limit:
-            given = "max_tokens" if params.max_tokens is not None else "the model's default max_new_tokens"
-            raise HTTPError(400, f"max_tokens: {given} {max_tokens} exceeds what the model can hold "
+            raise HTTPError(400, f"max_tokens: {max_tokens} exceeds what the model can hold "
                                  f"({limit} positions)", "max_tokens")
         temperature = _first(params.temperature, default.get("temperature"), 1.0)
         sample = temperature != 0  # OpenAI's API: temperature 0 is greedy
