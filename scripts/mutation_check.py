@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 400 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 402 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1491,6 +1491,14 @@ FAULTS = (
           'seqexport/serve/app.py', '                                 min_p=_first(params.min_p, default.get("min_p"), 0.0), seed=params.seed,',
           '                                 min_p=0.0, seed=params.seed,',
           ('tests/test_penalties.py::test_served_requests_and_the_cli_take_the_penalties',)),
+    Fault('M411', "penalties: a token's count written into the arrays before they grew for it",
+          'seqexport/runtime/penalties.py', '        slot = self._see(int(token))  # (first: it may grow the arrays)\n        self._counts[slot] += 1\n',
+          '        self._counts[self._see(int(token))] += 1\n',
+          ('tests/test_penalties.py::test_long_histories_are_penalised_as_the_rule_reads',)),
+    Fault('M412', 'penalties: a prompt token counted as generated (presence and frequency on the prompt)',
+          'seqexport/runtime/penalties.py', "            generated = pickable & (counts > 0)  # (n,) the answer's tokens",
+          "            generated = pickable  # (n,) the answer's tokens",
+          ('tests/test_penalties.py::test_long_histories_are_penalised_as_the_rule_reads',)),
 )
 
 

@@ -153,6 +153,31 @@ def test_served_requests_and_the_cli_take_the_penalties(exported, tmp_path, tmp_
     assert rt.generate(rt.load(tmp_path / "g"), [PROMPTS[0]])[0] == hf_tokens(reference, PROMPTS[0])
 
 
+def test_long_histories_are_penalised_as_the_rule_reads():
+    """Thousands of tokens seen (many distinct: the row's arrays grow): every score as the rules
+    read, token by token, in float32."""
+    from seqexport.runtime.penalties import Seen
+
+    rng = np.random.default_rng(0)
+    v = 5000
+    scores = (rng.standard_normal(v) * 3).astype(np.float32)
+    context = rng.integers(0, v + 10, 3000).tolist()  # ids past v: never picked, skipped
+    generated = rng.integers(0, v // 4, 2000).tolist()  # repeats: counts above 1
+    for rep, presence, frequency in [(1.3, 0.0, 0.0), (0.8, 0.4, 0.3), (1.0, -0.7, 1.1)]:
+        seen = Seen(rt.SearchOptions(repetition_penalty=rep, presence_penalty=presence,
+                                     frequency_penalty=frequency), context)
+        for t in generated:
+            seen.add(t)
+        want = scores.copy()
+        for t in set(context) | set(generated):
+            if t < v and rep != 1:
+                want[t] = want[t] * np.float32(rep) if want[t] < 0 else want[t] / np.float32(rep)
+        for t in set(generated):
+            times = np.float32(generated.count(t))
+            want[t] -= np.float32(frequency) * times + np.float32(presence)
+        assert np.array_equal(seen.apply(scores), want), (rep, presence, frequency)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("repetition_penalty", 0, "repetition_penalty must be > 0, got 0"),
     ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3"),

@@ -22,7 +22,10 @@ def penalized(options) -> bool:
 
 
 class Seen:
-    """The tokens one row has seen, for its penalties."""
+    """The tokens one row has seen, for its penalties: each token once, in a slot of two growing
+    arrays (its id; the times it was generated), so that applying them is a gather and a scatter
+    over the row's distinct tokens, not a Python loop (a 4,096-token history cost 0.5-1.4 ms a
+    token that way, on the engine thread)."""
 
     def __init__(self, options, context=()):
         """`context`: the ids the repetition penalty counts before any is generated (a language
@@ -30,29 +33,42 @@ class Seen:
         self.repetition = float(options.repetition_penalty)
         self.presence = float(options.presence_penalty)
         self.frequency = float(options.frequency_penalty)
-        self._ids = list(dict.fromkeys(int(t) for t in context))  # each once, for the repetition penalty
-        self._known = set(self._ids)
-        self._counts: dict[int, int] = {}  # generated token -> times
+        self._slot: dict[int, int] = {}  # token -> its slot
+        self._ids = np.empty(64, np.int64)  # (capacity,) slot -> token
+        self._counts = np.zeros(64, np.int64)  # (capacity,) slot -> times generated
+        self._n = 0  # slots in use
+        for t in context:
+            self._see(int(t))
+
+    def _see(self, token: int) -> int:
+        slot = self._slot.get(token)
+        if slot is None:
+            slot = self._n
+            if slot == len(self._ids):  # full: twice the room
+                self._ids = np.concatenate([self._ids, np.empty_like(self._ids)])
+                self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
+            self._ids[slot], self._slot[token] = token, slot
+            self._n += 1
+        return slot
 
     def add(self, token: int) -> None:
-        token = int(token)
-        if token not in self._known:
-            self._known.add(token)
-            self._ids.append(token)
-        self._counts[token] = self._counts.get(token, 0) + 1
+        slot = self._see(int(token))  # (first: it may grow the arrays)
+        self._counts[slot] += 1
 
     def apply(self, scores: np.ndarray) -> np.ndarray:
         """(v,) scores -> (v,) a penalised copy in their dtype (ids at or past v, which the row
         cannot pick, skipped)."""
         out = np.array(scores, copy=True)
         v, real = out.shape[-1], out.dtype.type
-        if self.repetition != 1 and self._ids:
-            ids = np.fromiter((t for t in self._ids if t < v), np.int64)  # (n,)
-            s = out[ids]
-            out[ids] = np.where(s < 0, s * real(self.repetition), s / real(self.repetition))
-        if (self.presence or self.frequency) and self._counts:
-            ids = np.fromiter(self._counts, np.int64, len(self._counts))  # (m,)
-            counts = np.fromiter(self._counts.values(), out.dtype, len(self._counts))  # (m,)
-            keep = ids < v
-            out[ids[keep]] -= real(self.frequency) * counts[keep] + real(self.presence)
+        ids = self._ids[: self._n]  # (n,) every distinct token seen
+        pickable = ids < v
+        if self.repetition != 1:
+            seen = ids[pickable]
+            s = out[seen]
+            out[seen] = np.where(s < 0, s * real(self.repetition), s / real(self.repetition))
+        if self.presence or self.frequency:
+            counts = self._counts[: self._n]
+            generated = pickable & (counts > 0)  # (n,) the answer's tokens
+            times = counts[generated].astype(out.dtype)
+            out[ids[generated]] -= real(self.frequency) * times + real(self.presence)
         return out
