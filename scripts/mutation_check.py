@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 402 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 407 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1452,8 +1452,8 @@ FAULTS = (
           'token = int(pick_tokens(row, opts, req._rng)[0]) if opts.do_sample else best[i]',
           ('tests/test_penalties.py::test_the_engine_keeps_each_rows_history_apart', 'tests/test_penalties.py::test_served_requests_and_the_cli_take_the_penalties')),
     Fault('M401', "server: the model's repetition_penalty not a request's default",
-          'seqexport/serve/app.py', 'SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "repetition_penalty")',
-          'SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens")',
+          'seqexport/serve/app.py', 'SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "min_new_tokens", "repetition_penalty")',
+          'SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "min_new_tokens")',
           ('tests/test_generation_config.py::test_a_request_that_leaves_sampling_out_takes_the_models_defaults',)),
     Fault('M402', "server: a request's presence_penalty read and dropped",
           'seqexport/serve/app.py', 'presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,',
@@ -1499,6 +1499,26 @@ FAULTS = (
           'seqexport/runtime/penalties.py', "            generated = pickable & (counts > 0)  # (n,) the answer's tokens",
           "            generated = pickable  # (n,) the answer's tokens",
           ('tests/test_penalties.py::test_long_histories_are_penalised_as_the_rule_reads',)),
+    Fault('M413', 'generate: min_new_tokens ignored (eos ends a row at once)',
+          'seqexport/runtime/generate.py', '        held = self.eos if self._steps < self.options.min_new_tokens else ()  # eos not yet allowed',
+          '        held = ()  # eos not yet allowed',
+          ('tests/test_penalties.py::test_min_new_tokens_holds_eos_back_as_transformers_does',)),
+    Fault('M414', 'beam search: a hypothesis may end before min_new_tokens',
+          'seqexport/runtime/generate.py', '        if step < options.min_new_tokens:  # no hypothesis ends before min_new_tokens',
+          '        if step < 0:  # no hypothesis ends before min_new_tokens',
+          ('tests/test_penalties.py::test_min_new_tokens_holds_eos_back_as_transformers_does',)),
+    Fault('M415', "engine: a request's min_new_tokens ignored",
+          'seqexport/runtime/engine/batch.py', '            held = req._eos if req._picked < opts.min_new_tokens else ()  # eos not yet allowed',
+          '            held = ()  # eos not yet allowed',
+          ('tests/test_penalties.py::test_a_served_request_with_min_tokens_runs_past_its_eos',)),
+    Fault('M416', "server: a request's min_tokens read and dropped",
+          'seqexport/serve/app.py', '                                 min_new_tokens=min_tokens,',
+          '                                 min_new_tokens=0,',
+          ('tests/test_penalties.py::test_a_served_request_with_min_tokens_runs_past_its_eos',)),
+    Fault('M417', 'page: minNewTokens ignored',
+          'seqexport/web/static/seqexport.mjs', '        if (n < o.minNewTokens && o.eosIds.length) {',
+          '        if (n < 0 && o.eosIds.length) {',
+          ('tests/test_web.py::test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page',)),
 )
 
 

@@ -38,6 +38,7 @@ APPLIED = {
     "top_p": (_real(lambda v: 0 < v <= 1), "a number in (0, 1]"),
     "min_p": (_real(lambda v: 0 <= v <= 1), "a number in [0, 1]"),
     "max_new_tokens": (_int(1), "an integer >= 1"),
+    "min_new_tokens": (_int(0), "an integer >= 0"),
     "num_beams": (_int(1), "an integer >= 1"),
     "length_penalty": (_real(lambda v: True), "a finite number"),
     "repetition_penalty": (_real(lambda v: v > 0), "a number > 0"),
@@ -48,7 +49,7 @@ APPLIED = {
 NOT_APPLIED = {
     "encoder_repetition_penalty": (1, 1.0), "no_repeat_ngram_size": (0,),
     "encoder_no_repeat_ngram_size": (0,), "typical_p": (1, 1.0),
-    "epsilon_cutoff": (0, 0.0), "eta_cutoff": (0, 0.0), "min_length": (0,), "min_new_tokens": (None, 0),
+    "epsilon_cutoff": (0, 0.0), "eta_cutoff": (0, 0.0), "min_length": (0,),
     "bad_words_ids": (None, []), "suppress_tokens": (None, []), "begin_suppress_tokens": (None, []),
     "forced_bos_token_id": (None,), "forced_eos_token_id": (None,), "diversity_penalty": (0, 0.0),
     "num_beam_groups": (1,), "penalty_alpha": (None,), "exponential_decay_length_penalty": (None,),

@@ -180,6 +180,53 @@ def test_long_histories_are_penalised_as_the_rule_reads():
         assert np.array_equal(seen.apply(scores), want), (rep, presence, frequency)
 
 
+def test_min_new_tokens_holds_eos_back_as_transformers_does(exported):
+    """An eos that greedy decoding meets early: with min_new_tokens it cannot end a row before,
+    in greedy decoding, beam search, the engine and a served request (vLLM's min_tokens), each
+    equal to transformers' generate(min_new_tokens=…)."""
+    hf, folder = exported
+    model = rt.load(folder)
+    prompt = PROMPTS[0]
+    eos = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=3))[0][1]  # its second token
+
+    def reference(**kwargs):
+        seq = hf_tokens(hf, prompt, do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=eos, **kwargs)
+        return seq[: seq.index(eos)] if eos in seq else seq
+
+    early = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=12, eos_id=eos))[0]
+    assert early == reference() and len(early) == 1  # ended at the eos
+    for n in (4, 7):
+        ours = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=12, eos_id=eos, min_new_tokens=n))[0]
+        assert ours == reference(min_new_tokens=n) and len(ours) >= n
+        beams = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=12, eos_id=eos, min_new_tokens=n,
+                                                              num_beams=3))[0]
+        assert beams == reference(min_new_tokens=n, num_beams=3, early_stopping=False, length_penalty=1.0)
+
+
+def test_a_served_request_with_min_tokens_runs_past_its_eos(bundled_exports, tmp_path_factory):
+    """The bundled date model answers in ~10 tokens then its eos: with vLLM's `min_tokens` the
+    answer goes on past it (generate()'s tokens with min_new_tokens), in a batch beside a plain
+    request; min_tokens above max_tokens is a 400 naming it."""
+    folder = bundled_exports("mamba")[1]
+    model = rt.load(folder)
+    ids = model.encode("5 March 2021")
+    plain = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=24))[0]
+    held = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=24, min_new_tokens=len(plain) + 4))[0]
+    assert len(plain) < 20 and len(held) >= len(plain) + 4
+    with plain_server(folder, tmp_path_factory) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda extra: client.completions.create(
+                model=folder.name, prompt=ids, max_tokens=24, temperature=0, extra_body=extra).choices[0].token_ids,
+                [{"min_tokens": len(plain) + 4}, {}]))
+        assert got == [held, plain]
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model=folder.name, prompt=ids, max_tokens=4, extra_body={"min_tokens": 5})
+        assert caught.value.body["param"] == "min_tokens"
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("repetition_penalty", 0, "repetition_penalty must be > 0, got 0"),
     ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3"),

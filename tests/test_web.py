@@ -418,10 +418,15 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
         assert driver.find_element("id", "chat-row").is_displayed()  # a chat model: offered
         got = [browser.run_prompt(driver, p, maxNewTokens=MAX_NEW, chat=False) for p in prompts]
         chat = browser.run_prompt(driver, prompts[0], maxNewTokens=MAX_NEW, stopAtEos=False)
+        held = driver.execute_async_script(  # an answer that starts at eos, held back for 3 tokens
+            "const [ids, done] = arguments; window.seqexportPage.model.generateIds(ids, {minNewTokens: 3, "
+            f"maxNewTokens: {MAX_NEW}}}).then(done, (e) => done(String(e)));", model.encode(prompts[1]))
     assert [g["message"] for g in got] == [None, None]
     assert [g["run"]["tokens"] for g in got] == want
     assert [g["output"] for g in got] == [model.tokenizer.decode(w) for w in want]
     assert got[0]["output"] and got[1]["output"] == ""
+    assert held == rt.generate(model, [model.encode(prompts[1])],
+                               rt.SearchOptions(max_new_tokens=MAX_NEW, min_new_tokens=3))[0] and len(held) >= 3
     # the prompt as a user's message through the checkpoint's chat template, as the Python runtime puts it
     assert chat["message"] is None and chat["run"]["tokens"] == chat_want != want[0]
 

@@ -34,6 +34,7 @@ class SearchOptions:
     top_k: int = 0  # sampling: keep the k most likely tokens (0: all)
     top_p: float = 1.0  # sampling: keep the smallest set with this much probability
     min_p: float = 0.0  # sampling: drop tokens below min_p x the most likely one's probability (0: off)
+    min_new_tokens: int = 0  # no eos before this many new tokens (transformers' min_new_tokens, vLLM's min_tokens)
     seed: int | None = None  # sampling: seed of the random generator (reproducible)
     num_beams: int = 1  # beam search width; 1 = greedy
     length_penalty: float = 1.0  # beam score = sum log p / length ** length_penalty
@@ -59,6 +60,7 @@ class SearchOptions:
         if self.seed is not None:
             _integer("seed", self.seed, 0)
         _integer("num_beams", self.num_beams, 1)
+        _integer("min_new_tokens", self.min_new_tokens, 0)
         _real("length_penalty", self.length_penalty, "finite", lambda v: True)
         if not (isinstance(self.early_stopping, bool | np.bool_) or self.early_stopping == "never"):
             raise UsageError(f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
@@ -292,8 +294,10 @@ class Generator:
             raise ArtifactError(f"the model produced NaN/Inf logits after {self._steps} new tokens; "
                                 "run `seqexport validate` on this export")
         logits = self._logits
-        if self._seen is not None:  # (b, v): each row's own penalties
-            logits = np.stack([seen.apply(row) for seen, row in zip(self._seen, logits)])
+        held = self.eos if self._steps < self.options.min_new_tokens else ()  # eos not yet allowed
+        if self._seen is not None or held:  # (b, v): each row's own penalties, eos held back
+            seen = self._seen or [None] * len(logits)
+            logits = np.stack([adjusted(row, s, held) for s, row in zip(seen, logits)])
         tokens = pick_tokens(logits, self.options, self.rng).astype(np.int64)
         tokens[self._done] = -1
         if self._seen is not None:
@@ -337,6 +341,16 @@ def generate(model, prompts, options: SearchOptions | None = None,
         if on_token:
             on_token(tokens)
     return gen.sequences
+
+
+def adjusted(row: np.ndarray, seen: Seen | None, held_eos: tuple) -> np.ndarray:
+    """(v,) a row's scores as its options pick from them: after its penalties (`seen`), with the
+    eos ids not yet allowed (`held_eos`: before min_new_tokens) at -inf. A copy."""
+    out = seen.apply(row) if seen is not None else np.array(row, copy=True)
+    ids = [e for e in held_eos if 0 <= e < out.shape[-1]]
+    if ids:
+        out[ids] = -np.inf
+    return out
 
 
 def seen_context(model, prompt: list[int]) -> list[int]:
@@ -427,6 +441,8 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
         logp = _log_softmax(logits)  # (n*k, v)
         if penalties:  # on the log-probabilities, as transformers' beam search applies its processors
             logp = np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logp[b]) for b in range(n * k)])
+        if step < options.min_new_tokens:  # no hypothesis ends before min_new_tokens
+            logp = np.stack([adjusted(row, None, eos) for row in logp])
         v = logp.shape[-1]
         total = (scores[:, None] + logp).reshape(n, k * v)
         # as many candidates as transformers keeps: enough that k go on though each eos ends some

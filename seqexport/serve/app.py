@@ -74,7 +74,7 @@ class ServeConfig:
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for a completion
 # what a request takes from the model's generation defaults (as vLLM): do_sample and beams are
 # transformers' generate's; OpenAI's API says greedy by temperature 0 and has no beam search
-SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "repetition_penalty")
+SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "min_new_tokens", "repetition_penalty")
 
 
 def served_defaults(defaults: dict, source: str) -> dict:
@@ -142,6 +142,9 @@ class ServingHost:
         if limit is not None and max_tokens > limit:
             raise HTTPError(400, f"max_tokens: {max_tokens} exceeds what the model can hold "
                                  f"({limit} positions)", "max_tokens")
+        min_tokens = _first(params.min_tokens, default.get("min_new_tokens"), 0)
+        if min_tokens > max_tokens and params.min_tokens is not None:
+            raise HTTPError(400, f"min_tokens: {min_tokens} is more than max_tokens {max_tokens}", "min_tokens")
         temperature = _first(params.temperature, default.get("temperature"), 1.0)
         sample = temperature != 0  # OpenAI's API: temperature 0 is greedy
         try:
@@ -153,6 +156,7 @@ class ServingHost:
                                  repetition_penalty=_first(params.repetition_penalty,
                                                            default.get("repetition_penalty"), 1.0),
                                  presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+                                 min_new_tokens=min_tokens,
                                  eos_id=-1 if params.ignore_eos else None)
         except UsageError as e:
             raise HTTPError(400, str(e)) from None

@@ -7,7 +7,7 @@ the server answers.
 
 Follows the OpenAI `/v1/completions` API (as vLLM and TGI do) so its clients work unchanged;
 fields we do not implement are accepted only at their neutral value (e.g. n = 1), others are
-refused with the field named. Extensions, as in vLLM: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`; each choice
+refused with the field named. Extensions, as in vLLM: `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `ignore_eos`; each choice
 also carries `token_ids` (what generate() would return).
 """
 
@@ -46,6 +46,7 @@ class CompletionParams:
     top_p: float | None = None
     top_k: int | None = None  # 0 (or -1, vLLM's spelling): off
     min_p: float | None = None  # vLLM extension: 0 off
+    min_tokens: int | None = None  # vLLM extension: no eos before this many tokens
     repetition_penalty: float | None = None  # vLLM extension (transformers'): 1 off
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
     frequency_penalty: float = 0.0
@@ -69,7 +70,7 @@ IGNORED = {"user"}  # accepted and not used
 # many tokens: OpenAI's chat API has no fixed default, and the completions' 16 cuts answers short
 CHAT_MAX_TOKENS = 4096
 SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-            "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"}
+            "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"}
 MAX_STOPS = 4  # as OpenAI
 # characters of one stop string: each is indexed when its request arrives, on the event loop
 # (serve.text.StopMatcher: ~0.6 us a character, so a 1 MB stop string held every client 0.6 s)
@@ -304,6 +305,7 @@ def _sampling(body: dict, **request) -> CompletionParams:
         top_p=_number(body, "top_p", None, "in (0, 1]", lambda v: 0 < v <= 1),
         top_k=top_k,
         min_p=_number(body, "min_p", None, "in [0, 1]", lambda v: 0 <= v <= 1),
+        min_tokens=_integer(body, "min_tokens", 0, None, allow_none=True),
         repetition_penalty=_number(body, "repetition_penalty", None, "> 0", lambda v: v > 0),
         presence_penalty=_number(body, "presence_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),

@@ -437,7 +437,7 @@ export class Model {
   /**
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
-   * doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
+   * minNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
    * eosId (an id or a list of ids; -1: never), startId; one left out: the model's generation default.
    */
   async *generate(promptIds, options = {}) {
@@ -457,7 +457,12 @@ export class Model {
       for (let n = 0; n < o.maxNewTokens; n++) {
         if (!logits.every(Number.isFinite))
           throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
-        const token = pickToken(seen ? seen.apply(logits) : logits, o, rng);
+        let scores = seen ? seen.apply(logits) : logits;
+        if (n < o.minNewTokens && o.eosIds.length) { // no eos yet: as Python's adjusted()
+          scores = Float32Array.from(scores);
+          for (const id of o.eosIds) if (id >= 0 && id < scores.length) scores[id] = -Infinity;
+        }
+        const token = pickToken(scores, o, rng);
         seen?.add(token);
         if (o.eosIds.includes(token)) return;
         yield { token, text: stream ? stream.push(token) : `${token} `, ms, first: n === 0 };
@@ -515,7 +520,7 @@ function randomSeed() {
 }
 
 const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
-  min_p: "minP", max_new_tokens: "maxNewTokens", repetition_penalty: "repetitionPenalty" };
+  min_p: "minP", max_new_tokens: "maxNewTokens", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty" };
 
 /** A manifest's generation defaults ({do_sample, temperature, …}) as generate()'s options. */
 export function generationDefaults(defaults) {
@@ -529,7 +534,7 @@ export function generationDefaults(defaults) {
  * model's generation defaults, taken where `options` leaves a field out (Python's model_options). */
 export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
-    maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
+    maxNewTokens: 32, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
     repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0,
     eosId: tokenizer?.eosIds ?? null, startId: null,
   };
@@ -546,6 +551,7 @@ export function searchOptions(options, tokenizer, model = {}) {
       throw new ModelError(`${name} must be an integer >= ${least} (and < 2**53), got ${shown(o[name])}`);
   };
   integer("maxNewTokens", 1);
+  integer("minNewTokens", 0);
   integer("topK", 0);
   if (typeof o.doSample !== "boolean") throw new ModelError(`doSample must be true or false, got ${shown(o.doSample)}`);
   const number = (v) => typeof v === "number" && Number.isFinite(v);
