@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 407 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 408 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1440,8 +1440,8 @@ FAULTS = (
           '            times = np.ones(int(generated.sum()), out.dtype)',
           ('tests/test_penalties.py::test_presence_and_frequency_penalties_follow_openais_rule',)),
     Fault('M398', 'beam search: the penalty applied to the raw logits, not the log-probabilities',
-          'seqexport/runtime/generate.py', '            logp = np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logp[b]) for b in range(n * k)])',
-          '            logp = _log_softmax(np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logits[b]) for b in range(n * k)]))',
+          'seqexport/runtime/generate.py', '            logp = np.stack([seen.apply(row) for seen, row in zip(beam_seen, logp)])',
+          '            logp = _log_softmax(np.stack([seen.apply(row) for seen, row in zip(beam_seen, logits)]))',
           ('tests/test_penalties.py::test_beam_search_with_a_repetition_penalty_is_transformers_beam_search',)),
     Fault('M399', "engine: a request's history not told its tokens",
           'seqexport/runtime/engine/request.py', '        if self._seen is not None:\n            self._seen.add(token)\n',
@@ -1500,16 +1500,16 @@ FAULTS = (
           "            generated = pickable  # (n,) the answer's tokens",
           ('tests/test_penalties.py::test_long_histories_are_penalised_as_the_rule_reads',)),
     Fault('M413', 'generate: min_new_tokens ignored (eos ends a row at once)',
-          'seqexport/runtime/generate.py', '        held = self.eos if self._steps < self.options.min_new_tokens else ()  # eos not yet allowed',
-          '        held = ()  # eos not yet allowed',
+          'seqexport/runtime/generate.py', '        if self._steps < self.options.min_new_tokens:\n            logits = without(logits, self.eos)',
+          '        if False:\n            logits = without(logits, self.eos)',
           ('tests/test_penalties.py::test_min_new_tokens_holds_eos_back_as_transformers_does',)),
     Fault('M414', 'beam search: a hypothesis may end before min_new_tokens',
           'seqexport/runtime/generate.py', '        if step < options.min_new_tokens:  # no hypothesis ends before min_new_tokens',
           '        if step < 0:  # no hypothesis ends before min_new_tokens',
           ('tests/test_penalties.py::test_min_new_tokens_holds_eos_back_as_transformers_does',)),
     Fault('M415', "engine: a request's min_new_tokens ignored",
-          'seqexport/runtime/engine/batch.py', '            held = req._eos if req._picked < opts.min_new_tokens else ()  # eos not yet allowed',
-          '            held = ()  # eos not yet allowed',
+          'seqexport/runtime/engine/batch.py', '            held = req._picked < opts.min_new_tokens  # its eos not yet allowed',
+          '            held = False  # its eos not yet allowed',
           ('tests/test_penalties.py::test_a_served_request_with_min_tokens_runs_past_its_eos',)),
     Fault('M416', "server: a request's min_tokens read and dropped",
           'seqexport/serve/app.py', '                                 min_new_tokens=min_tokens,',
@@ -1519,6 +1519,10 @@ FAULTS = (
           'seqexport/web/static/seqexport.mjs', '        if (n < o.minNewTokens && o.eosIds.length) {',
           '        if (n < 0 && o.eosIds.length) {',
           ('tests/test_web.py::test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page',)),
+    Fault('M418', 'beam search: beams that split share one history for their penalties (not copied)',
+          'seqexport/runtime/generate.py', '            beam_seen = [beam_seen[s].copy() for s in new_rows]',
+          '            beam_seen = [beam_seen[s] for s in new_rows]',
+          ('tests/test_penalties.py::test_beam_search_with_a_repetition_penalty_is_transformers_beam_search',)),
 )
 
 

@@ -110,8 +110,8 @@ def model_options(model, **given) -> SearchOptions:
     if given.get("do_sample") is not None or (given.get("num_beams") or 1) > 1:
         defaults.pop("num_beams", None)
         defaults.pop("do_sample", None)
-    if not (given.get("do_sample") if given.get("do_sample") is not None else defaults.get("do_sample")) \
-            and defaults.get("temperature") == 0:  # greedy's temperature: 0 says greedy, not a divisor
+    do_sample = given["do_sample"] if given.get("do_sample") is not None else defaults.get("do_sample", False)
+    if not do_sample and defaults.get("temperature") == 0:  # greedy's temperature: 0 says greedy, not a divisor
         defaults.pop("temperature")
     fields = SearchOptions.__dataclass_fields__
     unknown = sorted(set(given) - set(fields))
@@ -281,6 +281,16 @@ class Generator:
             return False
         return self._steps >= self.options.max_new_tokens or bool(self._done.all())
 
+    def _scores(self) -> np.ndarray:
+        """(b, v) what the rows pick from: the last logits, after each row's penalties, with the
+        eos ids at -inf before min_new_tokens."""
+        logits = self._logits
+        if self._seen is not None:
+            logits = np.stack([seen.apply(row) for seen, row in zip(self._seen, logits)])
+        if self._steps < self.options.min_new_tokens:
+            logits = without(logits, self.eos)
+        return logits
+
     def generate_next_token(self) -> np.ndarray:
         """Pick each row's next token from the last logits and feed it; returns (b,) tokens.
 
@@ -293,12 +303,7 @@ class Generator:
         if not np.isfinite(self._logits).all():
             raise ArtifactError(f"the model produced NaN/Inf logits after {self._steps} new tokens; "
                                 "run `seqexport validate` on this export")
-        logits = self._logits
-        held = self.eos if self._steps < self.options.min_new_tokens else ()  # eos not yet allowed
-        if self._seen is not None or held:  # (b, v): each row's own penalties, eos held back
-            seen = self._seen or [None] * len(logits)
-            logits = np.stack([adjusted(row, s, held) for s, row in zip(seen, logits)])
-        tokens = pick_tokens(logits, self.options, self.rng).astype(np.int64)
+        tokens = pick_tokens(self._scores(), self.options, self.rng).astype(np.int64)
         tokens[self._done] = -1
         if self._seen is not None:
             for seen, t in zip(self._seen, tokens.tolist()):
@@ -343,13 +348,12 @@ def generate(model, prompts, options: SearchOptions | None = None,
     return gen.sequences
 
 
-def adjusted(row: np.ndarray, seen: Seen | None, held_eos: tuple) -> np.ndarray:
-    """(v,) a row's scores as its options pick from them: after its penalties (`seen`), with the
-    eos ids not yet allowed (`held_eos`: before min_new_tokens) at -inf. A copy."""
-    out = seen.apply(row) if seen is not None else np.array(row, copy=True)
-    ids = [e for e in held_eos if 0 <= e < out.shape[-1]]
-    if ids:
-        out[ids] = -np.inf
+def without(scores: np.ndarray, eos: tuple) -> np.ndarray:
+    """A copy of (..., v) scores with the eos ids at -inf: before min_new_tokens no row may end
+    (ids outside [0, v), e.g. -1 for none, skipped)."""
+    ids = [e for e in eos if 0 <= e < scores.shape[-1]]
+    out = np.array(scores, copy=True)
+    out[..., ids] = -np.inf
     return out
 
 
@@ -357,13 +361,6 @@ def seen_context(model, prompt: list[int]) -> list[int]:
     """What a row's repetition penalty counts before it generates: a language model's prompt
     (transformers counts its input_ids); an encoder-decoder's source is another sequence."""
     return [] if model.takes_start_id else prompt
-
-
-def _beam_seen(options: SearchOptions, model, prompt: list[int], generated: list[int]) -> Seen:
-    seen = Seen(options, seen_context(model, prompt))
-    for t in generated:
-        seen.add(t)
-    return seen
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -429,7 +426,8 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
     n = len(rows)
     gen = Generator(model, SearchOptions(max_new_tokens=options.max_new_tokens, eos_id=eos,
                                          start_id=options.start_id))
-    penalties = penalized(options)
+    # each beam's tokens for its penalties, carried along (a copy where a beam splits) as the beams are reordered
+    beam_seen = [Seen(options, seen_context(model, rows[b // k])) for b in range(n * k)] if penalized(options) else None
     gen.append_tokens([r for r in rows for _ in range(k)])  # each source repeated k times
     state, logits = gen.state, gen._logits
     scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], n)  # only beam 0 is live at first
@@ -439,10 +437,10 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
     lp = options.length_penalty
     for step in range(options.max_new_tokens):
         logp = _log_softmax(logits)  # (n*k, v)
-        if penalties:  # on the log-probabilities, as transformers' beam search applies its processors
-            logp = np.stack([_beam_seen(options, model, rows[b // k], seqs[b]).apply(logp[b]) for b in range(n * k)])
+        if beam_seen is not None:  # on the log-probabilities, as transformers' beam search applies its processors
+            logp = np.stack([seen.apply(row) for seen, row in zip(beam_seen, logp)])
         if step < options.min_new_tokens:  # no hypothesis ends before min_new_tokens
-            logp = np.stack([adjusted(row, None, eos) for row in logp])
+            logp = without(logp, eos)
         v = logp.shape[-1]
         total = (scores[:, None] + logp).reshape(n, k * v)
         # as many candidates as transformers keeps: enough that k go on though each eos ends some
@@ -460,6 +458,10 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
         if done.all() or last:
             break
         seqs = [seqs[s] + [t] for s, t in zip(new_rows, new_tokens)]
+        if beam_seen is not None:
+            beam_seen = [beam_seen[s].copy() for s in new_rows]
+            for seen, t in zip(beam_seen, new_tokens):
+                seen.add(t)
         scores = np.array(new_scores)
         state = state.select(new_rows)
         logits, state = model.step(np.array(new_tokens, np.int64), state)

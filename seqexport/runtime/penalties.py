@@ -51,6 +51,13 @@ class Seen:
             self._n += 1
         return slot
 
+    def copy(self) -> "Seen":
+        """Another row's history that starts as this one (a beam that splits)."""
+        twin = object.__new__(Seen)
+        twin.__dict__.update(self.__dict__)
+        twin._slot, twin._ids, twin._counts = dict(self._slot), self._ids.copy(), self._counts.copy()
+        return twin
+
     def add(self, token: int) -> None:
         slot = self._see(int(token))  # (first: it may grow the arrays)
         self._counts[slot] += 1

@@ -17,7 +17,7 @@ import numpy as np
 from seqexport.errors import ArtifactError, SeqexportError
 from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.engine.request import Begun, Request
-from seqexport.runtime.generate import adjusted, pick_tokens
+from seqexport.runtime.generate import pick_tokens, without
 from seqexport.state.rows import swap_remove_order
 
 
@@ -268,9 +268,10 @@ class RunningBatch:
                                        "tokens; run `seqexport validate` on this export"))
                 continue
             opts = req.options
-            held = req._eos if req._picked < opts.min_new_tokens else ()  # eos not yet allowed
+            held = req._picked < opts.min_new_tokens  # its eos not yet allowed
             if req._seen is not None or held:  # its penalties, its eos held back: its own row of scores
-                row = adjusted(logits[i], req._seen, held)[None]  # (1, v)
+                row = req._seen.apply(logits[i]) if req._seen is not None else logits[i]  # (v,)
+                row = (without(row, req._eos) if held else row)[None]  # (1, v)
                 token = int(pick_tokens(row, opts, req._rng)[0]) if opts.do_sample else int(row.argmax())
             else:
                 token = int(pick_tokens(logits[i : i + 1], opts, req._rng)[0]) if opts.do_sample else best[i]
