@@ -5,7 +5,7 @@ followed by its own gated MLP, two pre-norms in a layer) and of NVIDIA's Nemotro
 (`mlp_in_layer=False`: each layer is one pre-norm block, the MLPs are layers of their own). The
 Mamba-2 mixer and RMSNorm are those of `models.mamba2`, reused as they are.
 
-Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> the Mamba-2 mixer
+Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> Experts -> the Mamba-2 mixer
 adapter -> HybridLayer -> HybridLM, and `append_kv` (the eager caller's KV bookkeeping).
 
 Dimension letters (reused as ONNX dim names and runtime names):
@@ -19,6 +19,7 @@ Dimension letters (reused as ONNX dim names and runtime names):
     hd    attention head dim                     (head_dim)
     rd    rotary dims at the front of each head  (rotary_dim = head_dim * partial_rotary_factor)
     f     MLP width                              (d_ff)
+    E     experts (n_experts); fe an expert's width (d_ff_expert); k experts a token takes
     d_in  Mamba-2 mixer width = h * p            (mamba_d_inner)
     h     Mamba-2 heads; p channels per head; g groups sharing B, C; n state size;
     k     conv width; c = d_in + 2 g n conv channels (see models/mamba2.py)
@@ -32,6 +33,11 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
                  at slots past_lengths[r] .. past_lengths[r] + l - 1 (`append_kv` does it eagerly).
     "mlp"        ()
 
+Mixture of experts (Granite-4.0-H Tiny / Small: `n_experts` > 0, `mlp_in_layer`): beside each
+mamba2/attention layer's MLP sits a router and E gated-SiLU experts of width fe; each token takes
+the top `experts_per_token` (k) of the router's logits, weighted by the softmax over those k, and
+the layer adds mlp(h) + Σ weight · expert(h). No state.
+
 Parameter names (transformers-like, no `backbone.` / `model.` prefix; the checkpoint layouts map
 onto them in `seqexport.families.hybrid.layouts`):
     embed_tokens.weight                                   (v, d)
@@ -40,6 +46,8 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.mixer.{q_proj,k_proj,v_proj,o_proj}.*                                    "attention"
     layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
+    layers.{i}.experts.router.weight (E, d), .gate_up_proj (E, 2 fe, d) gate rows then up rows,
+    .down_proj (E, d, fe)                                  n_experts > 0 only
     norm_f.weight, lm_head.weight                         (lm_head tied to embed_tokens if asked)
 (`gate_proj` exists only for the gated MLP, `mlp_act="silu_gated"`.)
 """
@@ -89,6 +97,10 @@ class HybridConfig(DictConfig):
     d_ff: int = 128  # MLP width (f)
     mlp_act: str = "silu_gated"  # "silu_gated": down(silu(gate(x)) * up(x)); "relu2": down(relu(up(x))^2)
     mlp_bias: bool = False  # biases in the MLP's linears
+    # mixture of experts beside each layer's MLP (Granite-4.0-H Tiny/Small); 0 = dense
+    n_experts: int = 0  # experts (E)
+    experts_per_token: int = 2  # experts each token takes (k), <= n_experts
+    d_ff_expert: int = 128  # an expert's width (fe)
     # attention
     n_heads: int = 4  # query heads (nh)
     n_kv_heads: int = 2  # key/value heads (nkv), must divide n_heads (grouped-query attention)
@@ -123,6 +135,7 @@ class HybridConfig(DictConfig):
         self._check_layers()
         self._check_heads()
         self._check_dt_limits()
+        self._check_experts()
 
     def _check_types(self) -> None:
         """Positive ints, bools, and finite numbers > 0 where the fields need them."""
@@ -180,6 +193,19 @@ class HybridConfig(DictConfig):
         if hi is not None and (isinstance(hi, bool) or not isinstance(hi, int | float) or not lo < hi < math.inf):
             raise ValueError(f"{name}.dt_max_limit must be None (no limit) or a finite number > "
                              f"dt_min_limit={lo!r}, got {hi!r}")
+
+    def _check_experts(self) -> None:
+        name = type(self).__name__
+        for key, least in (("n_experts", 0), ("experts_per_token", 1), ("d_ff_expert", 1)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}.{key} must be an int >= {least}, got {value!r}")
+        if self.n_experts and self.experts_per_token > self.n_experts:
+            raise ValueError(f"{name}.experts_per_token={self.experts_per_token} must be <= "
+                             f"n_experts={self.n_experts}")
+        if self.n_experts and not self.mlp_in_layer:
+            raise ValueError(f"{name}.n_experts={self.n_experts} needs mlp_in_layer=True (the experts sit "
+                             "beside each layer's MLP)")
 
     @property
     def n_layer(self) -> int:
@@ -275,6 +301,40 @@ class MLP(nn.Module):
         return self.down_proj(torch.square(F.relu(self.up_proj(x))))  # (..., d)
 
 
+class Experts(nn.Module):
+    """Granite's mixture of experts: a router picks k of E gated-SiLU experts per token (the top k
+    of its float32 logits, weighted by the softmax over those k); a token's output is the weighted
+    sum of its experts' outputs. Eagerly each expert runs on the tokens that picked it."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        d, e, fe = config.d_model, config.n_experts, config.d_ff_expert
+        self.k = config.experts_per_token
+        self.router = nn.Linear(d, e, bias=False)
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * fe, d))  # (E, 2 fe, d): gate rows, then up rows
+        self.down_proj = nn.Parameter(torch.empty(e, d, fe))  # (E, d, fe)
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (n, d) -> weights (n, k) in x's dtype, experts (n, k) int64 (distinct in a row)."""
+        top, experts = self.router(x).float().topk(self.k, dim=-1)  # (n, k) each
+        return torch.softmax(top, dim=-1).to(x.dtype), experts
+
+    def expert(self, e: int, x: Tensor) -> Tensor:
+        """Expert e on x (m, d) -> (m, d): down(silu(gate(x)) * up(x))."""
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)  # (m, fe) each
+        return F.linear(F.silu(gate) * up, self.down_proj[e])  # (m, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., d) -> (..., d)."""
+        flat = x.reshape(-1, x.shape[-1])  # (n, d)
+        weights, experts = self.route(flat)
+        out = torch.zeros_like(flat)
+        for e in experts.unique().tolist():
+            token, slot = torch.where(experts == e)  # (m,) each: the tokens that picked e, and where
+            out.index_add_(0, token, self.expert(e, flat[token]) * weights[token, slot, None])
+        return out.reshape(x.shape)
+
+
 def mamba2_mixer(config: HybridConfig) -> Mamba2Mixer:
     """`models.mamba2.Mamba2Mixer` with the hybrid's sizes (the adapter).
 
@@ -315,6 +375,7 @@ class HybridLayer(nn.Module):
             self.mlp = MLP(config)
         else:
             self.mlp = None
+        self.experts = Experts(config) if config.n_experts and self.mlp is not None else None
 
     def _residual(self, x: Tensor, out: Tensor) -> Tensor:
         return x + (out if self.residual_multiplier == 1 else out * self.residual_multiplier)
@@ -338,7 +399,8 @@ class HybridLayer(nn.Module):
             out, new_state = self.mixer(h), ()
         x = self._residual(x, out)
         if self.mlp is not None:
-            x = self._residual(x, self.mlp(self.mlp_norm(x)))
+            h = self.mlp_norm(x)
+            x = self._residual(x, self.mlp(h) if self.experts is None else self.experts(h) + self.mlp(h))
         return x, new_state
 
 
@@ -369,6 +431,9 @@ class HybridLM(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+            if isinstance(module, Experts):
+                nn.init.normal_(module.gate_up_proj, std=0.02)
+                nn.init.normal_(module.down_proj, std=0.02)
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions (b, l) int64 -> cos, sin (b, 1, l, rd) in `dtype`, angles computed in float32."""

@@ -1,10 +1,11 @@
 """Hybrid attention + Mamba-2 export end to end, from checkpoints in transformers' layouts
-(`BambaForCausalLM`, `GraniteMoeHybridForCausalLM` dense with RoPE and with NoPE,
-`NemotronHForCausalLM`; attention at the first, a middle and the last layer; GQA 4:2): the
+(`BambaForCausalLM`, `GraniteMoeHybridForCausalLM` dense with RoPE and with NoPE and with
+experts, `NemotronHForCausalLM`; attention at the first, a middle and the last layer; GQA 4:2): the
 exported graphs through the torch-free runtime against transformers' own models, prompts of 1,
 17 and 300 tokens then 20 single steps, every layer's state of both kinds; rows at different
 positions in one call; validate and its layer localisation through both layer kinds; the
-serving engine's continuous batching."""
+serving engine's continuous batching; both forms of the experts (ONNX Runtime's MoE kernel, the
+standard dense form)."""
 
 import json
 
@@ -141,11 +142,51 @@ def test_a_damaged_weight_fails_naming_its_layer(exported, tmp_path, graph, laye
     assert failing[0].divergence.layer == f"layers.{layer}"
 
 
+def _ops(path) -> dict[tuple[str, str], int]:
+    import collections
+
+    import onnx
+
+    return collections.Counter((n.domain, n.op_type) for n in onnx.load(path, load_external_data=False).graph.node)
+
+
+def test_the_experts_dense_form_equals_transformers_with_standard_operators_only(exported, tmp_path):
+    """`--experts dense` (every expert on every token, no com.microsoft node) gives transformers'
+    logits and state over a prefill and 20 steps, as the kernel form does, and validates; each
+    form's manifest names it, and an export without experts names none."""
+    hf, kernel, folder = exported("granite-moe")
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"),
+                                      "--out", str(tmp_path / "dense"), "--experts", "dense"])
+    assert result.exit_code == 0, result.output
+    dense = rt.load(tmp_path / "dense", provider="cpu", threads=1)
+    n_layers = len(kinds_of(hf))
+    for graph in ("prefill", "step"):
+        assert _ops(folder / f"{graph}.onnx")[("com.microsoft", "MoE")] == n_layers
+        assert not [op for op in _ops(tmp_path / "dense" / f"{graph}.onnx") if op[0]]  # standard ONNX only
+    assert kernel.manifest["export_options"]["experts"] == "kernel"
+    assert dense.manifest["export_options"]["experts"] == "dense"
+    assert "experts" not in exported("granite-rope")[1].manifest["export_options"]
+    g = torch.Generator().manual_seed(5)
+    prompt, steps = torch.randint(0, VOCAB, (2, 40), generator=g), torch.randint(0, VOCAB, (2, 20), generator=g)
+    want, _, want_state = _hf_decode(hf, prompt, steps)
+    logits, state = dense.step(prompt.numpy(), dense.start(2))
+    got = [logits]
+    for token in steps.T:
+        logits, state = dense.step(token.numpy(), state)
+        got.append(logits[:, None])
+    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), atol=TOL, rtol=0)
+    assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
+    for f in (folder, tmp_path / "dense"):
+        result = CliRunner().invoke(cli, ["validate", str(f), "--steps", "8"])
+        assert result.exit_code == 0 and "result: PASS" in result.output, result.output
+
+
 @pytest.mark.parametrize("config, message", [
-    ({"model_type": "granitemoehybrid", "hidden_size": 64, "num_local_experts": 4}, "num_local_experts"),
+    ({"model_type": "granitemoehybrid", "hidden_size": 64, "num_local_experts": 4, "num_experts_per_tok": 5},
+     "experts_per_token=5 must be <= n_experts=4"),
     ({"model_type": "nemotron_h", "hidden_size": 64, "layers_block_type": ["mamba", "moe"]}, "moe"),
 ])
-def test_moe_variants_are_refused_naming_the_key(tmp_path, config, message):
+def test_unsupported_or_bad_experts_are_refused_naming_the_key(tmp_path, config, message):
     from safetensors.torch import save_file
 
     folder = tmp_path / "ckpt"

@@ -1,5 +1,5 @@
 """models/hybrid.py and families/hybrid/layouts.py: parity with transformers' own
-`BambaForCausalLM`, `GraniteMoeHybridForCausalLM` (dense) and `NemotronHForCausalLM` torch paths
+`BambaForCausalLM`, `GraniteMoeHybridForCausalLM` (dense, and with experts) and `NemotronHForCausalLM` torch paths
 loaded from their saved checkpoints (logits over a whole decode and every layer's cache), rows at
 different positions in one call, forward / step / continuation agreement, the chunked scan, and
 the refusals (MoE, bad fields)."""
@@ -50,6 +50,18 @@ def _granite(rope: bool):
     ))
 
 
+def _granite_moe():
+    # 6 experts, 2 a token, beside the shared MLP; NoPE, Granite's multipliers
+    return transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, shared_intermediate_size=96, num_local_experts=6,
+        num_experts_per_tok=2, intermediate_size=48,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+        mamba_d_state=16, mamba_chunk_size=16, position_embedding_type=None,
+        embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.5,
+    ))
+
+
 def _nemotron_h():
     # Mamba-2 width 6 * 16 = 96, not a multiple of d_model: the mixer adapter's case.
     return transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
@@ -60,7 +72,7 @@ def _nemotron_h():
 
 
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
-             "nemotron_h": _nemotron_h}
+             "granite-moe": _granite_moe, "nemotron_h": _nemotron_h}
 
 
 def _hf(name: str, seed: int):
@@ -88,6 +100,8 @@ def _randomize(model, seed: int):
             p.copy_(0.1 * torch.randn(p.shape, generator=gen))
         elif p.dim() == 2 and "embed" not in name:
             p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+        elif "experts" in name:  # (E, out, in) stacks of linears
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[2]))
     return model.eval()
 
 
@@ -324,14 +338,27 @@ def test_append_kv_writes_at_each_rows_length():
 
 # ---- refusals ----
 
-def test_moe_variants_are_refused():
-    moe = transformers.GraniteMoeHybridConfig(hidden_size=64, num_hidden_layers=2, num_local_experts=4,
-                                              mamba_n_heads=8).to_dict()
-    with pytest.raises(ValueError, match="num_local_experts=4.*not supported"):
-        hybrid_config_from_json(moe)
-    no_key = {k: v for k, v in moe.items() if k != "num_local_experts"}  # transformers' default is 8 experts
-    with pytest.raises(ValueError, match="num_local_experts=8"):
-        hybrid_config_from_json(no_key)
+def test_granite_experts_read_as_transformers_means_them():
+    config = hybrid_config_from_json(_granite_moe().config.to_dict())
+    assert (config.n_experts, config.experts_per_token, config.d_ff_expert, config.d_ff) == (6, 2, 48, 96)
+    dense = hybrid_config_from_json(_granite(False).config.to_dict())
+    assert dense.n_experts == 0 and all(layer.experts is None for layer in HybridLM(dense).layers)
+    no_key = {k: v for k, v in _granite_moe().config.to_dict().items() if k != "num_local_experts"}
+    assert hybrid_config_from_json(no_key).n_experts == 8  # transformers' default is 8 experts
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_experts_per_tok": 7}, "experts_per_token=7 must be <= n_experts=6"),
+    ({"num_local_experts": -1}, "num_local_experts=-1"),
+    ({"num_local_experts": True}, "num_local_experts=True"),
+    ({"num_experts_per_tok": 0}, "experts_per_token must be an int >= 1, got 0"),
+])
+def test_bad_expert_counts_are_refused_naming_them(change, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        hybrid_config_from_json({**_granite_moe().config.to_dict(), **change})
+
+
+def test_nemotron_h_moe_layers_are_refused():
     nemo = transformers.NemotronHConfig(hidden_size=64, layers_block_type=["linear_attention", "moe"]).to_dict()
     with pytest.raises(ValueError, match="layers_block_type=.*moe"):
         hybrid_config_from_json(nemo)
@@ -387,3 +414,10 @@ def test_convert_state_dict_refusals(tmp_path):
     gsd["model.layers.0.shared_mlp.input_linear.weight"] = torch.zeros(96, 64)
     with pytest.raises(ValueError, match="input_linear"):
         convert_state_dict(gsd, gconfig)
+    moe = _granite_moe()
+    mconfig = hybrid_config_from_json(moe.config.to_dict())
+    msd = dict(moe.state_dict())  # transformers 5's names in memory (experts.gate_up_proj, router.weight)
+    assert set(convert_state_dict(msd, mconfig)) == set(HybridLM(mconfig).state_dict())
+    dense = hybrid_config_from_json({**moe.config.to_dict(), "num_local_experts": 0})
+    with pytest.raises(ValueError, match="no place for: .*model.layers.0.block_sparse_moe"):
+        convert_state_dict(msd, dense)

@@ -13,19 +13,26 @@ _names = itertools.count()
 
 
 def emit(op_type: str, inputs: list, attributes: dict, num_outputs: int) -> list:
-    """Record a node with several outputs in the exporter's graph."""
+    """Record a node of the default domain with several outputs in the exporter's graph."""
+    return emit_in("", None, op_type, inputs, attributes, num_outputs)
+
+
+def emit_in(domain: str, version: int | None, op_type: str, inputs: list, attributes: dict,
+            num_outputs: int) -> list:
+    """Record a node of `domain` (its opset `version`; None: the exporter's) in the exporter's
+    graph; a None input is an omitted optional one."""
     recorder = onnxscript.evaluator.default()
     if not hasattr(recorder, "nodes"):
         raise RuntimeError(
             f"{op_type} can only be built while torch.onnx.export traces this translation"
         )
     node = ir.Node(
-        "",
+        domain,
         op_type,
         inputs,
         attributes=ir.convenience.convert_attributes(attributes),
         num_outputs=num_outputs,
-        version=recorder.opset.version,
+        version=recorder.opset.version if version is None else version,
     )
     recorder.nodes.append(node)
     return list(node.outputs)

@@ -10,6 +10,7 @@ from seqexport.families.base import Family
 from seqexport.families.hybrid.presets import PRESETS
 from seqexport.families.recurrent import GRAPHS
 
+EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free here)
 MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h")  # transformers' layouts read here
 
 
@@ -29,6 +30,9 @@ FAMILY = Family(
         click.option("--attention", type=click.Choice(ATTENTIONS), default="matmul", show_default=True,
                      help="The attention layers': MatMul + Softmax nodes, or ONNX's fused Attention "
                           "(opset 23; a lower --opset is raised to 23)."),
+        click.option("--experts", type=click.Choice(EXPERT_FORMS), default="kernel", show_default=True,
+                     help="A mixture of experts' form (Granite-4.0-H Tiny/Small): ONNX Runtime's MoE kernel, "
+                          "or standard ONNX that runs every expert (for onnxruntime-web and other runtimes)."),
     ),
     # in_proj makes Δ, B and C of the scan beside z and x: quantising it moves the state
     int8_keep_float=("*.mixer.in_proj",),

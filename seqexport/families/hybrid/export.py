@@ -21,6 +21,7 @@ from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_ar
 from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.attention import check_attention
 from seqexport.families.hybrid.attention import fused_attention
+from seqexport.families.hybrid.experts import experts_as, translation_table
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
 from seqexport.families.mamba2.export import CHUNK, _conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
@@ -112,10 +113,13 @@ def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
 
 
 def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dtype: str = "float32",
-                  overwrite: bool = False, tokenizer: dict | None = None, attention: str = "matmul"):
+                  overwrite: bool = False, tokenizer: dict | None = None, attention: str = "matmul",
+                  experts: str = "kernel"):
     """Write prefill.onnx, step.onnx and manifest.json for a loaded hybrid checkpoint.
     attention: the attention layers', "matmul" (separate nodes) or "fused" (ONNX's `Attention`,
-    opset 23 or later: a lower opset is raised to 23)."""
+    opset 23 or later: a lower opset is raised to 23). experts: a mixture of experts' form,
+    "kernel" (ONNX Runtime's MoE) or "dense" (standard ONNX; see experts.py); recorded only
+    for a model that has experts."""
     opset = check_attention(attention, opset)
     specs = specs_for(ckpt.config, dtype)
     model = model_in_dtype(ckpt.model, dtype)
@@ -124,18 +128,23 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     prefill_args = example_inputs(specs["prefill"], tdtype, chunk + 3)
     step_args = example_inputs(specs["step"], tdtype, 1)
 
+    table = translation_table() if experts == "kernel" else None
+    options = {"chunk_size": chunk, "attention": attention}
+    if ckpt.config.n_experts:
+        options["experts"] = experts
+
     def build(tmp):
-        with torch.no_grad(), fused_attention(model, attention == "fused"):
+        with torch.no_grad(), fused_attention(model, attention == "fused"), experts_as(model, experts):
             export_graphs([
                 GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_grouped, chunk=chunk)),
                          prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
-                         dynamic_shapes_for(specs["prefill"], varargs_from=3)),
+                         dynamic_shapes_for(specs["prefill"], varargs_from=3), table),
                 GraphJob("step", StepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
-                         dynamic_shapes_for(specs["step"], varargs_from=2)),
+                         dynamic_shapes_for(specs["step"], varargs_from=2), table),
             ])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,
-                          options={"chunk_size": chunk, "attention": attention}, tokenizer=tokenizer)
+                          options=options, tokenizer=tokenizer)
 
 
 export = export_hybrid

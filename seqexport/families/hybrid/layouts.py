@@ -8,9 +8,10 @@ Four config layouts, told apart by `family` / `model_type`:
   `partial_rotary_factor` of each head, 0.5 unless `rope_parameters` says otherwise (BambaConfig
   inserts 0.5 when absent);
 - transformers' `GraniteMoeHybridConfig` (`model_type: "granitemoehybrid"`): `layer_types`
-  ("linear_attention" / "full_attention", or the legacy "mamba" / "attention"), dense only
-  (`num_local_experts` 0; the MLP is the shared one, `shared_intermediate_size`, its
-  `input_linear` holding gate then up); `position_embedding_type` None = no positions, "rope" =
+  ("linear_attention" / "full_attention", or the legacy "mamba" / "attention"); the MLP is the
+  shared one (`shared_intermediate_size`, its `input_linear` holding gate then up), and with
+  `num_local_experts` > 0 (Granite-4.0-H Tiny / Small) the `block_sparse_moe` beside it:
+  `num_experts_per_tok` of the experts (`intermediate_size` wide) per token; `position_embedding_type` None = no positions, "rope" =
   RoPE over the whole head (its rotary init ignores `partial_rotary_factor`); the softmax scale
   is `attention_multiplier` itself; `embedding_multiplier`, `residual_multiplier` (both residual
   adds) and `logits_scaling` (a divisor);
@@ -24,8 +25,8 @@ Four config layouts, told apart by `family` / `model_type`:
   `mamba_proj_bias`) puts biases in in_proj / out_proj; its lm_head is never tied to the embedding
   (`tie_word_embeddings` is not acted on).
 
-Mixture-of-experts variants are refused (a Granite `num_local_experts` > 0, a Nemotron-H "moe" /
-"E" layer), naming the key and value. Keys absent from a transformers config.json take that
+Nemotron-H's mixture-of-experts layers ("moe" / "E": a sigmoid router with grouped top-k and a
+correction bias) are refused, naming the key and value. Keys absent from a transformers config.json take that
 config class's defaults in transformers 5.24.
 
 What transformers' torch paths do that ours does differently, only where it cannot matter for a
@@ -60,7 +61,7 @@ _GRANITE_DEFAULTS = dict(
     vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None,
     hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=None, attention_bias=False,
     embedding_multiplier=1.0, logits_scaling=1.0, residual_multiplier=1.0, attention_multiplier=1.0,
-    num_local_experts=8, shared_intermediate_size=1024, position_embedding_type=None, layer_types=None,
+    num_local_experts=8, num_experts_per_tok=2, intermediate_size=11008, shared_intermediate_size=1024, position_embedding_type=None, layer_types=None,
     mamba_n_heads=128, mamba_n_groups=1, mamba_d_state=256, mamba_d_head="auto", mamba_d_conv=4, mamba_expand=2,
     mamba_chunk_size=256, mamba_conv_bias=True, mamba_proj_bias=False, time_step_limit=(0.0, math.inf),
 )
@@ -75,6 +76,9 @@ _NEMOTRON_H_DEFAULTS = dict(
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
                            mamba_conv_bias="use_conv_bias", mamba_chunk_size="chunk_size")
 _NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+_GRANITE_EXPERTS = {"input_linear.weight": "gate_up_proj", "output_linear.weight": "down_proj",
+                    "router.layer.weight": "router.weight", "experts.gate_up_proj": "gate_up_proj",
+                    "experts.down_proj": "down_proj"}
 _OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp"}
 
 
@@ -198,9 +202,8 @@ def _from_bamba(d: dict) -> HybridConfig:
 def _from_granite(d: dict) -> HybridConfig:
     d = {**_GRANITE_DEFAULTS, **d}
     experts = d["num_local_experts"]
-    if experts:
-        raise ValueError(f"num_local_experts={experts!r}: mixture-of-experts variants of granitemoehybrid are "
-                         "not supported; expected 0 (dense: the shared MLP only)")
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+        raise ValueError(f"num_local_experts={experts!r}; expected an integer >= 0 (0: the shared MLP only)")
     _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba-2 conv both use it)")
     _require_value(d, "position_embedding_type", (None, "rope"))
     n = d["num_hidden_layers"]
@@ -214,6 +217,8 @@ def _from_granite(d: dict) -> HybridConfig:
     return HybridConfig(
         d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=[_OUR_KIND[t] for t in types],
         mlp_in_layer=True, d_ff=d["shared_intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        **(dict(n_experts=experts, experts_per_token=d["num_experts_per_tok"], d_ff_expert=d["intermediate_size"])
+           if experts else {}),
         **_attention_sizes(d), rope=rope, **(_rope(d, "granitemoehybrid", default_factor=None) if rope else {}),
         attention_bias=d["attention_bias"], attention_multiplier=_number(d["attention_multiplier"],
                                                                          "attention_multiplier"),
@@ -304,11 +309,13 @@ def _rename(key: str, layout: str) -> str | None:
     i, module, rest = parts[2], parts[3], parts[4]
     modules = {"input_layernorm": "norm", "mamba": "mixer", "self_attn": "mixer",
                "pre_ff_layernorm": "mlp_norm", "post_attention_layernorm": "mlp_norm",
-               "feed_forward": "mlp", "shared_mlp": "mlp"}
+               "feed_forward": "mlp", "shared_mlp": "mlp", "block_sparse_moe": "experts"}
     if module not in modules:
         return None
     if module == "shared_mlp":
         rest = {"output_linear.weight": "down_proj.weight"}.get(rest, rest)
+    if module == "block_sparse_moe":  # as saved, and as transformers 5 holds it in memory
+        rest = _GRANITE_EXPERTS.get(rest, rest)
     return f"layers.{i}.{modules[module]}.{rest}"
 
 
@@ -318,13 +325,15 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
     - Bamba / Granite: `model.layers.{i}.{input_layernorm,mamba,self_attn,pre_ff_layernorm |
       post_attention_layernorm,feed_forward | shared_mlp}` -> `layers.{i}.{norm,mixer,mixer,mlp_norm,mlp}`;
       Granite's `shared_mlp.input_linear.weight` (2f, d) splits into gate_proj (first f rows) and
-      up_proj (last f), `output_linear` -> down_proj;
+      up_proj (last f), `output_linear` -> down_proj; `block_sparse_moe.{input_linear,
+      output_linear,router.layer}.weight` -> `experts.{gate_up_proj,down_proj,router.weight}`;
     - Nemotron-H: `backbone.` (as saved) or `model.` (as in memory) dropped, `embeddings` -> `embed_tokens`;
       its multi-token-prediction weights (`mtp.*`) are ignored, as transformers does;
     - a missing `lm_head.weight` is the embedding when tied.
 
     Returns a new dict. Raises ValueError naming missing keys, keys the layout does not have
-    (e.g. MoE experts), and an `input_linear` whose rows are not 2 * d_ff.
+    (e.g. experts a dense config has no place for), and an `input_linear` whose rows are not
+    2 * d_ff, and expert weights of the wrong shape.
     """
     layout = _layout_of(state)
     out, unknown, source = {}, [], {}  # source: our key -> the key it came from

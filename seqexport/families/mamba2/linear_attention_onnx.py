@@ -18,23 +18,17 @@ group whose B and C it uses), so C goes in as it is and only B is repeated per h
 kernel's state is (b, h, n, p): ours (b, h, p, n) is transposed in and out.
 """
 
-import onnx_ir as ir
-import onnxscript
 from onnxscript import FLOAT
 from onnxscript import opset18 as op
+
+from seqexport.export.ir_nodes import emit_in
 
 DOMAIN, VERSION = "com.microsoft", 1
 
 
 def _emit_microsoft(op_type: str, inputs: list, attributes: dict, num_outputs: int) -> list:
     """Record a com.microsoft node (several outputs, which an onnxscript call cannot ask for)."""
-    recorder = onnxscript.evaluator.default()
-    if not hasattr(recorder, "nodes"):
-        raise RuntimeError(f"{op_type} can only be built while torch.onnx.export traces this translation")
-    node = ir.Node(DOMAIN, op_type, inputs, attributes=ir.convenience.convert_attributes(attributes),
-                   num_outputs=num_outputs, version=VERSION)
-    recorder.nodes.append(node)
-    return list(node.outputs)
+    return emit_in(DOMAIN, VERSION, op_type, inputs, attributes, num_outputs)
 
 
 def _static(value, axes: tuple[int, ...], what: str) -> list[int]:

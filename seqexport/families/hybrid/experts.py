@@ -1,0 +1,89 @@
+"""The hybrid's mixture of experts (`models.hybrid.Experts`, Granite-4.0-H Tiny / Small) in the
+two forms an export can write (`export hybrid --experts`):
+
+- `kernel` (the default): one ONNX Runtime `com.microsoft.MoE` node per layer, which routes each
+  token (softmax over the router's logits, the top k, renormalised: the softmax over those k,
+  Granite's rule) and runs only its k experts. The CPU kernel takes the gate and up rows
+  interleaved (`swiglu_fusion=1`): the export stores them so, once. ONNX Runtime only (not
+  onnxruntime-web, not OpenVINO).
+- `dense`: standard ONNX operators, every expert on every token, each output weighted by the
+  token's routing weight (zero for experts it did not pick). Runs wherever ONNX runs, at E / k
+  times the experts' arithmetic and every expert's weights read each step.
+
+Eagerly both compute what the model does (validate's eager side stays the model). Dimension
+letters as in models/hybrid.py: n tokens, d width, E experts, fe an expert's width, k experts
+a token takes.
+"""
+
+import types
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqexport.families.hybrid import EXPERT_FORMS as FORMS
+from seqexport.models.hybrid import Experts, HybridLM
+
+
+@torch.library.custom_op("seqexport::hybrid_moe", mutates_args=())
+def moe(x: Tensor, logits: Tensor, gate_up: Tensor, down: Tensor, k: int) -> Tensor:
+    """x (n, d), the router's logits (n, E), gate_up (E, 2 fe, d) as gate and up rows
+    interleaved (g0, u0, g1, u1, ...), down (E, d, fe) -> (n, d): one `com.microsoft.MoE` node."""
+    top, experts = logits.float().topk(k, dim=-1)  # (n, k) each
+    weights = torch.zeros_like(logits, dtype=x.dtype).scatter(1, experts, torch.softmax(top, -1).to(x.dtype))
+    e, two_fe, d = gate_up.shape
+    h = torch.einsum("nd,efd->nef", x, gate_up).reshape(x.shape[0], e, two_fe // 2, 2)  # (n, E, fe, 2)
+    y = torch.einsum("nef,edf->ned", F.silu(h[..., 0]) * h[..., 1], down)  # (n, E, d)
+    return torch.einsum("ne,ned->nd", weights, y)  # (n, d)
+
+
+@moe.register_fake
+def _(x, logits, gate_up, down, k):
+    return torch.empty_like(x)
+
+
+def interleaved(gate_up: Tensor) -> Tensor:
+    """(E, 2 fe, d) gate rows then up rows -> (E, 2 fe, d) gate and up rows alternating."""
+    e, two_fe, d = gate_up.shape
+    return gate_up.reshape(e, 2, two_fe // 2, d).transpose(1, 2).reshape(e, two_fe, d).contiguous()
+
+
+def _kernel_forward(self: Experts, x: Tensor) -> Tensor:
+    flat = x.reshape(-1, x.shape[-1])  # (n, d)
+    return moe(flat, self.router(flat), self._gate_up_interleaved, self.down_proj, self.k).reshape(x.shape)
+
+
+def _dense_forward(self: Experts, x: Tensor) -> Tensor:
+    flat = x.reshape(-1, x.shape[-1])  # (n, d)
+    weights, experts = self.route(flat)  # (n, k) each
+    gates = torch.zeros(flat.shape[0], self.down_proj.shape[0], dtype=flat.dtype).scatter(1, experts, weights)  # (n, E)
+    gate, up = torch.einsum("nd,efd->nef", flat, self.gate_up_proj).chunk(2, dim=-1)  # (n, E, fe) each
+    y = torch.einsum("nef,edf->ned", F.silu(gate) * up, self.down_proj)  # (n, E, d)
+    return torch.einsum("ne,ned->nd", gates, y).reshape(x.shape)  # (..., d)
+
+
+@contextmanager
+def experts_as(model: HybridLM, form: str):
+    """Within: every `Experts` of `model` runs in `form` ("kernel" or "dense")."""
+    if form not in FORMS:
+        raise ValueError(f"experts form {form!r}; expected one of {list(FORMS)}")
+    blocks = [layer.experts for layer in model.layers if layer.experts is not None]
+    for block in blocks:
+        if form == "kernel":
+            # a buffer, so the export stores the interleaved copy and not the original too
+            block.register_buffer("_gate_up_interleaved", interleaved(block.gate_up_proj.detach()), persistent=False)
+        block.forward = types.MethodType(_kernel_forward if form == "kernel" else _dense_forward, block)
+    try:
+        yield model
+    finally:
+        for block in blocks:
+            del block.forward
+            block._buffers.pop("_gate_up_interleaved", None)
+
+
+def translation_table() -> dict:
+    """What `torch.onnx.export(custom_translation_table=...)` needs for the kernel form."""
+    from seqexport.families.hybrid import experts_onnx  # onnxscript only when exporting
+
+    return {torch.ops.seqexport.hybrid_moe.default: experts_onnx.moe}
