@@ -222,3 +222,21 @@ def test_a_head_count_that_is_no_count_is_refused_naming_it(tmp_path, heads):
     assert result.exit_code == 2 and f"num_attention_heads must be an integer >= 1, got {heads!r}" in result.output, \
         result.output
     assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+
+
+def test_quantize_says_the_experts_stay_float32(exported, tmp_path):
+    """int8 and int4 copies of a Granite MoE export: the MoE nodes keep their float32 expert
+    stacks, and `seqexport quantize` says what share of the weights is still float32."""
+    import onnx
+
+    _, _, folder = exported("granite-moe")
+    for bits in ("8", "4"):
+        result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--out", str(tmp_path / bits)])
+        assert result.exit_code == 0, result.output
+        model = onnx.load(tmp_path / bits / "step.onnx")
+        moe = [n for n in model.graph.node if n.op_type == "MoE"]
+        types = {i.name: i.data_type for i in model.graph.initializer}
+        assert moe and all(types[n.input[2]] == types[n.input[4]] == onnx.TensorProto.FLOAT for n in moe)
+        line = next(x for x in result.output.splitlines() if "float32: the MatMuls kept float32" in x)
+        share = int(line.split("(")[1].split("%")[0])
+        assert share >= 70, line  # the experts are most of this model's weights

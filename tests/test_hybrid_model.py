@@ -421,3 +421,25 @@ def test_convert_state_dict_refusals(tmp_path):
     dense = hybrid_config_from_json({**moe.config.to_dict(), "num_local_experts": 0})
     with pytest.raises(ValueError, match="no place for: .*model.layers.0.block_sparse_moe"):
         convert_state_dict(msd, dense)
+
+
+def test_a_steps_weight_floor_counts_only_the_experts_a_token_takes(tmp_path):
+    """`seqexport bench`'s bound for an MoE hybrid: the bytes of the weights one step's output
+    depends on, found by a gradient (an expert a token did not take gets none), equal what the
+    bench counts; the dense model's floor is every weight."""
+    from seqexport.families.hybrid.bench import step_weight_bytes
+
+    for name in ("granite-moe", "granite-rope"):
+        _hf(name, 0).save_pretrained(tmp_path / name)
+        ours = _load_ours(tmp_path / name)
+        logits, _ = ours.step(torch.tensor([7]), ours.allocate_inference_cache(1), torch.zeros(1, dtype=torch.long))
+        logits.sum().backward()
+        used = 0
+        for name, p in ours.named_parameters():
+            if name.startswith("embed_tokens.") or p.grad is None:
+                continue
+            if p.dim() == 3 and "experts." in name:  # count the experts (slices) that got a gradient
+                used += sum(p[e].numel() for e in range(p.shape[0]) if p.grad[e].abs().sum() > 0)
+            else:
+                used += p.numel()
+        assert step_weight_bytes(ours, "float32") == 4 * used, name

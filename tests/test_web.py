@@ -431,6 +431,49 @@ def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_th
     assert chat["message"] is None and chat["run"]["tokens"] == chat_want != want[0]
 
 
+def test_a_granite_hybrid_with_experts_decodes_in_the_page_as_the_python_runtime(tmp_path):
+    """Granite-4.0-H's shape with a mixture of experts, exported in both forms (onnxruntime-web
+    runs ONNX Runtime's com.microsoft.MoE kernel as well as the standard dense form): the page
+    gives the Python runtime's greedy and seeded sampled tokens for each."""
+    import torch
+    import transformers
+
+    from tests.test_hybrid_model import _randomize
+
+    need_page()
+    tok = byte_level_bpe()
+    config = transformers.GraniteMoeHybridConfig(
+        hidden_size=64, num_hidden_layers=3, vocab_size=tok.get_vocab_size(), shared_intermediate_size=96,
+        num_local_experts=6, num_experts_per_tok=2, intermediate_size=48,
+        layer_types=["full_attention", "linear_attention", "full_attention"], num_attention_heads=4,
+        num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
+        position_embedding_type="rope", eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    _randomize(transformers.GraniteMoeHybridForCausalLM(config), 0).save_pretrained(tmp_path / "ckpt")
+    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    runner, prompt = CliRunner(), "Friday, 5 March 2021"
+    for form in ("kernel", "dense"):
+        result = runner.invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "ckpt"),
+                                     "--out", str(tmp_path / form), "--experts", form])
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["web", str(tmp_path / "kernel"), str(tmp_path / "dense"), "--out", str(tmp_path / "site")])
+    assert result.exit_code == 0, result.output
+    model = rt.load(tmp_path / "kernel", provider="cpu")
+    ids = model.encode(prompt)
+    greedy = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12))[0]
+    sampled = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12, do_sample=True, seed=3, **SAMPLING))[0]
+    assert len(set(greedy)) > 3 and sampled != greedy
+    with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
+        for form in ("kernel", "dense"):
+            assert browser.open_page(driver, url, form) == "ready"
+            got = browser.run_prompt(driver, prompt, maxNewTokens=12)
+            drawn = browser.run_prompt(driver, prompt, maxNewTokens=12, doSample=True, seed=3,
+                                       temperature=SAMPLING["temperature"], topK=SAMPLING["top_k"],
+                                       topP=SAMPLING["top_p"])
+            assert got["message"] is None and got["run"]["tokens"] == greedy, form
+            assert drawn["message"] is None and drawn["run"]["tokens"] == sampled, form
+
+
 def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime(tmp_path):
     """A checkpoint whose generation_config.json samples (temperature, top-k, top-p, max new
     tokens, a repetition penalty) and sets a no_repeat_ngram_size: the page's decoding options

@@ -309,6 +309,10 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
             total = len(weight_nodes(models[name]))
             log(f"  {name}: {total - len(keep[name])}/{total} weight MatMuls {kind}, {len(keep[name])} float32")
         log(f"  {WEIGHTS_FILE}: {_weights_bytes(manifest) / 1e6:.1f} MB -> {shared.size / 1e6:.1f} MB")
+        still = sum(a.nbytes for a in shared.arrays.values() if a.dtype == np.float32)
+        # what stays float32 can be most of it: a mixture of experts' stacks are no MatMul's weight
+        log(f"  {still / 1e6:.1f} MB of it ({still / max(shared.size, 1):.0%}) float32: the MatMuls kept float32, "
+            "and weights no MatMul takes as its weight (embeddings, norms, a com.microsoft.MoE's experts)")
         for file in tokenizer_files(manifest):
             (tmp / file).write_bytes((folder / file).read_bytes())
         source = dict(manifest.get("source") or {})

@@ -65,7 +65,13 @@ def extra_results(rt, model, contexts, rng: np.random.Generator, **timing) -> di
 
 def step_weight_bytes(model, dtype: str) -> int:
     """Bytes of weights one decode step reads (each shared tensor once): every layer, the final
-    norm and lm_head; the embedding row is negligible."""
+    norm and lm_head; the embedding row is negligible. Of a mixture of experts, the k experts a
+    token takes (k / E of the stacks: the floor; the `dense` form reads all E)."""
     params = {id(p): p for n, p in model.named_parameters() if not n.startswith("embed_tokens.")}
     params[id(model.lm_head.weight)] = model.lm_head.weight
-    return sum(p.numel() for p in params.values()) * np.dtype(NP_DTYPES[dtype]).itemsize
+    stacked = {id(p) for layer in model.layers if layer.experts is not None
+               for p in (layer.experts.gate_up_proj, layer.experts.down_proj)}
+    c = model.config
+    elements = sum(p.numel() * (c.experts_per_token / c.n_experts if id(p) in stacked else 1)
+                   for p in params.values())
+    return int(elements) * np.dtype(NP_DTYPES[dtype]).itemsize
