@@ -31,7 +31,7 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
                  Keys are stored after RoPE (as transformers' caches hold them). A call returns
                  only the new positions' (key, value), each (b, nkv, l, hd); the caller writes them
                  at slots past_lengths[r] .. past_lengths[r] + l - 1 (`append_kv` does it eagerly).
-    "mlp"        ()
+    "mlp", "moe" ()
 
 Mixture of experts (Granite-4.0-H Tiny / Small: `n_experts` > 0, `mlp_in_layer`): beside each
 mamba2/attention layer's MLP sits a router and E gated-SiLU experts of width fe; each token takes
@@ -46,8 +46,10 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.mixer.{q_proj,k_proj,v_proj,o_proj}.*                                    "attention"
     layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
-    layers.{i}.experts.router.weight (E, d), .gate_up_proj (E, 2 fe, d) gate rows then up rows,
-    .down_proj (E, d, fe)                                  n_experts > 0 only
+    layers.{i}.experts.router.weight (E, d), .gate_up_proj (E, 2 fe, d) gate rows then up rows
+    (squared ReLU: .up_proj (E, fe, d)), .down_proj (E, d, fe), .router_bias (E,) (sigmoid
+    routing)                                      mlp_in_layer with n_experts > 0 ("experts")
+    layers.{i}.mixer.* (the same), layers.{i}.shared.{up_proj,down_proj}.*     "moe" layers
     norm_f.weight, lm_head.weight                         (lm_head tied to embed_tokens if asked)
 (`gate_proj` exists only for the gated MLP, `mlp_act="silu_gated"`.)
 """
@@ -66,7 +68,8 @@ from torch import Tensor, nn
 LayerState = tuple[Tensor, ...]
 Scan = Callable[..., tuple[Tensor, Tensor]]
 
-LAYER_TYPES = ("mamba2", "attention", "mlp")
+LAYER_TYPES = ("mamba2", "attention", "mlp", "moe")
+EXPERT_ROUTINGS = ("softmax", "sigmoid")
 MLP_ACTS = ("silu_gated", "relu2")
 
 
@@ -100,7 +103,13 @@ class HybridConfig(DictConfig):
     # mixture of experts beside each layer's MLP (Granite-4.0-H Tiny/Small); 0 = dense
     n_experts: int = 0  # experts (E)
     experts_per_token: int = 2  # experts each token takes (k), <= n_experts
-    d_ff_expert: int = 128  # an expert's width (fe)
+    d_ff_expert: int = 128  # an expert's width (fe); an expert is an MLP of mlp_act
+    expert_routing: str = "softmax"  # "softmax" (Granite) | "sigmoid" (Nemotron-H): see the docstring
+    n_expert_groups: int = 1  # sigmoid routing: groups of experts
+    expert_groups_per_token: int = 1  # sigmoid routing: the groups a token's experts come from
+    normalize_expert_weights: bool = True  # sigmoid routing: a token's k weights scaled to sum 1
+    routed_scaling_factor: float = 1.0  # sigmoid routing: the weights are then multiplied by it
+    d_ff_shared_expert: int = 128  # "moe" layers: the shared expert MLP's width
     # attention
     n_heads: int = 4  # query heads (nh)
     n_kv_heads: int = 2  # key/value heads (nkv), must divide n_heads (grouped-query attention)
@@ -196,16 +205,43 @@ class HybridConfig(DictConfig):
 
     def _check_experts(self) -> None:
         name = type(self).__name__
-        for key, least in (("n_experts", 0), ("experts_per_token", 1), ("d_ff_expert", 1)):
+        for key, least in (("n_experts", 0), ("experts_per_token", 1), ("d_ff_expert", 1), ("n_expert_groups", 1),
+                           ("expert_groups_per_token", 1), ("d_ff_shared_expert", 1)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}.{key} must be an int >= {least}, got {value!r}")
-        if self.n_experts and self.experts_per_token > self.n_experts:
+        if self.expert_routing not in EXPERT_ROUTINGS:
+            raise ValueError(f"{name}.expert_routing={self.expert_routing!r}; expected one of {list(EXPERT_ROUTINGS)}")
+        if not isinstance(self.normalize_expert_weights, bool):
+            raise ValueError(f"{name}.normalize_expert_weights must be a bool, got {self.normalize_expert_weights!r}")
+        f = self.routed_scaling_factor
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < math.inf:
+            raise ValueError(f"{name}.routed_scaling_factor must be a finite number > 0, got {f!r}")
+        self._check_expert_counts()
+
+    def _check_expert_counts(self) -> None:
+        """k, the groups and where the experts sit fit each other."""
+        name = type(self).__name__
+        if not self.n_experts:
+            if "moe" in self.layer_types:
+                raise ValueError(f"{name}.layer_types has 'moe' layers but n_experts=0; expected n_experts >= 1")
+            return
+        if self.experts_per_token > self.n_experts:
             raise ValueError(f"{name}.experts_per_token={self.experts_per_token} must be <= "
                              f"n_experts={self.n_experts}")
-        if self.n_experts and not self.mlp_in_layer:
-            raise ValueError(f"{name}.n_experts={self.n_experts} needs mlp_in_layer=True (the experts sit "
-                             "beside each layer's MLP)")
+        if self.n_experts % self.n_expert_groups or self.expert_groups_per_token > self.n_expert_groups:
+            raise ValueError(f"{name}.n_expert_groups={self.n_expert_groups} must divide n_experts={self.n_experts} "
+                             f"and be >= expert_groups_per_token={self.expert_groups_per_token}")
+        per_group = self.n_experts // self.n_expert_groups
+        if self.expert_routing == "sigmoid" and (per_group < 2 or self.expert_groups_per_token * per_group
+                                                 < self.experts_per_token):
+            raise ValueError(f"{name}: {self.expert_groups_per_token} of {self.n_expert_groups} expert groups "
+                             f"({per_group} experts each) cannot hold experts_per_token={self.experts_per_token}, "
+                             "or a group has fewer than 2 experts (a group is scored by its best two)")
+        if not self.mlp_in_layer and "moe" not in self.layer_types:
+            raise ValueError(f"{name}.n_experts={self.n_experts} with mlp_in_layer=False needs 'moe' layers")
+        if self.mlp_in_layer and "moe" in self.layer_types:
+            raise ValueError(f"{name}: 'moe' layers are layers of their own; expected mlp_in_layer=False")
 
     @property
     def n_layer(self) -> int:
@@ -283,11 +319,11 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """Gated SiLU, down(silu(gate(x)) * up(x)) (Bamba, Granite), or squared ReLU, down(relu(up(x))^2)
-    (Nemotron-H)."""
+    (Nemotron-H); `d_ff` wide unless a width is given."""
 
-    def __init__(self, config: HybridConfig):
+    def __init__(self, config: HybridConfig, width: int | None = None):
         super().__init__()
-        d, f, bias = config.d_model, config.d_ff, config.mlp_bias
+        d, f, bias = config.d_model, width or config.d_ff, config.mlp_bias
         self.gated = config.mlp_act == "silu_gated"
         if self.gated:
             self.gate_proj = nn.Linear(d, f, bias=bias)
@@ -302,27 +338,56 @@ class MLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """Granite's mixture of experts: a router picks k of E gated-SiLU experts per token (the top k
-    of its float32 logits, weighted by the softmax over those k); a token's output is the weighted
-    sum of its experts' outputs. Eagerly each expert runs on the tokens that picked it."""
+    """A mixture of experts (see the module docstring): a router picks k of E experts per token;
+    a token's output is the weighted sum of its experts' outputs. Eagerly each expert runs on
+    the tokens that picked it."""
 
     def __init__(self, config: HybridConfig):
         super().__init__()
         d, e, fe = config.d_model, config.n_experts, config.d_ff_expert
         self.k = config.experts_per_token
+        self.gated = config.mlp_act == "silu_gated"
+        self.sigmoid = config.expert_routing == "sigmoid"
+        self.groups, self.groups_per_token = config.n_expert_groups, config.expert_groups_per_token
+        self.normalize, self.scaling = config.normalize_expert_weights, config.routed_scaling_factor
         self.router = nn.Linear(d, e, bias=False)
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * fe, d))  # (E, 2 fe, d): gate rows, then up rows
+        if self.sigmoid:
+            self.register_buffer("router_bias", torch.zeros(e))  # (E,) added to the scores to choose
+        if self.gated:
+            self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * fe, d))  # (E, 2 fe, d): gate rows, then up rows
+        else:
+            self.up_proj = nn.Parameter(torch.empty(e, fe, d))  # (E, fe, d)
         self.down_proj = nn.Parameter(torch.empty(e, d, fe))  # (E, d, fe)
+
+    @property
+    def stacks(self) -> tuple[Tensor, ...]:
+        """The experts' weights, each (E, ., .)."""
+        return (self.gate_up_proj if self.gated else self.up_proj), self.down_proj
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (n, d) -> weights (n, k) in x's dtype, experts (n, k) int64 (distinct in a row)."""
-        top, experts = self.router(x).float().topk(self.k, dim=-1)  # (n, k) each
-        return torch.softmax(top, dim=-1).to(x.dtype), experts
+        if not self.sigmoid:  # Granite: the logits in x's dtype, then float32
+            top, experts = self.router(x).float().topk(self.k, dim=-1)  # (n, k) each
+            return torch.softmax(top, dim=-1).to(x.dtype), experts
+        scores = F.linear(x.float(), self.router.weight.float()).sigmoid()  # (n, E), in float32 (Nemotron-H)
+        choice = scores + self.router_bias  # (n, E)
+        n, e = choice.shape
+        best = choice.reshape(n, self.groups, e // self.groups).topk(2, dim=-1)[0].sum(-1)  # (n, groups)
+        groups = best.topk(self.groups_per_token, dim=-1)[1]  # (n, groups_per_token)
+        keep = torch.zeros_like(best).scatter(1, groups, 1.0)  # (n, groups)
+        keep = keep[:, :, None].expand(n, self.groups, e // self.groups).reshape(n, e)  # (n, E)
+        experts = choice.masked_fill(keep == 0, float("-inf")).topk(self.k, dim=-1)[1]  # (n, k)
+        weights = scores.gather(1, experts)  # (n, k)
+        if self.normalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return (weights * self.scaling).to(x.dtype), experts
 
     def expert(self, e: int, x: Tensor) -> Tensor:
-        """Expert e on x (m, d) -> (m, d): down(silu(gate(x)) * up(x))."""
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)  # (m, fe) each
-        return F.linear(F.silu(gate) * up, self.down_proj[e])  # (m, d)
+        """Expert e on x (m, d) -> (m, d): down(silu(gate(x)) * up(x)), or down(relu(up(x))^2)."""
+        if self.gated:
+            gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)  # (m, fe) each
+            return F.linear(F.silu(gate) * up, self.down_proj[e])  # (m, d)
+        return F.linear(torch.square(F.relu(F.linear(x, self.up_proj[e]))), self.down_proj[e])  # (m, d)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., d) -> (..., d)."""
@@ -368,6 +433,9 @@ class HybridLayer(nn.Module):
             self.mixer = mamba2_mixer(config)
         elif kind == "attention":
             self.mixer = Attention(config)
+        elif kind == "moe":
+            self.mixer = Experts(config)
+            self.shared = MLP(config, config.d_ff_shared_expert)
         else:
             self.mixer = MLP(config)
         if config.mlp_in_layer and kind != "mlp":
@@ -395,6 +463,8 @@ class HybridLayer(nn.Module):
             new_state = (conv_state, ssm_state)
         elif self.kind == "attention":
             out, new_state = self.mixer(h, *state, past_lengths, rope)
+        elif self.kind == "moe":
+            out, new_state = self.mixer(h) + self.shared(h), ()
         else:
             out, new_state = self.mixer(h), ()
         x = self._residual(x, out)
@@ -432,8 +502,8 @@ class HybridLM(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
             if isinstance(module, Experts):
-                nn.init.normal_(module.gate_up_proj, std=0.02)
-                nn.init.normal_(module.down_proj, std=0.02)
+                for stack in module.stacks:
+                    nn.init.normal_(stack, std=0.02)
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions (b, l) int64 -> cos, sin (b, 1, l, rd) in `dtype`, angles computed in float32."""

@@ -184,7 +184,8 @@ def test_the_experts_dense_form_equals_transformers_with_standard_operators_only
 @pytest.mark.parametrize("config, message", [
     ({"model_type": "granitemoehybrid", "hidden_size": 64, "num_local_experts": 4, "num_experts_per_tok": 5},
      "experts_per_token=5 must be <= n_experts=4"),
-    ({"model_type": "nemotron_h", "hidden_size": 64, "layers_block_type": ["mamba", "moe"]}, "moe"),
+    ({"model_type": "nemotron_h", "hidden_size": 64, "layers_block_type": ["mamba", "moe"], "moe_latent_size": 16},
+     "moe_latent_size=16"),
 ])
 def test_unsupported_or_bad_experts_are_refused_naming_the_key(tmp_path, config, message):
     from safetensors.torch import save_file
@@ -240,3 +241,18 @@ def test_quantize_says_the_experts_stay_float32(exported, tmp_path):
         line = next(x for x in result.output.splitlines() if "float32: the MatMuls kept float32" in x)
         share = int(line.split("(")[1].split("%")[0])
         assert share >= 70, line  # the experts are most of this model's weights
+
+
+def test_nemotron_h_experts_export_dense_and_the_kernel_is_refused_naming_why(exported, tmp_path):
+    """Nemotron-H's experts (grouped sigmoid routing, squared ReLU) have no ONNX Runtime kernel:
+    `--experts auto` writes the dense form (standard ONNX only; its decode equals transformers'
+    in test_prefill_then_20_steps_equal_transformers), and `--experts kernel` exits 2 saying why,
+    writing nothing."""
+    _, m, folder = exported("nemotron_h-moe")
+    assert m.manifest["export_options"]["experts"] == "dense"
+    assert not [op for op in _ops(folder / "step.onnx") if op[0]]
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"),
+                                      "--out", str(tmp_path / "k"), "--experts", "kernel"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "--experts kernel: ONNX Runtime's MoE kernel routes by a softmax" in result.output
+    assert "--experts dense" in result.output and not (tmp_path / "k").exists()

@@ -71,8 +71,20 @@ def _nemotron_h():
     ))
 
 
+def _nemotron_h_moe():
+    # 8 squared-ReLU experts in 4 groups, 3 a token from the best 2 groups, scaled by 2.5; a shared
+    # expert MLP of its own width
+    return transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+        hidden_size=64, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, mamba_num_heads=6, mamba_head_dim=16, n_groups=2, ssm_state_size=16, chunk_size=16,
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "moe"], n_routed_experts=8,
+        num_experts_per_tok=3, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=4,
+        topk_group=2, routed_scaling_factor=2.5,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
-             "granite-moe": _granite_moe, "nemotron_h": _nemotron_h}
+             "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe}
 
 
 def _hf(name: str, seed: int):
@@ -102,6 +114,9 @@ def _randomize(model, seed: int):
             p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
         elif "experts" in name:  # (E, out, in) stacks of linears
             p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[2]))
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # a router's choice bias, of the scores' order
+            b.copy_(0.2 * torch.randn(b.shape, generator=gen))
     return model.eval()
 
 
@@ -358,13 +373,18 @@ def test_bad_expert_counts_are_refused_naming_them(change, message):
         hybrid_config_from_json({**_granite_moe().config.to_dict(), **change})
 
 
-def test_nemotron_h_moe_layers_are_refused():
-    nemo = transformers.NemotronHConfig(hidden_size=64, layers_block_type=["linear_attention", "moe"]).to_dict()
-    with pytest.raises(ValueError, match="layers_block_type=.*moe"):
-        hybrid_config_from_json(nemo)
-    pattern = {k: v for k, v in nemo.items() if k != "layers_block_type"}
-    with pytest.raises(ValueError, match="hybrid_override_pattern='M\\*E'"):
-        hybrid_config_from_json({**pattern, "hybrid_override_pattern": "M*E"})
+def test_nemotron_h_experts_read_as_transformers_means_them():
+    config = hybrid_config_from_json(_nemotron_h_moe().config.to_dict())
+    assert config.layer_types == ["mamba2", "moe", "attention", "mlp", "moe"] and not config.mlp_in_layer
+    assert (config.n_experts, config.experts_per_token, config.d_ff_expert, config.d_ff_shared_expert) == (8, 3, 32, 48)
+    assert (config.expert_routing, config.n_expert_groups, config.expert_groups_per_token) == ("sigmoid", 4, 2)
+    assert config.routed_scaling_factor == 2.5 and config.normalize_expert_weights and config.mlp_act == "relu2"
+    pattern = {k: v for k, v in _nemotron_h_moe().config.to_dict().items() if k != "layers_block_type"}
+    assert hybrid_config_from_json({**pattern, "hybrid_override_pattern": "ME*-E"}) == config
+    with pytest.raises(ValueError, match="moe_latent_size=16"):
+        hybrid_config_from_json({**_nemotron_h_moe().config.to_dict(), "moe_latent_size": 16})
+    with pytest.raises(ValueError, match="cannot hold experts_per_token=5"):
+        hybrid_config_from_json({**_nemotron_h_moe().config.to_dict(), "num_experts_per_tok": 5})
 
 
 _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -421,6 +441,15 @@ def test_convert_state_dict_refusals(tmp_path):
     dense = hybrid_config_from_json({**moe.config.to_dict(), "num_local_experts": 0})
     with pytest.raises(ValueError, match="no place for: .*model.layers.0.block_sparse_moe"):
         convert_state_dict(msd, dense)
+    nemo = _nemotron_h_moe()
+    nconfig = hybrid_config_from_json(nemo.config.to_dict())
+    nemo.save_pretrained(tmp_path / "nemo")
+    saved = load_file(tmp_path / "nemo" / "model.safetensors")  # one tensor per expert, as saved
+    assert "backbone.layers.1.mixer.experts.7.up_proj.weight" in saved
+    assert set(convert_state_dict(saved, nconfig)) == set(HybridLM(nconfig).state_dict())
+    with pytest.raises(ValueError, match="layers.4.mixer.experts holds down_proj .* missing \\[5\\]"):
+        convert_state_dict({k: v for k, v in saved.items() if k != "backbone.layers.4.mixer.experts.5.down_proj.weight"},
+                           nconfig)
 
 
 def test_a_steps_weight_floor_counts_only_the_experts_a_token_takes(tmp_path):

@@ -30,9 +30,10 @@ FAMILY = Family(
         click.option("--attention", type=click.Choice(ATTENTIONS), default="matmul", show_default=True,
                      help="The attention layers': MatMul + Softmax nodes, or ONNX's fused Attention "
                           "(opset 23; a lower --opset is raised to 23)."),
-        click.option("--experts", type=click.Choice(EXPERT_FORMS), default="kernel", show_default=True,
-                     help="A mixture of experts' form (Granite-4.0-H Tiny/Small): ONNX Runtime's MoE kernel, "
-                          "or standard ONNX that runs every expert (for onnxruntime-web and other runtimes)."),
+        click.option("--experts", type=click.Choice(["auto", *EXPERT_FORMS]), default="auto", show_default=True,
+                     help="A mixture of experts' form: ONNX Runtime's MoE kernel (Granite-4.0-H Tiny/Small), "
+                          "or standard ONNX that runs every expert (other runtimes; Nemotron-H's experts); "
+                          "auto: the kernel where it runs the model's experts."),
     ),
     # in_proj makes Δ, B and C of the scan beside z and x: quantising it moves the state
     int8_keep_float=("*.mixer.in_proj",),

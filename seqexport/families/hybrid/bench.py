@@ -12,6 +12,7 @@ from seqexport.families.hybrid.export import chunk_of, layers_of
 from seqexport.families.hybrid.specs import INPUT_IDS, PAST_LENGTHS
 from seqexport.families.mamba2.ssd import ssd_grouped
 from seqexport.families.recurrent import bench as recurrent
+from seqexport.models.hybrid import Experts
 from seqexport.parity.inputs import random_inputs
 from seqexport.runtime.session import NP_DTYPES
 from seqexport.state import appended
@@ -69,8 +70,7 @@ def step_weight_bytes(model, dtype: str) -> int:
     token takes (k / E of the stacks: the floor; the `dense` form reads all E)."""
     params = {id(p): p for n, p in model.named_parameters() if not n.startswith("embed_tokens.")}
     params[id(model.lm_head.weight)] = model.lm_head.weight
-    stacked = {id(p) for layer in model.layers if layer.experts is not None
-               for p in (layer.experts.gate_up_proj, layer.experts.down_proj)}
+    stacked = {id(p) for m in model.modules() if isinstance(m, Experts) for p in m.stacks}
     c = model.config
     elements = sum(p.numel() * (c.experts_per_token / c.n_experts if id(p) in stacked else 1)
                    for p in params.values())

@@ -1,11 +1,13 @@
 """The hybrid's mixture of experts (`models.hybrid.Experts`, Granite-4.0-H Tiny / Small) in the
-two forms an export can write (`export hybrid --experts`):
+two forms an export can write (`export hybrid --experts`; `auto`, the default, is the kernel
+where it runs the model's experts, else dense):
 
-- `kernel` (the default): one ONNX Runtime `com.microsoft.MoE` node per layer, which routes each
+- `kernel`: one ONNX Runtime `com.microsoft.MoE` node per layer, which routes each
   token (softmax over the router's logits, the top k, renormalised: the softmax over those k,
   Granite's rule) and runs only its k experts. The CPU kernel takes the gate and up rows
   interleaved (`swiglu_fusion=1`): the export stores them so, once. ONNX Runtime only (not
-  onnxruntime-web, not OpenVINO).
+  not OpenVINO). Granite's experts only: the CPU kernel has no squared-ReLU experts and no
+  grouped sigmoid routing (Nemotron-H's).
 - `dense`: standard ONNX operators, every expert on every token, each output weighted by the
   token's routing weight (zero for experts it did not pick). Runs wherever ONNX runs, at E / k
   times the experts' arithmetic and every expert's weights read each step.
@@ -57,24 +59,50 @@ def _kernel_forward(self: Experts, x: Tensor) -> Tensor:
 def _dense_forward(self: Experts, x: Tensor) -> Tensor:
     flat = x.reshape(-1, x.shape[-1])  # (n, d)
     n = flat.shape[0]
-    e, two_fe, _ = self.gate_up_proj.shape
+    e = self.down_proj.shape[0]
     weights, experts = self.route(flat)  # (n, k) each
     gates = torch.zeros(n, e, dtype=flat.dtype).scatter(1, experts, weights)  # (n, E)
     # MatMuls over the weights as stored, the tokens transposed instead: no Reshape or Transpose of
     # a weight, which the export would store a second time (Einsum nodes ran 50x slower in ONNX
     # Runtime at Granite-4.0-H's sizes)
-    h = (self.gate_up_proj @ flat.T).reshape(e, 2, two_fe // 2, n)  # (E, 2, fe, n): gate rows, up rows
-    act = F.silu(h[:, 0]) * h[:, 1]  # (E, fe, n)
+    if self.gated:
+        h = (self.gate_up_proj @ flat.T).reshape(e, 2, -1, n)  # (E, 2, fe, n): gate rows, up rows
+        act = F.silu(h[:, 0]) * h[:, 1]  # (E, fe, n)
+    else:
+        act = torch.square(F.relu(self.up_proj @ flat.T))  # (E, fe, n)
     y = self.down_proj @ act  # (E, d, n)
     return (y * gates.T[:, None, :]).sum(0).T.reshape(x.shape)  # (..., d)
+
+
+def kernel_refusal(model: HybridLM) -> str | None:
+    """Why ONNX Runtime's MoE kernel cannot run this model's experts (None: it can)."""
+    c = model.config
+    if c.n_experts and c.expert_routing != "softmax":
+        return (f"ONNX Runtime's MoE kernel routes by a softmax over the top k; these experts route by "
+                f"{c.expert_routing!r} (Nemotron-H's grouped sigmoid)")
+    if c.n_experts and c.mlp_act != "silu_gated":
+        return f"ONNX Runtime's CPU MoE kernel has no {c.mlp_act!r} experts (gated SiLU only)"
+    return None
+
+
+def resolved(model: HybridLM, form: str) -> str:
+    """`auto` -> "kernel" where the kernel runs the model's experts, else "dense"; a form named
+    outright is checked (ValueError saying why the kernel cannot)."""
+    if form not in (*FORMS, "auto"):
+        raise ValueError(f"experts form {form!r}; expected one of {['auto', *FORMS]}")
+    why = kernel_refusal(model)
+    if form == "auto":
+        return "dense" if why else "kernel"
+    if form == "kernel" and why:
+        raise ValueError(f"--experts kernel: {why}; export it with --experts dense (or auto)")
+    return form
 
 
 @contextmanager
 def experts_as(model: HybridLM, form: str):
     """Within: every `Experts` of `model` runs in `form` ("kernel" or "dense")."""
-    if form not in FORMS:
-        raise ValueError(f"experts form {form!r}; expected one of {list(FORMS)}")
-    blocks = [layer.experts for layer in model.layers if layer.experts is not None]
+    form = resolved(model, form)
+    blocks = [m for m in model.modules() if isinstance(m, Experts)]
     for block in blocks:
         if form == "kernel":
             # a buffer, so the export stores the interleaved copy and not the original too

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from seqexport.errors import UsageError
 from seqexport.export import DEFAULT_OPSET, ragged
 from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_artifact
 from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.attention import check_attention
 from seqexport.families.hybrid.attention import fused_attention
-from seqexport.families.hybrid.experts import experts_as, translation_table
+from seqexport.families.hybrid.experts import experts_as, resolved, translation_table
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
 from seqexport.families.mamba2.export import CHUNK, _conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
@@ -114,12 +115,12 @@ def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
 
 def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, dtype: str = "float32",
                   overwrite: bool = False, tokenizer: dict | None = None, attention: str = "matmul",
-                  experts: str = "kernel"):
+                  experts: str = "auto"):
     """Write prefill.onnx, step.onnx and manifest.json for a loaded hybrid checkpoint.
     attention: the attention layers', "matmul" (separate nodes) or "fused" (ONNX's `Attention`,
     opset 23 or later: a lower opset is raised to 23). experts: a mixture of experts' form,
-    "kernel" (ONNX Runtime's MoE) or "dense" (standard ONNX; see experts.py); recorded only
-    for a model that has experts."""
+    "kernel" (ONNX Runtime's MoE), "dense" (standard ONNX) or "auto" (see experts.py); the form
+    used is recorded, only for a model that has experts."""
     opset = check_attention(attention, opset)
     specs = specs_for(ckpt.config, dtype)
     model = model_in_dtype(ckpt.model, dtype)
@@ -128,6 +129,10 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     prefill_args = example_inputs(specs["prefill"], tdtype, chunk + 3)
     step_args = example_inputs(specs["step"], tdtype, 1)
 
+    try:
+        experts = resolved(model, experts)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     table = translation_table() if experts == "kernel" else None
     options = {"chunk_size": chunk, "attention": attention}
     if ckpt.config.n_experts:

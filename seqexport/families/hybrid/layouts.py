@@ -25,8 +25,12 @@ Four config layouts, told apart by `family` / `model_type`:
   `mamba_proj_bias`) puts biases in in_proj / out_proj; its lm_head is never tied to the embedding
   (`tie_word_embeddings` is not acted on).
 
-Nemotron-H's mixture-of-experts layers ("moe" / "E": a sigmoid router with grouped top-k and a
-correction bias) are refused, naming the key and value. Keys absent from a transformers config.json take that
+Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
+`moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
+`e_score_correction_bias` within the best `topk_group` of `n_group` groups, weights normalised
+by `norm_topk_prob` and times `routed_scaling_factor`, beside a shared expert MLP of
+`moe_shared_expert_intermediate_size`) are read too; a `moe_latent_size` (a latent projection
+around the experts) is refused, naming it. Keys absent from a transformers config.json take that
 config class's defaults in transformers 5.24.
 
 What transformers' torch paths do that ours does differently, only where it cannot matter for a
@@ -70,16 +74,23 @@ _NEMOTRON_H_DEFAULTS = dict(
     num_key_value_heads=8, head_dim=128, intermediate_size=21504, mlp_hidden_act="relu2", mlp_bias=False,
     ssm_state_size=128, mamba_num_heads=128, mamba_head_dim=64, mamba_hidden_act="silu", n_groups=8,
     conv_kernel=4, chunk_size=128, time_step_min=0.001, use_conv_bias=True, use_bias=False,
-    layer_norm_epsilon=1e-5,
+    layer_norm_epsilon=1e-5, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=7688,
+    moe_shared_expert_intermediate_size=7688, n_group=1, topk_group=1, norm_topk_prob=True,
+    routed_scaling_factor=1.0, moe_latent_size=None,
 )
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
-                           mamba_conv_bias="use_conv_bias", mamba_chunk_size="chunk_size")
+                           mamba_conv_bias="use_conv_bias", mamba_chunk_size="chunk_size",
+                           num_local_experts="n_routed_experts")
+# Nemotron-H's MoE mixer (after the layer prefix `layers.{i}.mixer.`) -> ours; `experts.{j}.` keys
+# (as saved, one expert each) are stacked in `_stack_experts`
+_NEMOTRON_H_MOE = {"gate.weight": "router.weight", "gate.e_score_correction_bias": "router_bias",
+                   "experts.up_proj": "up_proj", "experts.down_proj": "down_proj"}
 _NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 _GRANITE_EXPERTS = {"input_linear.weight": "gate_up_proj", "output_linear.weight": "down_proj",
                     "router.layer.weight": "router.weight", "experts.gate_up_proj": "gate_up_proj",
                     "experts.down_proj": "down_proj"}
-_OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp"}
+_OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
 
 
 def is_hybrid_config(d: dict) -> bool:
@@ -243,14 +254,25 @@ def _nemotron_h_layer_types(d: dict) -> list[str]:
         types = [_NEMOTRON_H_PATTERN[c] for c in value]
     else:
         raise ValueError("nemotron_h config has neither 'layers_block_type' nor 'hybrid_override_pattern'")
-    if "moe" in types:
-        raise ValueError(f"{key}={value!r} has mixture-of-experts layers ('moe' / 'E'), which are not supported; "
-                         "expected only Mamba-2, attention and MLP layers ('M', '*', '-')")
     bad = [t for t in types if t not in _OUR_KIND]
     if bad or not types:
         raise ValueError(f"{key}={value!r}; expected a non-empty list of 'linear_attention', 'full_attention', "
-                         "'mlp'")
+                         "'mlp', 'moe'")
     return [_OUR_KIND[t] for t in types]
+
+
+def _nemotron_h_experts(d: dict, types: list[str]) -> dict:
+    """The experts' fields of a config with "moe" layers ({} without)."""
+    if "moe" not in types:
+        return {}
+    if d["moe_latent_size"] is not None:
+        raise ValueError(f"moe_latent_size={d['moe_latent_size']!r}: experts behind a latent projection are not "
+                         "supported; expected null")
+    return dict(n_experts=d["n_routed_experts"], experts_per_token=d["num_experts_per_tok"],
+                d_ff_expert=d["moe_intermediate_size"], d_ff_shared_expert=d["moe_shared_expert_intermediate_size"],
+                expert_routing="sigmoid", n_expert_groups=d["n_group"], expert_groups_per_token=d["topk_group"],
+                normalize_expert_weights=d["norm_topk_prob"],
+                routed_scaling_factor=_number(d["routed_scaling_factor"], "routed_scaling_factor"))
 
 
 def _from_nemotron_h(d: dict) -> HybridConfig:
@@ -260,8 +282,9 @@ def _from_nemotron_h(d: dict) -> HybridConfig:
             d[new] = d[old]
     _require_value(d, "mlp_hidden_act", ("relu2",))
     _require_value(d, "mamba_hidden_act", ("silu",))
+    types = _nemotron_h_layer_types(d)
     return HybridConfig(
-        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_nemotron_h_layer_types(d),
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=types, **_nemotron_h_experts(d, types),
         mlp_in_layer=False, d_ff=d["intermediate_size"], mlp_act="relu2", mlp_bias=d["mlp_bias"],
         **_attention_sizes(d), rope=False, attention_bias=False,
         mamba_nheads=d["mamba_num_heads"], headdim=d["mamba_head_dim"], ngroups=d["n_groups"],
@@ -288,6 +311,38 @@ def _layout_of(state: dict[str, Tensor]) -> str:
                      "granitemoehybrid), 'backbone.embeddings.weight' / 'model.embeddings.weight' (nemotron_h)")
 
 
+def _nemotron_h_moe_key(key: str) -> str:
+    """`layers.{i}.mixer.<MoE part>` -> ours (`shared_experts` -> the layer's `shared`); others as they are."""
+    parts = key.split(".", 3)  # layers, i, mixer, rest
+    if len(parts) != 4 or parts[2] != "mixer":
+        return key
+    stem, rest = f"layers.{parts[1]}", parts[3]
+    if rest in _NEMOTRON_H_MOE:
+        return f"{stem}.mixer.{_NEMOTRON_H_MOE[rest]}"
+    if rest.startswith("shared_experts."):
+        return f"{stem}.shared.{rest.removeprefix('shared_experts.')}"
+    return key
+
+
+def _stack_experts(out: dict[str, Tensor], config: HybridConfig) -> None:
+    """`layers.{i}.mixer.experts.{j}.{up_proj,down_proj}.weight` (one expert each, as Nemotron-H
+    saves them) -> `layers.{i}.mixer.{up_proj,down_proj}` (E, ., .), in place; ValueError
+    naming the first expert missing."""
+    pieces: dict[tuple[str, str], dict[int, Tensor]] = {}
+    for key in [k for k in out if ".mixer.experts." in k and config.n_experts]:
+        head, tail = key.split(".mixer.experts.", 1)
+        j, _, name = tail.partition(".")
+        if not j.isdigit() or name not in ("up_proj.weight", "down_proj.weight"):
+            continue  # left for the unknown-key check
+        pieces.setdefault((head, name.removesuffix(".weight")), {})[int(j)] = out.pop(key)
+    for (head, name), experts in pieces.items():
+        missing = [j for j in range(config.n_experts) if j not in experts]
+        if missing or len(experts) != config.n_experts:
+            raise ValueError(f"{head}.mixer.experts holds {name} of experts {sorted(experts)[:8]}...; expected "
+                             f"experts 0 .. {config.n_experts - 1} (n_routed_experts), missing {missing[:8]}")
+        out[f"{head}.mixer.{name}"] = torch.stack([experts[j] for j in range(config.n_experts)])
+
+
 def _rename(key: str, layout: str) -> str | None:
     """A source key -> ours, or None when the layout has no such key."""
     if layout == "ours":
@@ -296,7 +351,7 @@ def _rename(key: str, layout: str) -> str | None:
         for prefix in ("backbone.", "model."):
             if key.startswith(prefix):
                 rest = key[len(prefix):]
-                return "embed_tokens.weight" if rest == "embeddings.weight" else rest
+                return "embed_tokens.weight" if rest == "embeddings.weight" else _nemotron_h_moe_key(rest)
         return key if key == "lm_head.weight" else None
     # bamba / granitemoehybrid
     top = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
@@ -317,6 +372,15 @@ def _rename(key: str, layout: str) -> str | None:
     if module == "block_sparse_moe":  # as saved, and as transformers 5 holds it in memory
         rest = _GRANITE_EXPERTS.get(rest, rest)
     return f"layers.{i}.{modules[module]}.{rest}"
+
+
+def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:
+    """A tied model's lm_head is its embedding (a saved lm_head must equal it)."""
+    if config.tie_embeddings and "embed_tokens.weight" in out:
+        head = out.get("lm_head.weight")
+        if head is not None and not torch.equal(head, out["embed_tokens.weight"]):
+            raise ValueError("config ties lm_head to the embedding, but 'lm_head.weight' differs from it")
+        out["lm_head.weight"] = out["embed_tokens.weight"]
 
 
 def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[str, Tensor]:
@@ -353,11 +417,9 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
         else:
             out[new] = value.float() if value.is_floating_point() else value
             source[new] = key
-    if config.tie_embeddings and "embed_tokens.weight" in out:
-        head = out.get("lm_head.weight")
-        if head is not None and not torch.equal(head, out["embed_tokens.weight"]):
-            raise ValueError("config ties lm_head to the embedding, but 'lm_head.weight' differs from it")
-        out["lm_head.weight"] = out["embed_tokens.weight"]
+    if layout == "nemotron_h":
+        _stack_experts(out, config)
+    _tie(out, config)
 
     with torch.device("meta"):
         want = set(HybridLM(config).state_dict())
