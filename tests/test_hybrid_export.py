@@ -150,10 +150,20 @@ def _ops(path) -> dict[tuple[str, str], int]:
     return collections.Counter((n.domain, n.op_type) for n in onnx.load(path, load_external_data=False).graph.node)
 
 
+def _expert_gathers(path) -> int:
+    """Gather nodes whose data is a 3-D weight (an expert stack)."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    stacks = {i.name for i in model.graph.initializer if len(i.dims) == 3}
+    return sum(n.op_type in ("Gather", "GatherND") and n.input[0] in stacks for n in model.graph.node)
+
+
 def test_the_experts_dense_form_equals_transformers_with_standard_operators_only(exported, tmp_path):
-    """`--experts dense` (every expert on every token, no com.microsoft node) gives transformers'
-    logits and state over a prefill and 20 steps, as the kernel form does, and validates; each
-    form's manifest names it, and an export without experts names none."""
+    """`--experts dense` (no com.microsoft node: the prefill runs every expert on every token, the
+    step gathers each row's k experts) gives transformers' logits and state over a prefill and
+    20 steps, as the kernel form does, and validates; each form's manifest names it, and an
+    export without experts names none."""
     hf, kernel, folder = exported("granite-moe")
     result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"),
                                       "--out", str(tmp_path / "dense"), "--experts", "dense"])
@@ -163,6 +173,9 @@ def test_the_experts_dense_form_equals_transformers_with_standard_operators_only
     for graph in ("prefill", "step"):
         assert _ops(folder / f"{graph}.onnx")[("com.microsoft", "MoE")] == n_layers
         assert not [op for op in _ops(tmp_path / "dense" / f"{graph}.onnx") if op[0]]  # standard ONNX only
+    # the dense step gathers each row's k experts (gate/up and down stacks), the dense prefill runs all
+    assert _expert_gathers(tmp_path / "dense" / "step.onnx") == 2 * n_layers
+    assert _expert_gathers(tmp_path / "dense" / "prefill.onnx") == 0
     assert kernel.manifest["export_options"]["experts"] == "kernel"
     assert dense.manifest["export_options"]["experts"] == "dense"
     assert "experts" not in exported("granite-rope")[1].manifest["export_options"]

@@ -8,9 +8,11 @@ where it runs the model's experts, else dense):
   interleaved (`swiglu_fusion=1`): the export stores them so, once. ONNX Runtime only (not
   not OpenVINO). Granite's experts only: the CPU kernel has no squared-ReLU experts and no
   grouped sigmoid routing (Nemotron-H's).
-- `dense`: standard ONNX operators, every expert on every token, each output weighted by the
-  token's routing weight (zero for experts it did not pick). Runs wherever ONNX runs, at E / k
-  times the experts' arithmetic and every expert's weights read each step.
+- `dense`: standard ONNX operators. The prefill runs every expert on every token, each output
+  weighted by the token's routing weight (zero for the experts it did not take): E / k times
+  the experts' arithmetic, as matrix products. The step gathers each row's k experts' weights
+  and runs only those (`experts_in_step`): a copy of k experts a row, against reading all E —
+  the better trade while rows < E / k. Runs wherever ONNX runs.
 
 Eagerly both compute what the model does (validate's eager side stays the model). Dimension
 letters as in models/hybrid.py: n tokens, d width, E experts, fe an expert's width, k experts
@@ -72,6 +74,39 @@ def _dense_forward(self: Experts, x: Tensor) -> Tensor:
         act = torch.square(F.relu(self.up_proj @ flat.T))  # (E, fe, n)
     y = self.down_proj @ act  # (E, d, n)
     return (y * gates.T[:, None, :]).sum(0).T.reshape(x.shape)  # (..., d)
+
+
+def _gathered_forward(self: Experts, x: Tensor) -> Tensor:
+    flat = x.reshape(-1, x.shape[-1])  # (n, d)
+    n = flat.shape[0]
+    weights, experts = self.route(flat)  # (n, k) each
+    picked = experts.reshape(-1)  # (n k,): one Gather per stack copies each row's k experts
+
+    def gathered(stack: Tensor) -> Tensor:  # (E, a, b) -> (n, k, a, b)
+        return stack.index_select(0, picked).reshape(n, self.k, *stack.shape[1:])
+
+    column = flat[:, None, :, None]  # (n, 1, d, 1)
+    if self.gated:
+        h = (gathered(self.gate_up_proj) @ column).squeeze(-1)  # (n, k, 2 fe): its experts' gate and up rows
+        gate, up = h.chunk(2, dim=-1)  # (n, k, fe) each
+        act = F.silu(gate) * up
+    else:
+        act = torch.square(F.relu((gathered(self.up_proj) @ column).squeeze(-1)))  # (n, k, fe)
+    y = (gathered(self.down_proj) @ act[..., None]).squeeze(-1)  # (n, k, d)
+    return (y * weights[..., None]).sum(1).reshape(x.shape)  # (..., d)
+
+
+@contextmanager
+def experts_in_step(model: HybridLM, form: str | None):
+    """Within (a step graph's trace): the dense form's experts run gathered (nothing for other forms)."""
+    blocks = [m for m in model.modules() if isinstance(m, Experts)] if form == "dense" else []
+    for block in blocks:
+        block.forward = types.MethodType(_gathered_forward, block)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.forward = types.MethodType(_dense_forward, block)
 
 
 def kernel_refusal(model: HybridLM) -> str | None:

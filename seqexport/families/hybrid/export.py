@@ -22,7 +22,12 @@ from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_ar
 from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.attention import check_attention
 from seqexport.families.hybrid.attention import fused_attention
-from seqexport.families.hybrid.experts import experts_as, resolved, translation_table
+from seqexport.families.hybrid.experts import (
+    experts_as,
+    experts_in_step,
+    resolved,
+    translation_table,
+)
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
 from seqexport.families.mamba2.export import CHUNK, _conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
@@ -88,14 +93,16 @@ class PrefillGraph(nn.Module):
 
 
 class StepGraph(nn.Module):
-    """(input_ids (b, 1), past_lengths (b,), *state) -> logits (b, 1, v), *new state."""
+    """(input_ids (b, 1), past_lengths (b,), *state) -> logits (b, 1, v), *new state.
+    experts: the export's form of the experts (the dense form's step runs them gathered)."""
 
-    def __init__(self, model: HybridLM):
+    def __init__(self, model: HybridLM, experts: str | None = None):
         super().__init__()
-        self.model = model
+        self.model, self.experts = model, experts
 
     def forward(self, input_ids, past_lengths, *state):
-        logits, new_state = self.model.step(input_ids, layers_of(self.model, state), past_lengths)
+        with experts_in_step(self.model, self.experts):
+            logits, new_state = self.model.step(input_ids, layers_of(self.model, state), past_lengths)
         return (logits[:, None], *_flat(new_state))
 
 
@@ -144,7 +151,7 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
                 GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_grouped, chunk=chunk)),
                          prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
                          dynamic_shapes_for(specs["prefill"], varargs_from=3), table),
-                GraphJob("step", StepGraph(model), step_args, specs["step"], tmp / "step.onnx", opset,
+                GraphJob("step", StepGraph(model, experts), step_args, specs["step"], tmp / "step.onnx", opset,
                          dynamic_shapes_for(specs["step"], varargs_from=2), table),
             ])
 
