@@ -33,10 +33,16 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
                  at slots past_lengths[r] .. past_lengths[r] + l - 1 (`append_kv` does it eagerly).
     "mlp", "moe" ()
 
-Mixture of experts (Granite-4.0-H Tiny / Small: `n_experts` > 0, `mlp_in_layer`): beside each
-mamba2/attention layer's MLP sits a router and E gated-SiLU experts of width fe; each token takes
-the top `experts_per_token` (k) of the router's logits, weighted by the softmax over those k, and
-the layer adds mlp(h) + Σ weight · expert(h). No state.
+Mixture of experts (`n_experts` > 0): a router and E experts of width fe (the MLP's kind: gated
+SiLU or squared ReLU); each token takes k = `experts_per_token` of them and gets their weighted
+sum. Where it sits: Granite-4.0-H Tiny / Small (`mlp_in_layer`) beside each mamba2/attention
+layer's MLP, the layer adding mlp(h) + experts(h); Nemotron-H ("moe" layers) as a layer of its
+own, experts(h) + shared(h) with a shared expert MLP of width `d_ff_shared_expert`. Routing
+(`expert_routing`): "softmax" (Granite: the top k of the router's logits, weighted by the
+softmax over those k) or "sigmoid" (Nemotron-H, DeepSeek-V3: scores σ(logits) in float32; the
+experts chosen by score + a learned bias, the top k within the best `expert_groups_per_token`
+of `n_expert_groups` groups, a group scored by its best two; weighted by their scores,
+normalised to sum 1 if `normalize_expert_weights`, times `routed_scaling_factor`). No state.
 
 Parameter names (transformers-like, no `backbone.` / `model.` prefix; the checkpoint layouts map
 onto them in `seqexport.families.hybrid.layouts`):
@@ -100,7 +106,7 @@ class HybridConfig(DictConfig):
     d_ff: int = 128  # MLP width (f)
     mlp_act: str = "silu_gated"  # "silu_gated": down(silu(gate(x)) * up(x)); "relu2": down(relu(up(x))^2)
     mlp_bias: bool = False  # biases in the MLP's linears
-    # mixture of experts beside each layer's MLP (Granite-4.0-H Tiny/Small); 0 = dense
+    # mixture of experts (see the module docstring); 0 = dense
     n_experts: int = 0  # experts (E)
     experts_per_token: int = 2  # experts each token takes (k), <= n_experts
     d_ff_expert: int = 128  # an expert's width (fe); an expert is an MLP of mlp_act
@@ -422,7 +428,9 @@ def mamba2_mixer(config: HybridConfig) -> Mamba2Mixer:
 
 
 class HybridLayer(nn.Module):
-    """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer], r the residual multiplier."""
+    """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer, plus the experts' output
+    when it has experts], r the residual multiplier; a "moe" layer's mixer is its experts plus its
+    shared expert MLP."""
 
     def __init__(self, config: HybridConfig, kind: str):
         super().__init__()

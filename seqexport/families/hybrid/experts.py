@@ -1,12 +1,12 @@
-"""The hybrid's mixture of experts (`models.hybrid.Experts`, Granite-4.0-H Tiny / Small) in the
-two forms an export can write (`export hybrid --experts`; `auto`, the default, is the kernel
+"""The hybrid's mixture of experts (`models.hybrid.Experts`: Granite-4.0-H Tiny / Small's,
+Nemotron-H's) in the two forms an export can write (`export hybrid --experts`; `auto`, the default, is the kernel
 where it runs the model's experts, else dense):
 
 - `kernel`: one ONNX Runtime `com.microsoft.MoE` node per layer, which routes each
   token (softmax over the router's logits, the top k, renormalised: the softmax over those k,
   Granite's rule) and runs only its k experts. The CPU kernel takes the gate and up rows
-  interleaved (`swiglu_fusion=1`): the export stores them so, once. ONNX Runtime only (not
-  not OpenVINO). Granite's experts only: the CPU kernel has no squared-ReLU experts and no
+  interleaved (`swiglu_fusion=1`): the export stores them so, once. ONNX Runtime (and
+  onnxruntime-web) only, not OpenVINO. Granite's experts only: the CPU kernel has no squared-ReLU experts and no
   grouped sigmoid routing (Nemotron-H's).
 - `dense`: standard ONNX operators. The prefill runs every expert on every token, each output
   weighted by the token's routing weight (zero for the experts it did not take): E / k times

@@ -11,8 +11,8 @@ Four config layouts, told apart by `family` / `model_type`:
   ("linear_attention" / "full_attention", or the legacy "mamba" / "attention"); the MLP is the
   shared one (`shared_intermediate_size`, its `input_linear` holding gate then up), and with
   `num_local_experts` > 0 (Granite-4.0-H Tiny / Small) the `block_sparse_moe` beside it:
-  `num_experts_per_tok` of the experts (`intermediate_size` wide) per token; `position_embedding_type` None = no positions, "rope" =
-  RoPE over the whole head (its rotary init ignores `partial_rotary_factor`); the softmax scale
+  `num_experts_per_tok` of the experts (`intermediate_size` wide) per token;
+  `position_embedding_type` None = no positions, "rope" = RoPE over the whole head (its rotary init ignores `partial_rotary_factor`); the softmax scale
   is `attention_multiplier` itself; `embedding_multiplier`, `residual_multiplier` (both residual
   adds) and `logits_scaling` (a divisor);
 - transformers' `NemotronHConfig` (`model_type: "nemotron_h"`): `layers_block_type`
@@ -65,7 +65,8 @@ _GRANITE_DEFAULTS = dict(
     vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None,
     hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=None, attention_bias=False,
     embedding_multiplier=1.0, logits_scaling=1.0, residual_multiplier=1.0, attention_multiplier=1.0,
-    num_local_experts=8, num_experts_per_tok=2, intermediate_size=11008, shared_intermediate_size=1024, position_embedding_type=None, layer_types=None,
+    num_local_experts=8, num_experts_per_tok=2, intermediate_size=11008, shared_intermediate_size=1024,
+    position_embedding_type=None, layer_types=None,
     mamba_n_heads=128, mamba_n_groups=1, mamba_d_state=256, mamba_d_head="auto", mamba_d_conv=4, mamba_expand=2,
     mamba_chunk_size=256, mamba_conv_bias=True, mamba_proj_bias=False, time_step_limit=(0.0, math.inf),
 )
