@@ -269,3 +269,15 @@ def test_nemotron_h_experts_export_dense_and_the_kernel_is_refused_naming_why(ex
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "--experts kernel: ONNX Runtime's MoE kernel routes by a softmax" in result.output
     assert "--experts dense" in result.output and not (tmp_path / "k").exists()
+
+
+@pytest.mark.parametrize("name, weight", [("granite-moe", "model.layers.2.experts._gate_up_interleaved"),
+                                          ("nemotron_h-moe", "model.layers.4.mixer.down_proj")],
+                         ids=["kernel", "dense"])
+def test_a_damaged_expert_weight_fails_naming_its_layer(exported, tmp_path, name, weight):
+    _, _, out = exported(name)
+    bad = damaged_copy(out, tmp_path, "step", weight, delta=0.5)
+    report = validate(bad, steps=4, write_summary=False)
+    failing = [c for c in report.cases if c.check == "graphs" and not c.passed]
+    assert not report.passed and failing and all(c.label.startswith("step") for c in failing)
+    assert failing[0].divergence.layer == f"layers.{weight.split('.')[2]}"
