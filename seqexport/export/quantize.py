@@ -33,7 +33,7 @@ from onnx import numpy_helper
 
 from seqexport import families
 from seqexport.errors import ExportError, UsageError
-from seqexport.export import int4
+from seqexport.export import int4, qmoe
 from seqexport.export.atomic import atomic_folder
 from seqexport.export.weights import WEIGHTS_FILE, share_weights
 from seqexport.manifest import (
@@ -284,7 +284,7 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     kind = (f"int4 (MatMulNBits, block {block_size}, accuracy level {accuracy_level}, head "
             f"{f'int{head_bits}' if head_bits else 'float32'})" if bits == 4 else f"int8 ({mode})")
     with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
-        quantized = {}
+        quantized, experts = {}, None
         for name, g in manifest["graphs"].items():
             if bits == 4:
                 quantized[name] = _int4_graph(name, models[name], keep[name], head_bits, block_size, accuracy_level)
@@ -296,6 +296,13 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
                 arithmetic = {n.name for n in structural_nodes(models[name])}
                 _quantize_graph(copy, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
                 quantized[name] = onnx.load(str(path))
+            experts_block = qmoe.block_for(quantized[name], bits, block_size)
+            moes = qmoe.quantize_experts(quantized[name], bits, experts_block,
+                                         accuracy_level if bits == 4 else None)
+            if moes:
+                experts = {"op": "QMoE", "bits": bits, "block_size": experts_block}
+                log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
+                    f"({f'block {experts_block}' if experts_block else 'a scale per row'})")
             if _io(quantized[name]) != _io(models[name]):
                 raise ExportError(f"graph {name!r}: the quantiser changed the graph's inputs or outputs")
         # one weights file again: a quantised weight both graphs read (same name, same bytes) once
@@ -310,9 +317,9 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
             log(f"  {name}: {total - len(keep[name])}/{total} weight MatMuls {kind}, {len(keep[name])} float32")
         log(f"  {WEIGHTS_FILE}: {_weights_bytes(manifest) / 1e6:.1f} MB -> {shared.size / 1e6:.1f} MB")
         still = sum(a.nbytes for a in shared.arrays.values() if a.dtype == np.float32)
-        # what stays float32 can be most of it: a mixture of experts' stacks are no MatMul's weight
+        # what stays float32: the MatMuls kept so, and weights no MatMul takes (embeddings, norms)
         log(f"  {still / 1e6:.1f} MB of it ({still / max(shared.size, 1):.0%}) float32: the MatMuls kept float32, "
-            "and weights no MatMul takes as its weight (embeddings, norms, a com.microsoft.MoE's experts)")
+            "and weights no MatMul takes as its weight (embeddings, norms)")
         for file in tokenizer_files(manifest):
             (tmp / file).write_bytes((folder / file).read_bytes())
         source = dict(manifest.get("source") or {})
@@ -325,6 +332,7 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
             "excluded_patterns": list(exclude),
             "family_kept_float": list(family.int8_keep_float), "kept_float": kept,
             "source": {"folder": str(folder.resolve()), "manifest_sha256": sha256_file(folder / MANIFEST)},
+            **({"experts": experts} if experts else {}),
             "seconds": round(time.perf_counter() - started, 2)}}
         write_manifest(tmp, new)
     log(f"quantised {folder} -> {out} ({kind} weights{', per channel' if per_channel else ''})")
