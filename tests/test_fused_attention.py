@@ -19,8 +19,8 @@ from seqexport.cli import cli
 from seqexport.errors import UsageError
 from seqexport.families.transformer.export import export_transformer
 from seqexport.parity.validate import validate
-from tests.test_hybrid_export import assert_states_equal, kinds_of
-from tests.test_hybrid_model import VOCAB, _hf, _hf_decode
+from tests.test_hybrid_export import assert_decode_equals_transformers, kinds_of
+from tests.test_hybrid_model import _hf
 from tests.test_transformer_export import ATOL, eager_logits, empty_past, run_decoder, run_encoder
 
 TOL = 1e-4
@@ -127,16 +127,7 @@ def test_fused_hybrid_prefill_then_steps_equal_transformers(fused_hybrid, length
     for graph in ("prefill", "step"):
         ops = op_types(out / f"{graph}.onnx")
         assert ops.count("Attention") == attention_layers and "Softmax" not in ops
-    g = torch.Generator().manual_seed(length)
-    prompt, steps = torch.randint(0, VOCAB, (2, length), generator=g), torch.randint(0, VOCAB, (2, 8), generator=g)
-    want, _, want_state = _hf_decode(hf, prompt, steps)
-    logits, state = m.step(prompt.numpy(), m.start(2))
-    got = [logits]
-    for token in steps.T:
-        logits, state = m.step(token.numpy(), state)
-        got.append(logits[:, None])
-    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), atol=TOL, rtol=0)
-    assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
+    assert_decode_equals_transformers(hf, m, length, 8, seed=length)
 
 
 def test_fused_hybrid_validates(fused_hybrid):

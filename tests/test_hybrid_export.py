@@ -66,8 +66,14 @@ def assert_states_equal(state, want, kinds, rows=slice(None)):
 @pytest.mark.parametrize("length", [1, 17, 300])
 def test_prefill_then_20_steps_equal_transformers(exported, name, length):
     hf, m, _ = exported(name)
-    g = torch.Generator().manual_seed(length)
-    prompt, steps = torch.randint(0, VOCAB, (2, length), generator=g), torch.randint(0, VOCAB, (2, 20), generator=g)
+    assert_decode_equals_transformers(hf, m, length, 20, seed=length)
+
+
+def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: int) -> None:
+    """Two random prompts of `length` through the runtime model `m`, then `n_steps` single steps:
+    every position's logits and the final state of every layer equal transformers' `hf`."""
+    g = torch.Generator().manual_seed(seed)
+    prompt, steps = torch.randint(0, VOCAB, (2, length), generator=g), torch.randint(0, VOCAB, (2, n_steps), generator=g)
     want, _, want_state = _hf_decode(hf, prompt, steps)
     logits, state = m.step(prompt.numpy(), m.start(2))  # (2, length, v): every position
     got = [logits]
@@ -179,16 +185,7 @@ def test_the_experts_dense_form_equals_transformers_with_standard_operators_only
     assert kernel.manifest["export_options"]["experts"] == "kernel"
     assert dense.manifest["export_options"]["experts"] == "dense"
     assert "experts" not in exported("granite-rope")[1].manifest["export_options"]
-    g = torch.Generator().manual_seed(5)
-    prompt, steps = torch.randint(0, VOCAB, (2, 40), generator=g), torch.randint(0, VOCAB, (2, 20), generator=g)
-    want, _, want_state = _hf_decode(hf, prompt, steps)
-    logits, state = dense.step(prompt.numpy(), dense.start(2))
-    got = [logits]
-    for token in steps.T:
-        logits, state = dense.step(token.numpy(), state)
-        got.append(logits[:, None])
-    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), atol=TOL, rtol=0)
-    assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
+    assert_decode_equals_transformers(hf, dense, 40, 20, seed=5)
     for f in (folder, tmp_path / "dense"):
         result = CliRunner().invoke(cli, ["validate", str(f), "--steps", "8"])
         assert result.exit_code == 0 and "result: PASS" in result.output, result.output

@@ -286,6 +286,14 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
         quantized, experts = {}, None
         for name, g in manifest["graphs"].items():
+            # the experts first, in the loaded graph itself: the MatMul passes below copy the
+            # graph, and the float expert stacks are most of an MoE model's bytes
+            experts_block = qmoe.block_for(models[name], bits, block_size)
+            moes = qmoe.quantize_experts(models[name], bits, experts_block, accuracy_level if bits == 4 else None)
+            if moes:
+                experts = {"op": "QMoE", "bits": bits, "block_size": experts_block}
+                log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
+                    f"({f'block {experts_block}' if experts_block else 'a scale per row'})")
             if bits == 4:
                 quantized[name] = _int4_graph(name, models[name], keep[name], head_bits, block_size, accuracy_level)
             else:
@@ -296,13 +304,6 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
                 arithmetic = {n.name for n in structural_nodes(models[name])}
                 _quantize_graph(copy, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
                 quantized[name] = onnx.load(str(path))
-            experts_block = qmoe.block_for(quantized[name], bits, block_size)
-            moes = qmoe.quantize_experts(quantized[name], bits, experts_block,
-                                         accuracy_level if bits == 4 else None)
-            if moes:
-                experts = {"op": "QMoE", "bits": bits, "block_size": experts_block}
-                log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
-                    f"({f'block {experts_block}' if experts_block else 'a scale per row'})")
             if _io(quantized[name]) != _io(models[name]):
                 raise ExportError(f"graph {name!r}: the quantiser changed the graph's inputs or outputs")
         # one weights file again: a quantised weight both graphs read (same name, same bytes) once
