@@ -116,6 +116,21 @@ def update_manifest(folder: str | Path, **fields) -> None:
     os.replace(tmp, path)
 
 
+def _quantization_line(q: dict) -> str:
+    """A quantised copy's record in one line: its weights, head, experts and source."""
+    if q.get("bits") == 4:
+        how = f"int4 weight-only (block {q.get('block_size')}, accuracy level {q.get('accuracy_level')})"
+    else:
+        how = f"int8 ({q.get('mode')}{', per channel' if q.get('per_channel') else ''})"
+    parts = [how, f"head {q.get('head', 'float32')}"]
+    if q.get("experts"):
+        e = q["experts"]
+        block = f"block {e['block_size']}" if e.get("block_size") else "a scale per row"
+        parts.append(f"experts {e['op']} int{e['bits']} ({block})")
+    source = (q.get("source") or {}).get("folder")
+    return "quantization: " + ", ".join(parts) + (f"; from {source}" if source else "")
+
+
 def describe(folder, m: dict) -> str:
     """A manifest as a person reads it (`seqexport inspect`)."""
     versions = m.get("versions") or {}
@@ -135,6 +150,8 @@ def describe(folder, m: dict) -> str:
     options = {k: v for k, v in (m.get("export_options") or {}).items() if v is not None}
     if options:
         lines.append("export options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
+    if m.get("quantization"):
+        lines.append(_quantization_line(m["quantization"]))
     weights = m.get("weights")
     if weights:
         lines.append(f"weights: {weights['file']} ({weights['bytes'] / 1e6:.2f} MB, {len(weights['tensors'])} "

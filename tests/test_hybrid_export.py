@@ -238,8 +238,8 @@ def test_a_head_count_that_is_no_count_is_refused_naming_it(tmp_path, heads):
 def test_quantize_turns_the_moe_kernel_into_qmoe(exported, tmp_path):
     """int8 and int4 copies of a Granite MoE export: every MoE node becomes a QMoE node over the
     same experts in 8 or 4 bits (a scale per row: 32 divides no 48-wide expert), the float
-    stacks are gone, the manifest records it, and the copies decode through the runtime and
-    pass validate's graph checks."""
+    stacks are gone, the manifest records it and `seqexport inspect` says it, and the copies
+    decode through the runtime and pass validate's graph checks."""
     import onnx
 
     hf, _, folder = exported("granite-moe")
@@ -258,6 +258,9 @@ def test_quantize_turns_the_moe_kernel_into_qmoe(exported, tmp_path):
         m = rt.load(tmp_path / bits, provider="cpu")
         assert m.manifest["quantization"]["experts"] == {"op": "QMoE", "bits": int(bits), "block_size": None}
         assert len(rt.generate(m, [[5, 6, 7]], rt.SearchOptions(max_new_tokens=4, eos_id=-1))[0]) == 4
+        shown = CliRunner().invoke(cli, ["inspect", str(tmp_path / bits)]).output
+        assert f"experts QMoE int{bits} (a scale per row); from {folder.resolve()}" in shown, shown
+        assert ("quantization: int4 weight-only (block 32" if bits == "4" else "quantization: int8 (dynamic)") in shown
         report = validate(tmp_path / bits, steps=4, write_summary=False)
         assert all(c.passed for c in report.cases if c.check == "graphs"), bits
 
