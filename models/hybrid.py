@@ -343,6 +343,13 @@ class MLP(nn.Module):
         return self.down_proj(torch.square(F.relu(self.up_proj(x))))  # (..., d)
 
 
+def softmax_top_k(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Granite's routing: logits (n, E) -> the softmax over each row's top k, float32 (n, k), and
+    those experts (n, k) int64."""
+    top, experts = logits.float().topk(k, dim=-1)  # (n, k) each
+    return torch.softmax(top, dim=-1), experts
+
+
 class Experts(nn.Module):
     """A mixture of experts (see the module docstring): a router picks k of E experts per token;
     a token's output is the weighted sum of its experts' outputs. Eagerly each expert runs on
@@ -373,8 +380,8 @@ class Experts(nn.Module):
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (n, d) -> weights (n, k) in x's dtype, experts (n, k) int64 (distinct in a row)."""
         if not self.sigmoid:  # Granite: the logits in x's dtype, then float32
-            top, experts = self.router(x).float().topk(self.k, dim=-1)  # (n, k) each
-            return torch.softmax(top, dim=-1).to(x.dtype), experts
+            weights, experts = softmax_top_k(self.router(x), self.k)
+            return weights.to(x.dtype), experts
         scores = F.linear(x.float(), self.router.weight.float()).sigmoid()  # (n, E), in float32 (Nemotron-H)
         choice = scores + self.router_bias  # (n, E)
         n, e = choice.shape

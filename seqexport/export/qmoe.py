@@ -51,11 +51,15 @@ def block_for(model: onnx.ModelProto, bits: int, block_size: int | None) -> int 
     return block_size if all(w % block_size == 0 for w in widths) else None
 
 
-def quantize_experts(model: onnx.ModelProto, bits: int, block: int | None, accuracy_level: int | None) -> int:
+def quantize_experts(model: onnx.ModelProto, bits: int, block: int | None, accuracy_level: int | None,
+                     done: dict | None = None) -> int:
     """In place: every MoE node of `model` as QMoE, its experts in `bits` (a block of `block`
-    inputs a scale, or a row); the float stacks dropped. Returns the number of nodes."""
+    inputs a scale, or a row); the float stacks dropped. `done`: stack name -> its quantised
+    tensors, filled and reused across the graphs of one export (prefill and step read the same
+    experts: quantised once). Returns the number of nodes."""
     inits = {i.name: i for i in model.graph.initializer}
     nodes = moe_nodes(model)
+    done = {} if done is None else done
     added, dropped = {}, set()
     for node in nodes:
         inputs = list(node.input) + [""] * (5 - len(node.input))
@@ -65,13 +69,14 @@ def quantize_experts(model: onnx.ModelProto, bits: int, block: int | None, accur
         names = []
         for i in (2, 4):
             source = inputs[i]
-            if source not in added:
+            if source not in done:
                 packed, scales = quantized(numpy_helper.to_array(inits[source]), bits, block)
-                added[source] = (numpy_helper.from_array(packed, f"{source}.int{bits}"),
-                                 numpy_helper.from_array(scales, f"{source}.scales"))
+                done[source] = (numpy_helper.from_array(packed, f"{source}.int{bits}"),
+                                numpy_helper.from_array(scales, f"{source}.scales"))
+            added[source] = done[source]
             names += [added[source][0].name, added[source][1].name]
             dropped.add(source)
-        attributes = [a for a in node.attribute]
+        attributes = list(node.attribute)
         extra = {"expert_weight_bits": bits, **({"block_size": block} if block else {}),
                  **({"accuracy_level": accuracy_level} if accuracy_level is not None else {})}
         node.op_type = "QMoE"

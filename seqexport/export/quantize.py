@@ -284,12 +284,13 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     kind = (f"int4 (MatMulNBits, block {block_size}, accuracy level {accuracy_level}, head "
             f"{f'int{head_bits}' if head_bits else 'float32'})" if bits == 4 else f"int8 ({mode})")
     with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
-        quantized, experts = {}, None
+        quantized, experts, quantized_stacks = {}, None, {}
         for name, g in manifest["graphs"].items():
             # the experts first, in the loaded graph itself: the MatMul passes below copy the
             # graph, and the float expert stacks are most of an MoE model's bytes
             experts_block = qmoe.block_for(models[name], bits, block_size)
-            moes = qmoe.quantize_experts(models[name], bits, experts_block, accuracy_level if bits == 4 else None)
+            moes = qmoe.quantize_experts(models[name], bits, experts_block, accuracy_level if bits == 4 else None,
+                                         quantized_stacks)
             if moes:
                 experts = {"op": "QMoE", "bits": bits, "block_size": experts_block}
                 log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "

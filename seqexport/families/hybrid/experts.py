@@ -27,19 +27,31 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqexport.families.hybrid import EXPERT_FORMS as FORMS
-from seqexport.models.hybrid import Experts, HybridLM
+from seqexport.models.hybrid import Experts, HybridLM, softmax_top_k
+
+
+def _all_experts(flat: Tensor, gates: Tensor, first: Tensor, down: Tensor, act) -> Tensor:
+    """Every expert on every token, each output weighted by the token's gate: flat (n, d),
+    gates (n, E) (zero off a token's experts), first (E, f, d) the stack before the activation,
+    act: (E, f, n) -> (E, fe, n), down (E, d, fe) -> (n, d). MatMuls over the weights as stored,
+    the tokens transposed instead: no Reshape or Transpose of a weight, which the export would
+    store a second time (Einsum nodes ran 50x slower in ONNX Runtime at Granite-4.0-H's sizes)."""
+    y = down @ act(first @ flat.T)  # (E, d, n)
+    return (y * gates.T[:, None, :]).sum(0).T  # (n, d)
+
+
+def _gates(n: int, e: int, weights: Tensor, experts: Tensor) -> Tensor:
+    """(n, k) weights of (n, k) experts -> (n, E), zero for the experts a token did not take."""
+    return torch.zeros(n, e, dtype=weights.dtype).scatter(1, experts, weights)
 
 
 @torch.library.custom_op("seqexport::hybrid_moe", mutates_args=())
 def moe(x: Tensor, logits: Tensor, gate_up: Tensor, down: Tensor, k: int) -> Tensor:
     """x (n, d), the router's logits (n, E), gate_up (E, 2 fe, d) as gate and up rows
     interleaved (g0, u0, g1, u1, ...), down (E, d, fe) -> (n, d): one `com.microsoft.MoE` node."""
-    top, experts = logits.float().topk(k, dim=-1)  # (n, k) each
-    weights = torch.zeros_like(logits, dtype=x.dtype).scatter(1, experts, torch.softmax(top, -1).to(x.dtype))
-    e, two_fe, d = gate_up.shape
-    h = torch.einsum("nd,efd->nef", x, gate_up).reshape(x.shape[0], e, two_fe // 2, 2)  # (n, E, fe, 2)
-    y = torch.einsum("nef,edf->ned", F.silu(h[..., 0]) * h[..., 1], down)  # (n, E, d)
-    return torch.einsum("ne,ned->nd", weights, y)  # (n, d)
+    weights, experts = softmax_top_k(logits, k)
+    gates = _gates(x.shape[0], logits.shape[1], weights.to(x.dtype), experts)
+    return _all_experts(x, gates, gate_up, down, lambda h: F.silu(h[:, 0::2]) * h[:, 1::2])
 
 
 @moe.register_fake
@@ -60,20 +72,13 @@ def _kernel_forward(self: Experts, x: Tensor) -> Tensor:
 
 def _dense_forward(self: Experts, x: Tensor) -> Tensor:
     flat = x.reshape(-1, x.shape[-1])  # (n, d)
-    n = flat.shape[0]
-    e = self.down_proj.shape[0]
-    weights, experts = self.route(flat)  # (n, k) each
-    gates = torch.zeros(n, e, dtype=flat.dtype).scatter(1, experts, weights)  # (n, E)
-    # MatMuls over the weights as stored, the tokens transposed instead: no Reshape or Transpose of
-    # a weight, which the export would store a second time (Einsum nodes ran 50x slower in ONNX
-    # Runtime at Granite-4.0-H's sizes)
-    if self.gated:
-        h = (self.gate_up_proj @ flat.T).reshape(e, 2, -1, n)  # (E, 2, fe, n): gate rows, up rows
-        act = F.silu(h[:, 0]) * h[:, 1]  # (E, fe, n)
+    gates = _gates(flat.shape[0], self.down_proj.shape[0], *self.route(flat))  # (n, E)
+    if self.gated:  # (E, 2 fe, n): gate rows, then up rows
+        out = _all_experts(flat, gates, self.gate_up_proj, self.down_proj,
+                           lambda h: F.silu(h[:, : h.shape[1] // 2]) * h[:, h.shape[1] // 2:])
     else:
-        act = torch.square(F.relu(self.up_proj @ flat.T))  # (E, fe, n)
-    y = self.down_proj @ act  # (E, d, n)
-    return (y * gates.T[:, None, :]).sum(0).T.reshape(x.shape)  # (..., d)
+        out = _all_experts(flat, gates, self.up_proj, self.down_proj, lambda h: torch.square(F.relu(h)))
+    return out.reshape(x.shape)  # (..., d)
 
 
 def _gathered_forward(self: Experts, x: Tensor) -> Tensor:
@@ -100,13 +105,14 @@ def _gathered_forward(self: Experts, x: Tensor) -> Tensor:
 def experts_in_step(model: HybridLM, form: str | None):
     """Within (a step graph's trace): the dense form's experts run gathered (nothing for other forms)."""
     blocks = [m for m in model.modules() if isinstance(m, Experts)] if form == "dense" else []
+    before = [block.forward for block in blocks]
     for block in blocks:
         block.forward = types.MethodType(_gathered_forward, block)
     try:
         yield
     finally:
-        for block in blocks:
-            block.forward = types.MethodType(_dense_forward, block)
+        for block, forward in zip(blocks, before, strict=True):
+            block.forward = forward
 
 
 def kernel_refusal(model: HybridLM) -> str | None:
@@ -135,8 +141,9 @@ def resolved(model: HybridLM, form: str) -> str:
 
 @contextmanager
 def experts_as(model: HybridLM, form: str):
-    """Within: every `Experts` of `model` runs in `form` ("kernel" or "dense")."""
-    form = resolved(model, form)
+    """Within: every `Experts` of `model` runs in `form` ("kernel" or "dense": `resolved`)."""
+    if form not in FORMS:
+        raise ValueError(f"experts form {form!r}; expected one of {list(FORMS)}")
     blocks = [m for m in model.modules() if isinstance(m, Experts)]
     for block in blocks:
         if form == "kernel":

@@ -140,10 +140,11 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
         experts = resolved(model, experts)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    table = translation_table() if experts == "kernel" else None
     options = {"chunk_size": chunk, "attention": attention}
+    table = None
     if ckpt.config.n_experts:
         options["experts"] = experts
+        table = translation_table() if experts == "kernel" else None
 
     def build(tmp):
         with torch.no_grad(), fused_attention(model, attention == "fused"), experts_as(model, experts):

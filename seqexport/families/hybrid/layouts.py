@@ -329,8 +329,10 @@ def _stack_experts(out: dict[str, Tensor], config: HybridConfig) -> None:
     """`layers.{i}.mixer.experts.{j}.{up_proj,down_proj}.weight` (one expert each, as Nemotron-H
     saves them) -> `layers.{i}.mixer.{up_proj,down_proj}` (E, ., .), in place; ValueError
     naming the first expert missing."""
+    if not config.n_experts:  # experts keys are left for the unknown-key check
+        return
     pieces: dict[tuple[str, str], dict[int, Tensor]] = {}
-    for key in [k for k in out if ".mixer.experts." in k and config.n_experts]:
+    for key in [k for k in out if ".mixer.experts." in k]:
         head, tail = key.split(".mixer.experts.", 1)
         j, _, name = tail.partition(".")
         if not j.isdigit() or name not in ("up_proj.weight", "down_proj.weight"):

@@ -458,7 +458,7 @@ export class Model {
         if (!logits.every(Number.isFinite))
           throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
         let scores = seen ? seen.apply(logits) : logits;
-        if (n < o.minNewTokens && o.eosIds.length) { // no eos yet: as Python's adjusted()
+        if (n < o.minNewTokens && o.eosIds.length) { // no eos yet: as Python's without()
           scores = Float32Array.from(scores);
           for (const id of o.eosIds) if (id >= 0 && id < scores.length) scores[id] = -Infinity;
         }
