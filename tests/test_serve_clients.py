@@ -244,20 +244,37 @@ def metric(health: str, name: str) -> float | None:
     return next((float(line.split()[1]) for line in lines if line.startswith(name + " ")), None)
 
 
-def read_slowly_until_held(answer, health: str, seconds: float) -> tuple[bytes, float, float]:
-    """Read 1 KB every tenth of a second (10 KB/s) until the row is parked, then two seconds
-    more: (the bytes read, tokens generated when it was parked, and two seconds later)."""
+def read_slowly_until_parked(answer, health: str, seconds: float) -> bytes:
+    """Read 1 KB every tenth of a second (10 KB/s) until the row is parked: the bytes read."""
     got, start = b"", time.monotonic()
     while metric(health, "seqexport_parked_rows") != 1:
-        assert time.monotonic() - start < seconds, "the slow reader's row was never held"
+        assert time.monotonic() - start < seconds, f"the slow reader's row was not held ({rows(health)} rows)"
         got += answer.read(1024)
         time.sleep(0.1)
+    return got
+
+
+def read_slowly_until_held(answer, health: str, seconds: float) -> tuple[bytes, float, float]:
+    """Read at 10 KB/s until the row is parked, two seconds more, and on until it is parked
+    again: (the bytes read, tokens generated when it was first parked, and at the end). While
+    the client reads, its row may resume for a moment: the buffers between move in large steps,
+    and one step can bring it within RESUME_AT tokens (CI once looked at just such a moment).
+    The reads go on meanwhile: a client taking nothing for a second is cut (TIMEOUT_S)."""
+    got = read_slowly_until_parked(answer, health, seconds)
     at_hold = metric(health, "seqexport_generated_tokens_total")
     for _ in range(20):
         got += answer.read(1024)
         time.sleep(0.1)
-    assert metric(health, "seqexport_parked_rows") == 1 and rows(health) == 1  # parked, its place kept
+    got += read_slowly_until_parked(answer, health, 10)
+    assert rows(health) == 1  # parked, its place kept
     return got, at_hold, metric(health, "seqexport_generated_tokens_total")
+
+
+# Tokens a parked row may generate while its client reads 10 KB/s for two seconds and more
+# (about 45 tokens' events a second): each step of the buffers between that brings the client
+# within RESUME_AT lets its row generate up to HOLD_AT - RESUME_AT more. A row that is not
+# held generates thousands in those seconds (about 2,400 a second here).
+RUN_ON = 3 * HOLD_AT
 
 
 def stream(port: int, max_tokens: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -278,7 +295,7 @@ def test_a_slow_readers_row_is_held_not_run_ahead_and_its_stream_comes_whole(pla
     before = metric(health, "seqexport_generated_tokens_total")
     conn, answer = stream(plain.port, STREAM_TOKENS)
     got, at_hold, later = read_slowly_until_held(answer, health, 30)
-    assert at_hold <= later <= at_hold + HOLD_AT and later - before < STREAM_TOKENS, (before, at_hold, later)
+    assert at_hold <= later <= at_hold + RUN_ON and later - before < STREAM_TOKENS, (before, at_hold, later)
     got += answer.read()  # the rest as fast as it comes
     conn.close()
     events = [json.loads(e[6:]) for e in got.decode().split("\n\n") if e.startswith("data: {")]
@@ -294,7 +311,7 @@ def test_a_slow_reader_is_held_back_through_the_front_too(front, replica):
     wait_rows(health, 0, 30)
     conn, answer = stream(front.port, 10_000_000)
     _, at_hold, later = read_slowly_until_held(answer, health, 60)
-    assert at_hold <= later <= at_hold + HOLD_AT, (at_hold, later)
+    assert at_hold <= later <= at_hold + RUN_ON, (at_hold, later)
     conn.close()
     wait_rows(health, 0, 10)
 
