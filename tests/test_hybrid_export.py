@@ -119,6 +119,16 @@ def test_a_branch_copies_the_cache_once_and_leaves_the_earlier_state_as_it_was(e
     assert after_a.arrays["past_lengths"][0] == 21
 
 
+def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exported):
+    """The teacher-forced decode's cache, grown step by step, has more slots than the eager
+    one written in one call: compared over the positions both hold. Before, `validate --steps`
+    120 and more failed every hybrid on the cache's shape (max abs inf)."""
+    _, _, out = exported("granite-rope")
+    result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "150"])
+    assert result.exit_code == 0, result.output
+    assert "final past_key_values." in result.output and "inf" not in result.output
+
+
 def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported):
     _, m, out = exported("granite-rope")
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])

@@ -13,6 +13,7 @@ import torch
 
 from seqexport.errors import ArtifactError
 from seqexport.parity.compare import Comparison, compare
+from seqexport.parity.float16 import Float16Error
 from seqexport.parity.inputs import random_inputs
 from seqexport.parity.localize import first_divergence
 from seqexport.parity.report import Case
@@ -68,8 +69,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def graph_case(rt, cases, graph: str, label: str, arrays: dict, atol, rtol, device, localize: bool,
-               int8: QuantRule | None = None) -> Case:
-    """One graph on one set of inputs, every output compared with the wrapper it was traced from."""
+               int8: QuantRule | None = None, float16: Float16Error | None = None) -> Case:
+    """One graph on one set of inputs, every output compared with the wrapper it was traced from
+    (a float16 export's failing outputs again, against float16's own error)."""
     spec = rt.specs[graph]
     feeds = {t.name: arrays[t.name].astype(NP_DTYPES[t.dtype]) for t in spec.inputs}
     got = rt.graphs[graph].run(feeds)
@@ -82,22 +84,26 @@ def graph_case(rt, cases, graph: str, label: str, arrays: dict, atol, rtol, devi
         case.ok = all(o.nonfinite == 0 for o in case.outputs)
         case.note = f"{int8.label}: figures reported, not judged"
         return case
+    if not case.passed and float16:
+        float16.rejudge(case, got, ref, lambda: float16.graph(graph, spec, feeds, device), atol, rtol)
     if not case.passed and localize:
         providers = rt.graphs[graph].session.get_providers()
         case.divergence = first_divergence(rt.graphs[graph].path, wrapper, torch_inputs, feeds, atol, rtol,
                                            providers)
         if case.divergence is None:
-            case.note = "no single module output diverges beyond tolerance (accumulated error)"
+            case.note = "; ".join(filter(None, (case.note, "no single module output diverges beyond tolerance "
+                                                                "(accumulated error)")))
     return case
 
 
-def graph_cases(rt, cases, rng, atol, rtol, device, localize: bool, int8: QuantRule | None = None) -> list[Case]:
+def graph_cases(rt, cases, rng, atol, rtol, device, localize: bool, int8: QuantRule | None = None,
+                float16: Float16Error | None = None) -> list[Case]:
     out = []
     for graph, sizes, zero in cases.graph_cases():
         arrays = random_inputs(rt.specs[graph], sizes, rng, zero_state=zero)
         shape = " ".join(f"{k}={v}" for k, v in sizes.items())
         label = f"{graph} {shape}" + (" zero state" if zero else "")
-        out.append(graph_case(rt, cases, graph, label, arrays, atol, rtol, device, localize, int8))
+        out.append(graph_case(rt, cases, graph, label, arrays, atol, rtol, device, localize, int8, float16))
     return out
 
 
@@ -111,7 +117,8 @@ def chunk_lengths(first: int, total: int) -> list[int]:
         out.append(min(n, total - sum(out)))
 
 
-def teacher_forced(rt, cases, steps: int, atol, rtol, rng, int8: QuantRule | None = None) -> Case:
+def teacher_forced(rt, cases, steps: int, atol, rtol, rng, int8: QuantRule | None = None,
+                   float16: Float16Error | None = None) -> Case:
     """The ONNX decode fed the target in chunks of mixed lengths, every position's logits
     compared with the eager model's full forward over the whole sequence, and the final
     state with the eager model's after the whole sequence in one call."""
@@ -126,14 +133,21 @@ def teacher_forced(rt, cases, steps: int, atol, rtol, rng, int8: QuantRule | Non
         pos += n
     reference = cases.eager(cache=False)
     ref_logits, _ = reference.step(tokens, reference.start(*start))  # (b, T, v): one full forward
-    outs = per_position(np.concatenate(got, 1), ref_logits, atol, rtol)
+    logits = np.concatenate(got, 1)  # (b, T, v)
+    outs = per_position(logits, ref_logits, atol, rtol)
     cached = cases.eager(cache=True)
     _, ref_state = cached.step(tokens, cached.start(*start))
-    final = state.numpy()  # host copies when the state lives on the device
-    outs += [compare(f"final {name}", final.arrays[name], ref_state.arrays[name], atol, rtol)
-             for name in ref_state.arrays]
+    used = rt.layout.used if rt.layout else dict  # a KV cache's slots past its rows' length: capacity, not state
+    final, ref_final = used(state.numpy().arrays), used(ref_state.arrays)  # host copies of a device's state
+    outs += [compare(f"final {name}", final[name], ref_final[name], atol, rtol) for name in ref_final]
     label = f"{first + steps} tokens in chunks {chunks}, batch {cases.batch}"
     case = Case("teacher_forced", label, outs)
+    if not case.passed and float16 and not int8:
+        def own() -> dict:
+            half_logits, half_state = float16.decode(tokens, start)
+            return decode_outputs(half_logits, used(half_state))
+
+        float16.rejudge(case, decode_outputs(logits, final), decode_outputs(ref_logits, ref_final), own, atol, rtol)
     if int8:
         agree, decisive, share = int8_agreement(np.concatenate(got, 1), ref_logits)
         case.ok = agree >= int8.min_top1 and all(o.nonfinite == 0 for o in outs)
@@ -151,6 +165,13 @@ def int8_agreement(got: np.ndarray, ref: np.ndarray) -> tuple[float, float, floa
     top2 = np.sort(ref, -1)[..., -2:]  # (b, T, 2)
     decisive = top2[..., 1] - top2[..., 0] > 2 * float(np.mean(np.abs(got - ref)))
     return float(same.mean()), float(same[decisive].mean()) if decisive.any() else 1.0, float(decisive.mean())
+
+
+def decode_outputs(logits: np.ndarray, state: dict) -> dict[str, np.ndarray]:
+    """A teacher-forced decode's logits (b, T, v) and final state under the names its
+    comparisons carry (`per_position`'s, then "final <name>")."""
+    return ({"logits (all positions)": logits} | {f"logits position {t}": logits[:, t] for t in range(logits.shape[1])}
+            | {f"final {name}": a for name, a in state.items()})
 
 
 def per_position(got: np.ndarray, ref: np.ndarray, atol, rtol) -> list[Comparison]:

@@ -34,6 +34,7 @@ from seqexport.errors import CheckpointError
 from seqexport.manifest import MANIFEST, read_manifest, update_manifest
 from seqexport.parity import drift
 from seqexport.parity.compare import DEFAULT_TOLERANCE
+from seqexport.parity.float16 import Float16Error
 from seqexport.parity.report import Report
 from seqexport.runtime.models import load as rt_load
 from seqexport.runtime.runners import runtime_version
@@ -108,9 +109,12 @@ def validate(folder, checkpoint: str | None = None, provider: str = "auto", atol
         report.rule = (f"{int8.label}: top-1 >= {int8.min_top1:g}, free-running tokens >= {int8.min_tokens:g}, "
                        f"recurrent state drift over steps {drift.DRIFT_STEPS - drift.WINDOW + 1}-{drift.DRIFT_STEPS} "
                        f"<= {int8.max_drift:g}")
+    # a float16 export's output past the tolerance is judged again against float16's own error
+    float16 = Float16Error(cases) if manifest["dtype"] == "float16" else None
     runs = (("graphs", lambda: _not_localized(
-                 checks.graph_cases(rt, cases, rng, atol, rtol, device, localize and on_ort, int8), on_ort or not localize)),
-            ("teacher_forced", lambda: [checks.teacher_forced(rt, cases, steps, atol, rtol, rng, int8)]),
+                 checks.graph_cases(rt, cases, rng, atol, rtol, device, localize and on_ort, int8, float16),
+                 on_ort or not localize)),
+            ("teacher_forced", lambda: [checks.teacher_forced(rt, cases, steps, atol, rtol, rng, int8, float16)]),
             ("free_running", lambda: checks.free_running(rt, cases, steps, atol, rtol, int8)))
     if int8 and drift.recurrent_states(rt):
         runs += (("state_drift", lambda: drift.state_drift(rt, cases, rng, int8.max_drift)),)

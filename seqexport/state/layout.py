@@ -187,5 +187,15 @@ class StateLayout:
                 arrays |= buffers.resized({k: arrays[k] for k in self.axes}, self.axes, capacity)
         return State(arrays, self._length(arrays, state.length)).owning()
 
+    def used(self, arrays: dict) -> dict:
+        """`arrays` with each appended buffer cut to the slots its longest row uses: what two
+        states of the same rows should agree on (their capacities follow how they were fed: one
+        call or many steps)."""
+        if not self.axes:
+            return arrays
+        used = int(to_numpy(arrays[self.lengths]).max(initial=0))
+        return arrays | {name: to_numpy(arrays[name])[(slice(None),) * axis + (slice(0, used),)]
+                         for name, axis in self.axes.items()}
+
     def _length(self, arrays: dict, otherwise: int) -> int:
         return int(arrays[self.lengths].max(initial=0)) if self.lengths else otherwise
