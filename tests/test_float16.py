@@ -138,3 +138,14 @@ def test_a_damaged_float16_export_still_fails_naming_float16s_own_error(hybrid_f
     assert {"graphs", "teacher_forced"} <= {c.check for c in failed}
     assert all(c.note.startswith("beyond 2x float16's own error") for c in failed if c.check != "free_running"), \
         report.table()
+
+
+def test_a_float32_export_is_never_judged_by_float16s_error(bundled_exports, tmp_path):
+    """float16's allowance is for float16 exports only: a float32 export with one MLP 1% off,
+    well within twice float16's own error, fails, and no case speaks of float16."""
+    _, out = bundled_exports("hybrid")
+    bad = damaged_copy(out, tmp_path, "prefill", "model.layers.3.mlp.down_proj.weight.T",
+                       edit=lambda w: w * np.float32(1.01))
+    report = validate(bad, steps=4, write_summary=False)
+    assert not report.check_passed("graphs")
+    assert not any("float16" in c.note for c in report.cases), report.table()

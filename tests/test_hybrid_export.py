@@ -8,9 +8,11 @@ serving engine's continuous batching; both forms of the experts (ONNX Runtime's 
 standard dense form)."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import requests
 import torch
 from click.testing import CliRunner
 
@@ -18,6 +20,7 @@ import seqexport.runtime as rt
 from seqexport.cli import cli
 from seqexport.parity.validate import validate
 from seqexport.runtime.engine import Engine
+from seqexport.serve.process import ServerProcess
 from tests.damage import damaged_copy
 from tests.test_hybrid_model import HF_MODELS, VOCAB, _hf, _hf_decode
 
@@ -300,3 +303,27 @@ def test_a_damaged_expert_weight_fails_naming_its_layer(exported, tmp_path, name
     failing = [c for c in report.cases if c.check == "graphs" and not c.passed]
     assert not report.passed and failing and all(c.label.startswith("step") for c in failing)
     assert failing[0].divergence.layer == f"layers.{weight.split('.')[2]}"
+
+
+@pytest.mark.parametrize("name", ["granite-moe", "nemotron_h-moe"], ids=["kernel", "dense"])
+def test_a_served_moe_hybrid_gives_each_concurrent_request_its_generate_tokens(exported, name, tmp_path):
+    """`serve` over a model with experts, each form (Granite's MoE kernel, Nemotron-H's dense
+    experts that the step gathers per row): 16 concurrent requests, prompts of 1 to 40 tokens,
+    greedy and seeded sampling, rows joining and leaving a batch of 4 at different positions;
+    each answer is generate()'s for its prompt alone."""
+    _, m, folder = exported(name)
+    rng = np.random.default_rng(3)
+    todo = [{"prompt": rng.integers(3, VOCAB, int(rng.integers(1, 41))).tolist(), "max_tokens": 2 + (7 * i) % 19,
+             "temperature": 0.8 if i % 3 == 1 else 0.0, "seed": 100 + i, "ignore_eos": True} for i in range(16)]
+    with ServerProcess(folder, "--no-ray", "--threads", "1", "--max-rows", "4", log=tmp_path / "log") as server:
+        def ask(body):
+            r = requests.post(server.url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(ask, todo))
+    for body, answer in zip(todo, answers):
+        options = rt.SearchOptions(max_new_tokens=body["max_tokens"], eos_id=-1, do_sample=body["temperature"] > 0,
+                                   seed=body["seed"], temperature=body["temperature"] or 1.0)
+        assert answer == rt.generate(m, [body["prompt"]], options)[0], body
