@@ -8,6 +8,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -22,7 +23,13 @@ from seqexport.errors import ExportError
 from seqexport.export.atomic import atomic_folder
 from seqexport.export.decompose import skipping_needless_decompositions
 from seqexport.export.type_promotion import skipping_needless_type_promotion
-from seqexport.export.weights import WEIGHTS_FILE, Weights, share_weights
+from seqexport.export.weights import (
+    WEIGHTS_FILE,
+    Weights,
+    compacted,
+    named_initializers,
+    share_weights,
+)
 from seqexport.generation_config import not_applied_note
 from seqexport.manifest import graph_entry, sha256_file, write_manifest
 from seqexport.specs import GraphSpec
@@ -176,7 +183,10 @@ def export_graph(module: torch.nn.Module, args: tuple, spec: GraphSpec, path: Pa
         keep_last_positions(model, t, spec.outputs[0].name)
     _name_dims_as_spec(model, spec)
     if _pending is not None:  # inside write_artifact: saved there with the other graphs' weights
-        _pending.append((spec.name, Path(path), model, module))
+        sources = {}
+        arrays = named_initializers(model, numpy_params(module), sources)
+        model = compacted(model)  # without the weights' bytes (the traced proto let go)
+        _pending.append(PendingGraph(spec.name, Path(path), model, module, arrays, sources))
         return model
     large = not fits_one_protobuf(module)
     onnx.save_model(model, str(path), save_as_external_data=large,
@@ -221,20 +231,38 @@ def source_record(ckpt: Checkpoint, preset: str | None, folder: Path, weights: W
     return {"checkpoint": "checkpoint", "sha256": checkpoint_sha256(folder / "checkpoint"), "preset": preset}
 
 
-def save_graphs(tmp: Path, pending: list) -> Weights | None:
+@dataclass
+class PendingGraph:
+    """A graph exported inside `write_artifact`, waiting to be saved with the others: its
+    initializers already taken out as arrays (`weights.named_initializers`; their `sources`
+    name the parameters they are views of)."""
+
+    name: str
+    path: Path
+    model: onnx.ModelProto
+    module: torch.nn.Module
+    arrays: dict[str, np.ndarray]
+    sources: dict[str, tuple]
+
+
+def numpy_params(module: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The module's parameters and buffers as numpy arrays over the same memory."""
+    return {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+
+
+def save_graphs(tmp: Path, pending: list[PendingGraph]) -> Weights | None:
     """Save graphs exported together: one weights file (see `export.weights`), then check each."""
     if not pending:
         return None
-    models = {name: model for name, _, model, _ in pending}
-    params = {name: {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-              for name, _, _, module in pending}
+    models = {p.name: p.model for p in pending}
+    params = {p.name: numpy_params(p.module) for p in pending}
     with step("naming and sharing the weights"):
-        weights = share_weights(models, params)
+        weights = share_weights(models, params, named={p.name: p.arrays for p in pending})
         weights.write(tmp / WEIGHTS_FILE)
     with step("saving and checking the graphs"):
-        for _, path, model, _ in pending:
-            onnx.save_model(model, str(path))
-            onnx.checker.check_model(str(path), full_check=True)
+        for p in pending:
+            onnx.save_model(p.model, str(p.path))
+            onnx.checker.check_model(str(p.path), full_check=True)
     return weights
 
 

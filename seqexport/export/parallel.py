@@ -4,7 +4,8 @@ torch.onnx traces one graph on one core (torch.export is Python), and a model's 
 independent of one another: the transformer's encoder and decoder, a recurrent model's
 prefill and step. So the first graphs go to forked children (the model and torch already in
 memory: no second import, weights shared copy-on-write) while this process traces the last;
-each child hands its ModelProto back through a file in the export's temporary folder. The
+each child hands its ModelProto back through a file in the export's temporary folder, its
+weights as references to the parameters both processes hold (`weights.as_references`). The
 graphs that come out are the ones a sequential export makes: each is traced by the same call.
 
 Sequential instead: one core, no `os.fork` (not POSIX), a model whose graph would not fit
@@ -31,7 +32,7 @@ import onnx
 import torch
 
 from seqexport.errors import ExportError, SeqexportError, UsageError
-from seqexport.export import common
+from seqexport.export import common, weights
 from seqexport.specs import GraphSpec
 
 
@@ -92,7 +93,9 @@ def export_graphs(jobs: list[GraphJob]) -> None:
             for pid in running:
                 _stop(pid)
             raise
-    common._pending[first:first] = [(job.spec.name, Path(job.path), model, job.module) for job, model in done]
+    common._pending[first:first] = [
+        common.PendingGraph(job.spec.name, Path(job.path), model, job.module, arrays, {})
+        for job, (model, arrays) in done]
 
 
 _STOPS = {signal.SIGINT, signal.SIGTERM}
@@ -122,8 +125,13 @@ def _fork(job: GraphJob) -> tuple[int, Path]:
     try:  # the child: export, hand the graph (or the error) back, never return into the caller
         torch.set_num_threads(1)  # one core each; the parent traces on the other
         common._pending = []
-        model = job.run()
-        out.write_bytes(model.SerializeToString())
+        job.run()
+        graph = common._pending[-1]
+        # the graph without its large weights, and those as references to the parameters the
+        # parent holds too (a weight torch computed, e.g. a folded constant, as its values)
+        out.write_bytes(graph.model.SerializeToString())
+        out.with_suffix(".arrays").write_bytes(pickle.dumps(weights.as_references(graph.arrays, graph.sources),
+                                                            protocol=5))
         code = 0
     except KeyboardInterrupt:
         code = 130
@@ -141,8 +149,8 @@ def _wait(pid: int) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
-def _collect(job: GraphJob, code: int, out: Path) -> onnx.ModelProto:
-    """The child's graph, or its error raised here."""
+def _collect(job: GraphJob, code: int, out: Path) -> tuple[onnx.ModelProto, dict]:
+    """The child's graph and its initializers' arrays, or its error raised here."""
     error = out.with_suffix(".error")
     if code == 130 or code == -signal.SIGINT:
         raise KeyboardInterrupt
@@ -152,8 +160,10 @@ def _collect(job: GraphJob, code: int, out: Path) -> onnx.ModelProto:
         raise ExportError(f"exporting {job.label}: the exporting process ended with status {code}")
     model = onnx.ModelProto()
     model.ParseFromString(out.read_bytes())
+    references = pickle.loads(out.with_suffix(".arrays").read_bytes())
     out.unlink()
-    return model
+    out.with_suffix(".arrays").unlink()
+    return model, weights.resolved(references, common.numpy_params(job.module))
 
 
 def _stop(pid: int) -> None:

@@ -57,8 +57,10 @@ def quantize_experts(model: onnx.ModelProto, bits: int, block: int | None, accur
     inputs a scale, or a row); the float stacks dropped. `done`: stack name -> its quantised
     tensors, filled and reused across the graphs of one export (prefill and step read the same
     experts: quantised once). Returns the number of nodes."""
-    inits = {i.name: i for i in model.graph.initializer}
     nodes = moe_nodes(model)
+    if not nodes:
+        return 0
+    inits = {i.name: i for i in model.graph.initializer}
     done = {} if done is None else done
     added, dropped = {}, set()
     for node in nodes:
@@ -85,7 +87,8 @@ def quantize_experts(model: onnx.ModelProto, bits: int, block: int | None, accur
         del node.attribute[:]
         node.attribute.extend(attributes + [helper.make_attribute(k, v) for k, v in extra.items()])
     still = {i for n in model.graph.node for i in n.input}
-    keep = [i for i in model.graph.initializer if i.name not in dropped or i.name in still]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep + [t for pair in added.values() for t in pair])
+    gone = [k for k, i in enumerate(model.graph.initializer) if i.name in dropped and i.name not in still]
+    for k in reversed(gone):  # removed where they are (rebuilding the list would copy every weight)
+        del model.graph.initializer[k]
+    model.graph.initializer.extend([t for pair in added.values() for t in pair])
     return len(nodes)

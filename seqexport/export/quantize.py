@@ -29,13 +29,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 from seqexport import families
 from seqexport.errors import ExportError, UsageError
 from seqexport.export import int4, qmoe
 from seqexport.export.atomic import atomic_folder
-from seqexport.export.weights import WEIGHTS_FILE, share_weights
+from seqexport.export.weights import WEIGHTS_FILE, compacted, share_weights
 from seqexport.manifest import (
     MANIFEST,
     graph_entry,
@@ -151,7 +151,11 @@ def gemms_as_matmul(model: onnx.ModelProto) -> int:
         if a.get("transB", 0):  # (n, k) -> (k, n): MatMul reads the weight as (in, out)
             w = w + ".T" if not w.endswith(".T") else w[:-2]
             if w not in init:
-                init[w] = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(init[node.input[1]]).T), w)
+                source = init[node.input[1]]
+                if source.data_location == onnx.TensorProto.EXTERNAL:  # a `_structure`: its name and shape
+                    init[w] = onnx.TensorProto(name=w, data_type=source.data_type, dims=list(reversed(source.dims)))
+                else:
+                    init[w] = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(source).T), w)
                 model.graph.initializer.append(init[w])
         has_bias = len(node.input) > 2 and node.input[2]
         product = node.output[0] + "_matmul" if has_bias else node.output[0]
@@ -211,7 +215,7 @@ def calibration_feeds(folder: Path, texts: list[str] | None, seed: int = 0) -> d
     return recorded
 
 
-def _quantize_graph(src: onnx.ModelProto, path: Path, mode: str, per_channel: bool, exclude: list[str],
+def _quantize_graph(src: Path, path: Path, mode: str, per_channel: bool, exclude: list[str],
                     feeds: list[dict] | None) -> None:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
@@ -221,9 +225,9 @@ def _quantize_graph(src: onnx.ModelProto, path: Path, mode: str, per_channel: bo
         common = dict(per_channel=per_channel, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                       nodes_to_exclude=exclude, use_external_data_format=True)
         if mode == "dynamic":
-            quantize_dynamic(src, path, extra_options={"MatMulConstBOnly": True}, **common)
+            quantize_dynamic(str(src), path, extra_options={"MatMulConstBOnly": True}, **common)
         else:
-            quantize_static(src, path, _Feeds(feeds), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+            quantize_static(str(src), path, _Feeds(feeds), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
                             extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": True}, **common)
     finally:
         root.level = level
@@ -277,7 +281,9 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         head_bits = bits if include_head else None
     manifest = _float32_source(folder, bits)
     family = families.get(manifest["family"])
-    models = {name: onnx.load(str(folder / g["file"])) for name, g in manifest["graphs"].items()}
+    # the graphs' structure (what stays float, their I/O); each graph's weights are read in the
+    # loop below, one graph at a time
+    models = {name: _structure(folder, g["file"]) for name, g in manifest["graphs"].items()}
     keep, kept = _kept_float(models, [*exclude, *family.int8_keep_float], exclude, head_bits, bits)
     started = time.perf_counter()
     feeds = calibration_feeds(folder, calibration) if mode == "static" else {}
@@ -286,24 +292,29 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
         quantized, experts, quantized_stacks = {}, None, {}
         for name, g in manifest["graphs"].items():
-            # the experts first, in the loaded graph itself: the MatMul passes below copy the
-            # graph, and the float expert stacks are most of an MoE model's bytes
-            experts_block = qmoe.block_for(models[name], bits, block_size)
-            moes = qmoe.quantize_experts(models[name], bits, experts_block, accuracy_level if bits == 4 else None,
+            graph = onnx.load(str(folder / g["file"]))  # with its weights, edited in place
+            gemms_as_matmul(graph)  # as `_kept_float` did to the structure
+            # the experts first: the float expert stacks are most of an MoE model's bytes
+            experts_block = qmoe.block_for(graph, bits, block_size)
+            moes = qmoe.quantize_experts(graph, bits, experts_block, accuracy_level if bits == 4 else None,
                                          quantized_stacks)
             if moes:
                 experts = {"op": "QMoE", "bits": bits, "block_size": experts_block}
                 log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
                     f"({f'block {experts_block}' if experts_block else 'a scale per row'})")
             if bits == 4:
-                quantized[name] = _int4_graph(name, models[name], keep[name], head_bits, block_size, accuracy_level)
+                quantized[name] = _int4_graph(name, graph, keep[name], head_bits, block_size, accuracy_level)
+                del graph  # (the float weights: before the next graph's are read)
             else:
                 path = Path(scratch) / name / g["file"]
                 path.parent.mkdir()
-                copy = onnx.ModelProto()
-                copy.CopyFrom(models[name])  # the quantiser edits the model it is given
+                # handed to ORT's quantiser as a file, this process's copy let go: given a proto,
+                # it saves and reloads it, and both copies were held at once
+                source = path.with_name("source.onnx")
+                onnx.save_model(graph, str(source), save_as_external_data=True, location="source.onnx.data")
+                del graph
                 arithmetic = {n.name for n in structural_nodes(models[name])}
-                _quantize_graph(copy, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
+                _quantize_graph(source, path, mode, per_channel, sorted(keep[name] | arithmetic), feeds.get(name))
                 quantized[name] = onnx.load(str(path))
             if _io(quantized[name]) != _io(models[name]):
                 raise ExportError(f"graph {name!r}: the quantiser changed the graph's inputs or outputs")
@@ -339,6 +350,18 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         write_manifest(tmp, new)
     log(f"quantised {folder} -> {out} ({kind} weights{', per channel' if per_channel else ''})")
     return out
+
+
+def _structure(folder: Path, file: str) -> onnx.ModelProto:
+    """A graph without the values of its large weights (their names, types and shapes stay): the
+    small ones (up to `_ones`' 4096 elements) are read, the rest left in the weights file."""
+    model = onnx.load(str(folder / file), load_external_data=False)
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL and np.prod(t.dims) <= 4096:
+            external_data_helper.load_external_data_for_tensor(t, str(folder))
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+    return model
 
 
 def _float32_source(folder: Path, bits: int) -> dict:
@@ -383,18 +406,16 @@ def _kept_float(models: dict, patterns: list[str], exclude, head_bits: int | Non
 
 def _int4_graph(name: str, model: onnx.ModelProto, keep: set[str], head_bits: int | None, block_size: int,
                 accuracy_level: int) -> onnx.ModelProto:
-    """A copy of `model` with its weight MatMuls but `keep` as MatMulNBits (the head at its own bits)."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # the quantiser edits the model it is given
+    """`model` (edited) with its weight MatMuls but `keep` as MatMulNBits (the head at its own bits)."""
     chosen = {n.name for n in weight_nodes(model)} - keep
     head = chosen & head_nodes(model) if head_bits != 4 else set()
-    quantized = int4.quantize_graph(copy, chosen - head, 4, block_size, accuracy_level)
+    quantized = int4.quantize_graph(model, chosen - head, 4, block_size, accuracy_level)
     if head:  # the head in a second pass at its own bits
         quantized = int4.quantize_graph(quantized, head, head_bits, block_size, accuracy_level)
     missed = chosen - set(int4.nbits_nodes(quantized))
     if missed:
         raise ExportError(f"graph {name!r}: the int4 quantiser left {sorted(missed)[:3]} float")
-    return quantized
+    return compacted(quantized)  # the float weights it replaced let go
 
 
 def _record(bits: int, mode: str, per_channel: bool, block_size: int | None, accuracy_level: int | None,

@@ -142,7 +142,7 @@ def _add_transpose(init: dict[str, np.ndarray], name: str, transposed: str, pool
     if have is not None and same_bits(have.T, init[name]):
         init[transposed] = have
     else:
-        init[transposed] = np.ascontiguousarray(init[name].T)
+        init[transposed] = init[name].T  # a view: copied one at a time as the file is written
 
 
 def _fold_transposes(model: onnx.ModelProto, init: dict[str, np.ndarray]) -> None:
@@ -232,8 +232,7 @@ class Weights:
             if not same_bits(self.arrays[name], a):
                 raise ExportError(f"two graphs hold different values under the initializer name {name!r}")
             return self.index[name]
-        self.size += -self.size % ALIGN
-        a = np.ascontiguousarray(a)
+        self.size += -self.size % ALIGN  # (a view, e.g. a parameter's transpose, is made contiguous as written)
         self.index[name] = {"offset": self.size, "length": a.nbytes, "dtype": a.dtype.name, "dims": list(a.shape)}
         self.arrays[name] = a
         self.size += a.nbytes
@@ -258,8 +257,9 @@ class Weights:
                 pad = self.index[name]["offset"] - f.tell()
                 f.write(b"\0" * pad)
                 h.update(b"\0" * pad)
-                f.write(memoryview(a).cast("B"))
-                h.update(memoryview(a).cast("B"))
+                data = memoryview(np.ascontiguousarray(a)).cast("B")
+                f.write(data)
+                h.update(data)
         self.sha256 = h.hexdigest()
 
     def record(self) -> dict:
@@ -268,10 +268,14 @@ class Weights:
 
 
 def share_weights(models: dict[str, onnx.ModelProto], params: dict[str, dict[str, np.ndarray]],
-                  file: str = WEIGHTS_FILE) -> Weights:
+                  file: str = WEIGHTS_FILE, named: dict[str, dict[str, np.ndarray]] | None = None) -> Weights:
     """Name, lay out and externalise the initializers of `models` (edited in place); `params`
-    gives each graph's traced parameters (state_dict as numpy). Returns the file to write."""
-    arrays = {gname: _named_as_parameters(model, params[gname]) for gname, model in models.items()}
+    gives each graph's traced parameters (state_dict as numpy); `named`, each graph's
+    `named_initializers` where they were taken already (as each graph was exported). Returns
+    the file to write."""
+    named = named or {}
+    arrays = {gname: named[gname] if gname in named else named_initializers(model, params[gname])
+              for gname, model in models.items()}
     _one_layout(models, arrays)
     weights = Weights(file)
     for gname, model in models.items():
@@ -279,9 +283,14 @@ def share_weights(models: dict[str, onnx.ModelProto], params: dict[str, dict[str
     return weights
 
 
-def _named_as_parameters(model: onnx.ModelProto, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def named_initializers(model: onnx.ModelProto, params: dict[str, np.ndarray],
+                       sources: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
     """The graph's initializers renamed after the traced parameter they equal (where one does and
-    the name is free), as name -> array."""
+    the name is free), as name -> array. The proto's copy of each large value is let go as it
+    is read (`share_weights` writes the initializers anew), and one that equals a parameter (as
+    is, transposed or reshaped) becomes a view of it, recorded in `sources` as (parameter, how,
+    shape): before, every graph's weights were held twice more (an export peaked at 5-6x its
+    weights)."""
     lookup = ValueIndex(params)
     renames, init = {}, {}
     taken = {t.name for t in model.graph.initializer}
@@ -290,14 +299,47 @@ def _named_as_parameters(model: onnx.ModelProto, params: dict[str, np.ndarray]) 
         name = t.name
         found = lookup.find(a) if a.nbytes >= MIN_BYTES else None
         if found is not None:
-            found = found[0] + (f".{found[1]}" if found[1] else "")
+            param, how = found
+            a = _as_view(params[param], how, a.shape)
+            found = param + (f".{how}" if how else "")
             if found == name or found not in taken:
                 name = found
+            if sources is not None:
+                sources[name] = (param, how, a.shape)
+        if a.nbytes >= MIN_BYTES:
+            t.ClearField("raw_data")
         renames[t.name] = name
         taken.add(name)
         init[name] = a
     _rename(model, {k: v for k, v in renames.items() if k != v})
     return init
+
+
+def compacted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` in fresh memory, to hold instead of it: a field cleared or a tensor
+    removed keeps its bytes in the message's arena for as long as the message lives."""
+    fresh = onnx.ModelProto()
+    fresh.CopyFrom(model)  # (no serialisation: no 2 GB limit)
+    return fresh
+
+
+def _as_view(param: np.ndarray, how: str, shape: tuple) -> np.ndarray:
+    """The parameter's own memory in the layout a graph holds it (`ValueIndex.find`'s how)."""
+    if how == "T":
+        return _squeezed_2d(param).T
+    return param.reshape(shape)  # as is, or "view": the same bytes in another shape
+
+
+def as_references(arrays: dict[str, np.ndarray], sources: dict[str, tuple]) -> dict:
+    """`named_initializers`' arrays for another process that holds the same parameters: each
+    view of a parameter as its (parameter, how, shape), the other arrays as they are."""
+    return {name: sources.get(name, a) for name, a in arrays.items()}
+
+
+def resolved(references: dict, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`as_references` made arrays again, over this process's parameters."""
+    return {name: _as_view(params[r[0]], r[1], r[2]) if isinstance(r, tuple) else r
+            for name, r in references.items()}
 
 
 def _externalise(gname: str, model: onnx.ModelProto, init: dict[str, np.ndarray], params: dict,
