@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 445 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 454 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1634,6 +1634,40 @@ FAULTS = (
           'seqexport/parity/checks.py', '    if not case.passed and float16 and not int8:\n',
           '    if False:\n',
           ('tests/test_float16.py::test_a_float16_export_is_judged_against_float16s_own_error',)),
+    Fault('M446', "export: a graph's weight equal to a parameter kept as its own copy, not a view",
+          'seqexport/export/weights.py', '            a = _as_view(params[param], how, a.shape)\n', '',
+          ('tests/test_shared_weights.py::test_a_graphs_weights_become_views_of_the_parameters_and_leave_the_proto',)),
+    Fault('M447', "export: the traced proto keeps its copy of every weight",
+          'seqexport/export/weights.py', '            t.ClearField("raw_data")\n', '            pass\n',
+          ('tests/test_shared_weights.py::test_a_graphs_weights_become_views_of_the_parameters_and_leave_the_proto',)),
+    Fault('M448', "parallel export: a child's weights sent whole, not as references to the parameters",
+          'seqexport/export/weights.py', '    return {name: sources.get(name, a) for name, a in arrays.items()}',
+          '    return dict(arrays)',
+          ('tests/test_shared_weights.py::test_a_graphs_weights_become_views_of_the_parameters_and_leave_the_proto',)),
+    Fault('M449', "parallel export: a child's transposed weight resolved as the parameter reshaped",
+          'seqexport/export/weights.py', '    return {name: _as_view(params[r[0]], r[1], r[2]) if isinstance(r, tuple) else r',
+          '    return {name: _as_view(params[r[0]], "", r[2]) if isinstance(r, tuple) else r',
+          ('tests/test_export_parallel.py::test_side_by_side_export_writes_the_sequential_artifact',)),
+    Fault('M450', "export: each graph's proto made with a copy of every weight",
+          'seqexport/export/common.py', 'values = _weights_out_of(program.model) if _pending is not None else None',
+          'values = None',
+          ('tests/test_shared_weights.py::test_an_export_copies_no_weight_into_a_graphs_proto',)),
+    Fault('M451', "export: a buffer kept out of the state dict (the experts' interleaved rows) copied per graph",
+          'seqexport/export/common.py', '    tensors = dict(module.named_buffers()) | module.state_dict()',
+          '    tensors = module.state_dict()',
+          ('tests/test_shared_weights.py::test_a_buffer_kept_out_of_the_state_dict_is_one_of_the_weights_matched',)),
+    Fault('M452', "quantize: the scratch copies beside the output, where a killed run leaves them for good",
+          'seqexport/export/quantize.py', 'tempfile.TemporaryDirectory(dir=tmp, prefix=".scratch-")',
+          'tempfile.TemporaryDirectory(dir=tmp.parent, prefix=".scratch-")',
+          ('tests/test_quantize.py::test_a_quantise_killed_outright_leaves_only_what_the_next_one_removes',)),
+    Fault('M453', "quantize: ORT's temporary copies in the system's temporary folder",
+          'seqexport/export/quantize.py', '    before, tempfile.tempdir = tempfile.tempdir, folder\n',
+          '    before = tempfile.tempdir\n',
+          ('tests/test_quantize.py::test_a_quantise_killed_outright_leaves_only_what_the_next_one_removes',)),
+    Fault('M454', "quantize: every graph reads the expert stacks an earlier graph quantised",
+          'seqexport/export/quantize.py', '    return _read(folder, file, lambda t: t.name not in skip)',
+          '    return _read(folder, file, lambda t: True)',
+          ('tests/test_hybrid_export.py::test_quantize_reads_each_expert_stack_once',)),
 )
 
 

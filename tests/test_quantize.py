@@ -267,3 +267,43 @@ def test_cli_mode_and_per_channel_reach_the_quantiser(transformer_tiny, tmp_path
     assert result.exit_code == 0, result.output
     q = json.loads((out / "manifest.json").read_text())["quantization"]
     assert q["mode"] == "static" and q["per_channel"] and q["calibration_feeds"]["decoder"] > 0
+
+
+def test_a_quantise_killed_outright_leaves_only_what_the_next_one_removes(dates_exports, tmp_path):
+    """SIGKILL (what the kernel does on running out of memory) midway through int8: the scratch
+    copies, ORT's temporary files among them, sit inside the run's pid-tagged hidden folder,
+    none in the system's temporary folder; the next quantise to the same folder removes it.
+    Before, the scratch sat beside the output and ORT's copies in /tmp, left for good (3 GB
+    after one killed quantise of a 3.3 GB model)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent, system_tmp = tmp_path / "parent", tmp_path / "system-tmp"
+    parent.mkdir()
+    system_tmp.mkdir()
+    out = parent / "q"
+    proc = subprocess.Popen([sys.executable, "-m", "seqexport.cli", "quantize", str(dates_exports("mamba")), "--out",
+                             str(out)], env=os.environ | {"TMPDIR": str(system_tmp)}, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(parent.glob(".q.tmp-*/.scratch-*/*/source.onnx.data")):  # midway: a graph handed to ORT
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.01)
+        time.sleep(0.2)  # ORT's quantiser at work on it
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [p.name.split("-")[0] for p in parent.iterdir()] == [".q.tmp"], list(parent.iterdir())
+    # (a library's 51-byte session id, .ses, may land there: not a copy of anything)
+    assert [p for p in system_tmp.rglob("*") if p.is_dir() or p.stat().st_size > 4096] == []
+    result = CliRunner().invoke(cli, ["quantize", str(dates_exports("mamba")), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in parent.iterdir()] == ["q"]
+    assert not list(out.glob(".scratch-*"))
+    rt.load(out)

@@ -21,6 +21,7 @@ a quantised weight both graphs read is stored once. The manifest records the qua
 manifest's sha256).
 """
 
+import contextlib
 import fnmatch
 import logging
 import tempfile
@@ -289,10 +290,15 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     feeds = calibration_feeds(folder, calibration) if mode == "static" else {}
     kind = (f"int4 (MatMulNBits, block {block_size}, accuracy level {accuracy_level}, head "
             f"{f'int{head_bits}' if head_bits else 'float32'})" if bits == 4 else f"int8 ({mode})")
-    with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp.parent) as scratch:
+    # the scratch inside the hidden folder: a quantise killed outright (SIGKILL, out of memory)
+    # leaves it where the next one to `out` removes it (`atomic.remove_stale`), and ORT's own
+    # temporary files with it
+    with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp, prefix=".scratch-") as scratch, \
+            _temporary_files_in(scratch):
         quantized, experts, quantized_stacks = {}, None, {}
         for name, g in manifest["graphs"].items():
-            graph = onnx.load(str(folder / g["file"]))  # with its weights, edited in place
+            # with its weights (but the expert stacks an earlier graph's QMoE holds), edited in place
+            graph = _with_weights(folder, g["file"], skip=quantized_stacks)
             gemms_as_matmul(graph)  # as `_kept_float` did to the structure
             # the experts first: the float expert stacks are most of an MoE model's bytes
             experts_block = qmoe.block_for(graph, bits, block_size)
@@ -352,12 +358,34 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     return out
 
 
+@contextlib.contextmanager
+def _temporary_files_in(folder: str):
+    """ONNX Runtime's quantisers write their temporary copies (a graph with shapes inferred, a
+    weights file) under `tempfile`'s folder: `folder` meanwhile, not the system's /tmp, where a
+    killed run left gigabytes."""
+    before, tempfile.tempdir = tempfile.tempdir, folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
 def _structure(folder: Path, file: str) -> onnx.ModelProto:
     """A graph without the values of its large weights (their names, types and shapes stay): the
     small ones (up to `_ones`' 4096 elements) are read, the rest left in the weights file."""
+    return _read(folder, file, lambda t: np.prod(t.dims) <= 4096)
+
+
+def _with_weights(folder: Path, file: str, skip) -> onnx.ModelProto:
+    """A graph with the values of its weights but those named in `skip` (expert stacks another
+    graph has quantised already: 1.6 GB of Granite-4.0-H Tiny's width read again for nothing)."""
+    return _read(folder, file, lambda t: t.name not in skip)
+
+
+def _read(folder: Path, file: str, wanted) -> onnx.ModelProto:
     model = onnx.load(str(folder / file), load_external_data=False)
     for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL and np.prod(t.dims) <= 4096:
+        if t.data_location == onnx.TensorProto.EXTERNAL and wanted(t):
             external_data_helper.load_external_data_for_tensor(t, str(folder))
             t.data_location = onnx.TensorProto.DEFAULT
             del t.external_data[:]

@@ -283,19 +283,20 @@ def share_weights(models: dict[str, onnx.ModelProto], params: dict[str, dict[str
     return weights
 
 
-def named_initializers(model: onnx.ModelProto, params: dict[str, np.ndarray],
-                       sources: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
+def named_initializers(model: onnx.ModelProto, params: dict[str, np.ndarray], sources: dict[str, tuple] | None = None,
+                       values: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The graph's initializers renamed after the traced parameter they equal (where one does and
     the name is free), as name -> array. The proto's copy of each large value is let go as it
     is read (`share_weights` writes the initializers anew), and one that equals a parameter (as
     is, transposed or reshaped) becomes a view of it, recorded in `sources` as (parameter, how,
     shape): before, every graph's weights were held twice more (an export peaked at 5-6x its
-    weights)."""
+    weights). `values`: initializers the proto holds by reference only, by name."""
     lookup = ValueIndex(params)
+    values = values or {}
     renames, init = {}, {}
     taken = {t.name for t in model.graph.initializer}
     for t in model.graph.initializer:
-        a = numpy_helper.to_array(t)
+        a = values[t.name] if t.name in values else numpy_helper.to_array(t)
         name = t.name
         found = lookup.find(a) if a.nbytes >= MIN_BYTES else None
         if found is not None:
