@@ -3,7 +3,7 @@ the tree, run the tests that should notice, and print killed / survived.
 
     .venv/bin/python scripts/mutation_check.py [--only M3 M7] [--jobs 2] [--keep]
 
-Not part of CI (all 454 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
+Not part of CI (all 457 faults: about three hours on 2 cores with one job, 50 minutes with --jobs 2).
 Every fault must be killed: a survivor is a test to write. A fault "errors" when its tests
 could not run at all (not a kill).
 """
@@ -1668,6 +1668,19 @@ FAULTS = (
           'seqexport/export/quantize.py', '    return _read(folder, file, lambda t: t.name not in skip)',
           '    return _read(folder, file, lambda t: True)',
           ('tests/test_hybrid_export.py::test_quantize_reads_each_expert_stack_once',)),
+    Fault('M455', "dense experts: one scale per expert column, not per row",
+          'seqexport/export/dense_experts.py', '    amax = np.abs(w).max(axis=-1, keepdims=True)  # (E, r, 1)',
+          '    amax = np.abs(w).max(axis=-2, keepdims=True)  # (E, r, 1)',
+          ('tests/test_hybrid_export.py::test_quantize_stores_the_dense_form_experts_in_int8',)),
+    Fault('M456', "dense experts: the step's gathered experts not scaled back",
+          'seqexport/export/dense_experts.py',
+          'helper.make_node("Mul", [floats, scales], [node.output[0]], name=f"{node.name}_dequantized")',
+          'helper.make_node("Identity", [floats], [node.output[0]], name=f"{node.name}_dequantized")',
+          ('tests/test_hybrid_export.py::test_quantize_stores_the_dense_form_experts_in_int8',)),
+    Fault('M457', "dense experts: any 3-D weight taken for an expert stack (a conv kernel too)",
+          'seqexport/export/dense_experts.py', '            if all(n.op_type == "MatMul" or (n.op_type == "Gather"',
+          '            if all(n.op_type in ("MatMul", "Conv") or (n.op_type == "Gather"',
+          ('tests/test_hybrid_export.py::test_quantize_stores_the_dense_form_experts_in_int8',)),
 )
 
 

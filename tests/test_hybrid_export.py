@@ -15,6 +15,7 @@ import pytest
 import requests
 import torch
 from click.testing import CliRunner
+from onnx import numpy_helper
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
@@ -305,6 +306,66 @@ def test_quantize_reads_each_expert_stack_once(exported, tmp_path, monkeypatch):
         weights = {t.name for t in model.graph.initializer}
         experts.append({i for n in model.graph.node if n.op_type == "QMoE" for i in n.input if i in weights})
     assert experts[0] and experts[0] == experts[1]
+
+
+@pytest.mark.parametrize("bits", ["8", "4"])
+def test_quantize_stores_the_dense_form_experts_in_int8(exported, tmp_path, bits):
+    """Nemotron-H's experts (the dense form: ONNX Runtime's QMoE cannot run them): an int8 or int4
+    copy stores every expert stack in int8 with a scale per expert row, dequantised where it is
+    read (in the step after the Gather: the k experts a token takes); before, both copies left
+    them float32. Each stored value is within half a scale step of the float export's weight;
+    the copy's logits stay near the float export's, validate passes it as a quantised copy, and
+    inspect says how its experts are stored."""
+    import onnx
+
+    hf, m, folder = exported("nemotron_h-moe")
+    out = tmp_path / bits
+    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    moe_layers = list(hf.config.layers_block_type).count("moe")
+    assert f"{2 * moe_layers} expert stacks int8" in result.output
+    source = {t.name: numpy_helper.to_array(t) for t in onnx.load(folder / "prefill.onnx").graph.initializer
+              if len(t.dims) == 3 and not t.name.endswith("conv1d.weight")}
+    assert len(source) == 2 * moe_layers
+    for graph in ("prefill", "step"):
+        model = onnx.load(out / f"{graph}.onnx")
+        inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        assert not set(source) & set(inits)  # no float stack left
+        for name, w in source.items():
+            q, scale = inits[f"{name}.int8"], inits[f"{name}.scales"]  # (E, r, c) int8, (E, r, 1)
+            assert q.dtype == np.int8 and scale.shape == (*w.shape[:2], 1)
+            assert np.all(np.abs(q * scale - w) <= scale / 2 + 1e-7), name
+    # the step reads only its rows' experts: a Gather of each stack's int8 rows and one of its scales
+    assert _expert_gathers(out / "step.onnx") == 2 * 2 * moe_layers
+    # the experts alone in int8 (every other MatMul kept float) decode as the float export does
+    # with each stack rounded here, row by row, to 127 steps of its largest value
+    alone = tmp_path / f"{bits}-experts-only"
+    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--exclude", "*", "--out", str(alone)])
+    assert result.exit_code == 0, result.output
+
+    def rounded(w):
+        step = np.abs(w).max(-1, keepdims=True) / np.float32(127)  # (E, r, 1)
+        return (np.clip(np.rint(w / step), -127, 127) * step).astype(np.float32)
+
+    reference = folder
+    for graph in ("prefill", "step"):
+        for name in source:
+            reference = damaged_copy(reference, tmp_path, graph, name, edit=rounded)
+    ids = np.random.default_rng(0).integers(3, VOCAB, (2, 12))
+    experts_only, by_hand = rt.load(alone, provider="cpu"), rt.load(reference, provider="cpu")
+    got, state = experts_only.step(ids, experts_only.start(2))
+    want, want_state = by_hand.step(ids, by_hand.start(2))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    got, _ = experts_only.step(ids[:, -1], state)  # and a step (its k experts gathered, then dequantised)
+    want, _ = by_hand.step(ids[:, -1], want_state)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    float_logits, _ = m.step(ids, m.start(2))
+    assert np.abs(float_logits - by_hand.step(ids, by_hand.start(2))[0]).max() > 1e-3  # the rounding shows
+    q = rt.load(out, provider="cpu")
+    assert q.manifest["quantization"]["experts"] == {"op": "dense", "bits": 8, "block_size": None}
+    assert "experts dense int8 (a scale per row)" in CliRunner().invoke(cli, ["inspect", str(out)]).output
+    report = validate(alone, steps=8, write_summary=False)  # (the whole copy's MatMuls move this random
+    assert report.passed, report.table()                    # model's near-flat logits more than its experts)
 
 
 def test_nemotron_h_experts_export_dense_and_the_kernel_is_refused_naming_why(exported, tmp_path):

@@ -34,7 +34,7 @@ from onnx import external_data_helper, numpy_helper
 
 from seqexport import families
 from seqexport.errors import ExportError, UsageError
-from seqexport.export import int4, qmoe
+from seqexport.export import dense_experts, int4, qmoe
 from seqexport.export.atomic import atomic_folder
 from seqexport.export.weights import WEIGHTS_FILE, compacted, share_weights
 from seqexport.manifest import (
@@ -75,8 +75,9 @@ def structural_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def weight_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Top-level MatMul/Gemm nodes with a weight (an initializer) operand: what int8 changes."""
-    weights = {i.name for i in model.graph.initializer} - _ones(model)
+    """Top-level MatMul/Gemm nodes with a weight (an initializer) operand: what int8 changes
+    (expert stacks are the experts' own: `dense_experts`)."""
+    weights = {i.name for i in model.graph.initializer} - _ones(model) - set(dense_experts.stacks(model))
     return [n for n in model.graph.node if n.op_type in WEIGHT_OPS and any(x in weights for x in n.input)]
 
 
@@ -295,10 +296,10 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     # temporary files with it
     with atomic_folder(out, overwrite) as tmp, tempfile.TemporaryDirectory(dir=tmp, prefix=".scratch-") as scratch, \
             _temporary_files_in(scratch):
-        quantized, experts, quantized_stacks = {}, None, {}
+        quantized, experts, quantized_stacks, dense_stacks = {}, None, {}, {}
         for name, g in manifest["graphs"].items():
-            # with its weights (but the expert stacks an earlier graph's QMoE holds), edited in place
-            graph = _with_weights(folder, g["file"], skip=quantized_stacks)
+            # with its weights (but the expert stacks an earlier graph quantised), edited in place
+            graph = _with_weights(folder, g["file"], skip=quantized_stacks.keys() | dense_stacks.keys())
             gemms_as_matmul(graph)  # as `_kept_float` did to the structure
             # the experts first: the float expert stacks are most of an MoE model's bytes
             experts_block = qmoe.block_for(graph, bits, block_size)
@@ -308,6 +309,10 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
                 experts = {"op": "QMoE", "bits": bits, "block_size": experts_block}
                 log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
                     f"({f'block {experts_block}' if experts_block else 'a scale per row'})")
+            elif dense := dense_experts.quantize_stacks(graph, dense_stacks):
+                experts = {"op": "dense", "bits": dense_experts.BITS, "block_size": None}
+                log(f"  {name}: {dense} expert stacks int{dense_experts.BITS} (standard ONNX, a scale per row, "
+                    "dequantised as read)")
             if bits == 4:
                 quantized[name] = _int4_graph(name, graph, keep[name], head_bits, block_size, accuracy_level)
                 del graph  # (the float weights: before the next graph's are read)
