@@ -310,17 +310,18 @@ def test_quantize_reads_each_expert_stack_once(exported, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bits", ["8", "4"])
 def test_quantize_stores_the_dense_form_experts_in_int8(exported, tmp_path, bits):
-    """Nemotron-H's experts (the dense form: ONNX Runtime's QMoE cannot run them): an int8 or int4
-    copy stores every expert stack in int8 with a scale per expert row, dequantised where it is
-    read (in the step after the Gather: the k experts a token takes); before, both copies left
-    them float32. Each stored value is within half a scale step of the float export's weight;
+    """Nemotron-H's experts (the dense form: ONNX Runtime's QMoE cannot run them): with
+    `--dense-experts int8` an int8 or int4 copy stores every expert stack in int8 with a scale per
+    expert row, dequantised where it is read (in the step after the Gather: the k experts a token
+    takes); by default, and before, they stay float32. Each stored value is within half a scale step of the float export's weight;
     the copy's logits stay near the float export's, validate passes it as a quantised copy, and
     inspect says how its experts are stored."""
     import onnx
 
     hf, m, folder = exported("nemotron_h-moe")
     out = tmp_path / bits
-    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--out", str(out)])
+    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--dense-experts", "int8",
+                                      "--out", str(out)])
     assert result.exit_code == 0, result.output
     moe_layers = list(hf.config.layers_block_type).count("moe")
     assert f"{2 * moe_layers} expert stacks int8" in result.output
@@ -340,7 +341,8 @@ def test_quantize_stores_the_dense_form_experts_in_int8(exported, tmp_path, bits
     # the experts alone in int8 (every other MatMul kept float) decode as the float export does
     # with each stack rounded here, row by row, to 127 steps of its largest value
     alone = tmp_path / f"{bits}-experts-only"
-    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--exclude", "*", "--out", str(alone)])
+    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--exclude", "*",
+                                      "--dense-experts", "int8", "--out", str(alone)])
     assert result.exit_code == 0, result.output
 
     def rounded(w):
@@ -366,6 +368,13 @@ def test_quantize_stores_the_dense_form_experts_in_int8(exported, tmp_path, bits
     assert "experts dense int8 (a scale per row)" in CliRunner().invoke(cli, ["inspect", str(out)]).output
     report = validate(alone, steps=8, write_summary=False)  # (the whole copy's MatMuls move this random
     assert report.passed, report.table()                    # model's near-flat logits more than its experts)
+    # by default the stacks stay float32 (int8 ones are smaller but slower: every read casts them)
+    default = tmp_path / f"{bits}-default"
+    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", bits, "--out", str(default)])
+    assert result.exit_code == 0 and "expert stacks" not in result.output, result.output
+    kept = {t.name: t.data_type for t in onnx.load(default / "step.onnx", load_external_data=False).graph.initializer}
+    assert all(kept[name] == onnx.TensorProto.FLOAT for name in source)
+    assert "experts" not in rt.load(default, provider="cpu").manifest["quantization"]
 
 
 def test_nemotron_h_experts_export_dense_and_the_kernel_is_refused_naming_why(exported, tmp_path):

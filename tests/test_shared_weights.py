@@ -286,7 +286,7 @@ def test_an_export_copies_no_weight_into_a_graphs_proto(tmp_path, monkeypatch):
     """Every tensor serialised while an export runs is small: the weights go from the tensors
     torch holds to the weights file, never through a graph's proto (before, each graph being
     exported held one more copy of every weight there: Granite-4.0-H Tiny's width, 3.3 GB,
-    peaked at 11.05 GB; now 5.5 GB, most of it the model as loaded)."""
+    peaked at 18.5 GB; now 5.5 GB, most of it the model as loaded)."""
     import onnx_ir
 
     from seqexport.export.weights import MIN_BYTES

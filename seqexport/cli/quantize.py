@@ -24,9 +24,12 @@ from seqexport.errors import UsageError
               help="Keep float32 the weight MatMuls whose module path or node name matches (glob; repeat).")
 @click.option("--include-head/--float-head", default=None,
               help="Quantise the output head at --bits too, or keep it float32 [int8: float32; int4: 8-bit].")
+@click.option("--dense-experts", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
+              help="The expert stacks of a dense-form export (Nemotron-H's, or --experts dense): float32, or int8 "
+                   "dequantised as read (about 3x smaller, slower: docs/quantization.md).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accuracy_level, exclude, include_head,
-             overwrite):
+             dense_experts, overwrite):
     """Write an int8 or int4 copy of an exported FOLDER (ONNX Runtime's quantisation tools).
 
     Norms, softmax, embeddings, the scans and their state and the family's sensitive
@@ -42,7 +45,7 @@ def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accu
     texts = _calibration_texts(calibration) if calibration else None
     run_quantize(folder, out, bits=bits, mode=mode, per_channel=per_channel, block_size=block_size,
                  accuracy_level=accuracy_level, exclude=exclude, include_head=include_head, overwrite=overwrite,
-                 calibration=texts, log=lambda msg: click.echo(msg, err=True))
+                 calibration=texts, dense_experts=dense_experts, log=lambda msg: click.echo(msg, err=True))
 
 
 def _calibration_texts(path: str) -> list[str]:

@@ -268,14 +268,21 @@ def check_options(bits: int, mode: str, per_channel: bool, calibration, block_si
 
 def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: bool = False, exclude=(),
              include_head: bool | None = None, block_size: int | None = None, accuracy_level: int | None = None,
-             overwrite: bool = False, calibration: list[str] | None = None, log=None) -> Path:
+             overwrite: bool = False, calibration: list[str] | None = None, dense_experts: str = "float32",
+             log=None) -> Path:
     """Write an int8 (`bits` 8) or weight-only int4 (`bits` 4) copy of the exported `folder` to
     `out` (atomically). `include_head`: True, the output head at `bits` too; False, float32;
     None (default): int8 float32, int4 8-bit (`export.int4.HEAD_BITS`).
     `block_size`, `accuracy_level`: int4's MatMulNBits options [32, 4]. `calibration`: static
-    int8's prompts (text; default: seeded random token ids)."""
+    int8's prompts (text; default: seeded random token ids). `dense_experts`: "int8" stores a
+    dense-form export's expert stacks in int8 (`export.dense_experts`), "float32" keeps them."""
     log = log or (lambda msg: None)
     folder, out = Path(folder), Path(out)
+    if dense_experts not in ("float32", "int8"):
+        raise UsageError(f"dense_experts {dense_experts!r}; expected 'float32' or 'int8'")
+    # (int8 dense experts: 2.9x smaller and slower, at Nemotron 3 Nano's expert shape step 1.46x
+    # and prefill 3.4x float32's: every read casts and scales the stack: docs/quantization.md)
+    dense_int8 = dense_experts == "int8"
     block_size, accuracy_level = check_options(bits, mode, per_channel, calibration, block_size, accuracy_level)
     if include_head is None:  # the default: int8 keeps the head float32, int4 makes it 8-bit
         head_bits = int4.HEAD_BITS if bits == 4 else None
@@ -302,17 +309,8 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
             graph = _with_weights(folder, g["file"], skip=quantized_stacks.keys() | dense_stacks.keys())
             gemms_as_matmul(graph)  # as `_kept_float` did to the structure
             # the experts first: the float expert stacks are most of an MoE model's bytes
-            experts_block = qmoe.block_for(graph, bits, block_size)
-            moes = qmoe.quantize_experts(graph, bits, experts_block, accuracy_level if bits == 4 else None,
-                                         quantized_stacks)
-            if moes:
-                experts = {"op": "QMoE", "bits": bits, "block_size": experts_block}
-                log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
-                    f"({f'block {experts_block}' if experts_block else 'a scale per row'})")
-            elif dense := dense_experts.quantize_stacks(graph, dense_stacks):
-                experts = {"op": "dense", "bits": dense_experts.BITS, "block_size": None}
-                log(f"  {name}: {dense} expert stacks int{dense_experts.BITS} (standard ONNX, a scale per row, "
-                    "dequantised as read)")
+            experts = _experts(name, graph, bits, block_size, accuracy_level, dense_int8, quantized_stacks,
+                               dense_stacks, log) or experts
             if bits == 4:
                 quantized[name] = _int4_graph(name, graph, keep[name], head_bits, block_size, accuracy_level)
                 del graph  # (the float weights: before the next graph's are read)
@@ -361,6 +359,22 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         write_manifest(tmp, new)
     log(f"quantised {folder} -> {out} ({kind} weights{', per channel' if per_channel else ''})")
     return out
+
+
+def _experts(name: str, graph: onnx.ModelProto, bits: int, block_size: int | None, accuracy_level: int | None,
+             dense_int8: bool, quantized_stacks: dict, dense_stacks: dict, log) -> dict | None:
+    """The graph's experts quantised in place, in the form they were exported in (MoE nodes as
+    QMoE; a dense form's stacks in int8 if asked): the manifest's record of it, or None."""
+    block = qmoe.block_for(graph, bits, block_size)
+    if moes := qmoe.quantize_experts(graph, bits, block, accuracy_level if bits == 4 else None, quantized_stacks):
+        log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
+            f"({f'block {block}' if block else 'a scale per row'})")
+        return {"op": "QMoE", "bits": bits, "block_size": block}
+    if dense_int8 and (dense := dense_experts.quantize_stacks(graph, dense_stacks)):
+        log(f"  {name}: {dense} expert stacks int{dense_experts.BITS} (standard ONNX, a scale per row, "
+            "dequantised as read)")
+        return {"op": "dense", "bits": dense_experts.BITS, "block_size": None}
+    return None
 
 
 @contextlib.contextmanager
