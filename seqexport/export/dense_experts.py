@@ -49,12 +49,13 @@ def quantize_stacks(model: onnx.ModelProto, done: dict | None = None) -> int:
     names = stacks(model)
     if not names:
         return 0
+    wanted = set(names)
     done = {} if done is None else done
     inits = {t.name: t for t in model.graph.initializer}
     nodes = []
     for node in model.graph.node:
         for k, name in enumerate(node.input):
-            if name not in names:
+            if name not in wanted:
                 continue
             q, s = f"{name}.int{BITS}", f"{name}.scales"
             if node.op_type == "Gather":  # the k experts' rows and scales, then dequantised
@@ -76,7 +77,7 @@ def quantize_stacks(model: onnx.ModelProto, done: dict | None = None) -> int:
         if name not in done:
             q, s = quantized(numpy_helper.to_array(inits[name]))
             done[name] = (numpy_helper.from_array(q, f"{name}.int{BITS}"), numpy_helper.from_array(s, f"{name}.scales"))
-    gone = [k for k, t in enumerate(model.graph.initializer) if t.name in names]
+    gone = [k for k, t in enumerate(model.graph.initializer) if t.name in wanted]
     for k in reversed(gone):  # removed where they are (rebuilding the list would copy every weight)
         del model.graph.initializer[k]
     model.graph.initializer.extend([t for name in names for t in done[name]])

@@ -149,7 +149,7 @@ def teacher_forced(rt, cases, steps: int, atol, rtol, rng, int8: QuantRule | Non
 
         float16.rejudge(case, decode_outputs(logits, final), decode_outputs(ref_logits, ref_final), own, atol, rtol)
     if int8:
-        agree, decisive, share = int8_agreement(np.concatenate(got, 1), ref_logits)
+        agree, decisive, share = int8_agreement(logits, ref_logits)
         case.ok = agree >= int8.min_top1 and all(o.nonfinite == 0 for o in outs)
         case.note = (f"{int8.label}: top-1 agreement {agree:.2%} (>= {int8.min_top1:.0%} required); "
                      f"{decisive:.2%} at the {share:.0%} of positions whose eager top-2 margin exceeds "

@@ -9,6 +9,7 @@ to the same figure: the export is as exact as float16 allows, and failing it sai
 damaged weight moves an output far past twice float16's own error, so it still fails.
 """
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
@@ -29,8 +30,8 @@ class Float16Error:
 
     def _half_cases(self):
         if self._half is None:  # the family's cases over the float16 copy (its rng and sources shared)
-            self._half = type(self._cases).__new__(type(self._cases))
-            self._half.__dict__.update(self._cases.__dict__, model=model_in_dtype(self._cases.model, "float16"))
+            self._half = copy.copy(self._cases)
+            self._half.model = model_in_dtype(self._cases.model, "float16")
         return self._half
 
     def graph(self, graph: str, spec, feeds: dict, device) -> dict[str, np.ndarray]:
