@@ -83,6 +83,9 @@ class MambaConfig(DictConfig):
     rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm
     pad_vocab_size_multiple: int = 8  # embedding rows rounded up to this multiple
     tie_embeddings: bool = True  # lm_head shares the embedding matrix
+    # Falcon-Mamba: a weightless RMSNorm with this epsilon on each of x_proj's three outputs
+    # (Δ's low-rank input, B, C) before they are used; None: no such norm (Mamba-1)
+    mixer_rms_eps: float | None = None
 
     def __post_init__(self):
         for name in ("d_model", "n_layer", "vocab_size", "d_state", "d_conv", "expand", "pad_vocab_size_multiple"):
@@ -95,6 +98,8 @@ class MambaConfig(DictConfig):
             raise ValueError(f"MambaConfig.dt_rank must be a positive int or None, got {self.dt_rank!r}")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"MambaConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if self.mixer_rms_eps is not None and (isinstance(self.mixer_rms_eps, bool) or not self.mixer_rms_eps > 0):
+            raise ValueError(f"MambaConfig.mixer_rms_eps must be > 0 or None, got {self.mixer_rms_eps!r}")
 
     @property
     def d_inner(self) -> int:
@@ -110,6 +115,12 @@ class MambaConfig(DictConfig):
         return (self.vocab_size + m - 1) // m * m
 
 
+def weightless_rms_norm(x: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim, in float32, back in x's dtype: (..., c) -> (..., c)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 class MambaMixer(nn.Module):
     """The Mamba layer: in_proj -> causal conv -> SiLU -> selective SSM, gated -> out_proj."""
 
@@ -117,6 +128,7 @@ class MambaMixer(nn.Module):
         super().__init__()
         d, d_in, n, k, r = config.d_model, config.d_inner, config.d_state, config.d_conv, config.resolved_dt_rank
         self.d_model, self.d_inner, self.d_state, self.d_conv, self.dt_rank = d, d_in, n, k, r
+        self.mixer_rms_eps = config.mixer_rms_eps
 
         self.in_proj = nn.Linear(d, 2 * d_in, bias=config.bias)
         self.conv1d = nn.Conv1d(d_in, d_in, kernel_size=k, groups=d_in, padding=k - 1, bias=config.conv_bias)
@@ -135,9 +147,17 @@ class MambaMixer(nn.Module):
             dt = dt.clamp(min=dt_init_floor)
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
 
+    def dt_b_c(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (..., d_in) -> x_proj's three parts: Δ's low-rank input (..., r), B (..., n), C (..., n),
+        each RMS-normed (weightless) when the config says so (Falcon-Mamba)."""
+        dt, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
+        if self.mixer_rms_eps is not None:
+            dt, B, C = (weightless_rms_norm(t, self.mixer_rms_eps) for t in (dt, B, C))
+        return dt, B, C
+
     def _ssm_params(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x (..., d_in) -> Δ (..., d_in), A (d_in, n), B (..., n), C (..., n); all but B, C float32."""
-        dt, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt, B, C = self.dt_b_c(x)
         dt = F.linear(dt, self.dt_proj.weight).float() + self.dt_proj.bias.float()  # (..., d_in)
         delta = F.softplus(dt)
         A = -torch.exp(self.A_log.float())  # (d_in, n)

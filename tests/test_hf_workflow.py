@@ -1,8 +1,9 @@
-"""A user's workflow end to end: a Hugging Face Mamba checkpoint -> export -> validate -> generate."""
+"""A user's workflow end to end: a Hugging Face Mamba (or Falcon-Mamba) checkpoint -> export -> validate -> generate."""
 
 import json
 
 import numpy as np
+import pytest
 import torch
 import transformers  # the independent Mamba reference: a missing package must fail, not skip
 from click.testing import CliRunner
@@ -11,10 +12,12 @@ import seqexport.runtime as rt
 from seqexport.cli import cli
 
 
-def test_hf_mamba_checkpoint_exports_validates_and_generates(tmp_path):
+@pytest.mark.parametrize("architecture", ["Mamba", "FalconMamba"])
+def test_hf_mamba_checkpoint_exports_validates_and_generates(tmp_path, architecture):
     torch.manual_seed(0)
-    cfg = transformers.MambaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, state_size=8)
-    hf = transformers.MambaForCausalLM(cfg).eval()
+    cfg = getattr(transformers, f"{architecture}Config")(vocab_size=97, hidden_size=32, num_hidden_layers=2,
+                                                         state_size=8)
+    hf = getattr(transformers, f"{architecture}ForCausalLM")(cfg).eval()
     # transformers' init leaves the conv bias at 0 and Δ ≈ 1e-3: perturbed so that a dropped
     # conv bias or a wrong Δ changes the tokens
     with torch.no_grad():
@@ -41,3 +44,21 @@ def test_hf_mamba_checkpoint_exports_validates_and_generates(tmp_path):
     assert ours == ref
     assert len(set(ours)) > 2  # the tokens say something: not one token repeated
     assert np.isfinite(model.step(np.array([[1, 2]]), model.start(1))[0]).all()
+
+
+@pytest.mark.parametrize("command", ["mamba", "hybrid"])
+def test_a_layout_no_family_reads_is_refused_naming_it_and_the_layouts_read(tmp_path, command):
+    """A Jamba checkpoint (Mamba-1 + attention + experts; no family reads it): exit 2, its
+    model_type named, and every family's public layouts listed (not only Mamba's)."""
+    cfg = transformers.JambaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=64, num_experts=2, mamba_d_state=8,
+                                   attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                                   expert_layer_offset=1)
+    transformers.JambaForCausalLM(cfg).save_pretrained(tmp_path / "jamba")
+    result = CliRunner().invoke(cli, ["export", command, "--checkpoint", str(tmp_path / "jamba"),
+                                      "--out", str(tmp_path / "onnx")])
+    assert result.exit_code == 2, result.output
+    assert "model_type 'jamba'" in result.output and "Traceback" not in result.output
+    for read in ("'falcon_mamba'", "'mamba2'", "'granitemoehybrid'", "'nemotron_h'", "RWKV-7 weights file"):
+        assert read in result.output, read
+    assert not (tmp_path / "onnx").exists()

@@ -186,16 +186,27 @@ HF_VARIANTS = {
     ),
     "vocab97-k3-rank3": dict(vocab_size=97, use_bias=True, conv_kernel=3, time_step_rank=3),
 }
+# transformers' FalconMambaForCausalLM: Mamba-1 with a weightless RMSNorm on Δ's input, B and C
+FALCON_VARIANTS = {
+    "falcon-default": dict(vocab_size=100),
+    "falcon-eps1e-2-untied-k3-bias": dict(
+        vocab_size=97, mixer_rms_eps=1e-2, tie_word_embeddings=False, conv_kernel=3, use_bias=True
+    ),
+}
 
 
-@pytest.fixture(scope="module", params=list(HF_VARIANTS))
+@pytest.fixture(scope="module", params=[*HF_VARIANTS, *FALCON_VARIANTS])
 def hf_checkpoint(request, tmp_path_factory):
-    """A randomly initialised, perturbed MambaForCausalLM saved with save_pretrained."""
+    """A randomly initialised, perturbed MambaForCausalLM (or FalconMambaForCausalLM) saved
+    with save_pretrained."""
     import transformers  # the independent reference: a missing package fails, never skips
-    kwargs = HF_VARIANTS[request.param]
-    cfg = transformers.MambaConfig(hidden_size=32, num_hidden_layers=2, state_size=8, **kwargs)
+    falcon = request.param in FALCON_VARIANTS
+    kwargs = (FALCON_VARIANTS if falcon else HF_VARIANTS)[request.param]
+    config_class, model_class = ((transformers.FalconMambaConfig, transformers.FalconMambaForCausalLM) if falcon
+                                 else (transformers.MambaConfig, transformers.MambaForCausalLM))
+    cfg = config_class(hidden_size=32, num_hidden_layers=2, state_size=8, **kwargs)
     torch.manual_seed(0)
-    hf = transformers.MambaForCausalLM(cfg).eval()
+    hf = model_class(cfg).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -222,6 +233,7 @@ def test_hf_checkpoint_gives_hf_logits(hf_checkpoint):
     ours = load_ours(config_dict, load_file(path / "model.safetensors"))
     assert ours.config.vocab_size == hf.config.vocab_size
     assert ours.config.tie_embeddings == hf.config.tie_word_embeddings
+    assert ours.config.mixer_rms_eps == getattr(hf.config, "mixer_rms_eps", None)
     with torch.no_grad():
         logits, _ = ours(ids)
     assert logits.shape == hf_logits.shape
@@ -264,6 +276,7 @@ def test_hf_checkpoint_token_by_token_and_prefill_then_step(hf_checkpoint):
         torch.testing.assert_close(torch.cat(our_gen, 1), hf_logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("hf_checkpoint", list(HF_VARIANTS), indirect=True)  # state-spaces has no Falcon norms
 def test_state_spaces_layout_gives_hf_logits(hf_checkpoint):
     hf, path, ids, hf_logits = hf_checkpoint
     hc = hf.config
@@ -324,9 +337,28 @@ def test_config_layouts_agree():
     assert mamba_config_from_json(original) == ours
 
 
+def test_falcon_mamba_width_comes_from_intermediate_size():
+    """tiiuae/falcon-mamba-7b's config says expand 16 beside intermediate_size 8192 for a
+    4096-wide model, and its weights are 8192 wide: intermediate_size decides."""
+    seven_b = {"model_type": "falcon_mamba", "hidden_size": 4096, "num_hidden_layers": 64, "vocab_size": 65024,
+               "state_size": 16, "conv_kernel": 4, "expand": 16, "intermediate_size": 8192, "time_step_rank": 256,
+               "layer_norm_epsilon": 1e-05, "tie_word_embeddings": False, "use_bias": False, "use_conv_bias": True}
+    config = mamba_config_from_json(seven_b)
+    assert (config.d_inner, config.resolved_dt_rank, config.mixer_rms_eps) == (8192, 256, 1e-6)
+    assert mamba_config_from_json({**seven_b, "mixer_rms_eps": 1e-3}).mixer_rms_eps == 1e-3
+    # a Mamba (not Falcon) config that disagrees with itself is still refused
+    with pytest.raises(ValueError, match="intermediate_size=8192"):
+        mamba_config_from_json({**seven_b, "model_type": "mamba"})
+
+
 @pytest.mark.parametrize(
     "config, match",
     [
+        ({"model_type": "falcon_mamba", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 10,
+          "intermediate_size": 48}, "intermediate_size=48 is not a multiple of hidden_size=32"),
+        ({"model_type": "falcon_mamba", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 10,
+          "mixer_rms_eps": 0}, "mixer_rms_eps"),
+        ({"model_type": "falcon_h1", "hidden_size": 32}, "falcon_h1"),
         ({"model_type": "mamba", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 10,
           "intermediate_size": 48}, "intermediate_size=48"),
         ({"model_type": "mamba", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 10,

@@ -51,9 +51,11 @@ def family_of(config: dict) -> str:
         return families.get(name, CheckpointError, where="config.json").name
     found = families.detect(config)
     if found is None:
+        layouts = "; ".join(f"{f.name}: {f.public_layouts}" for f in families.REGISTRY.values() if f.public_layouts)
+        seen = f"model_type {config['model_type']!r}" if "model_type" in config else f"keys {sorted(config)[:12]}"
         raise CheckpointError(
-            f"config.json names no model family: expected a 'family' key (one of {families.names()}) "
-            "or a public layout (Hugging Face 'model_type': 'mamba', or a state-spaces Mamba config)"
+            f"config.json ({seen}) is no layout seqexport reads: expected a 'family' key (one of "
+            f"{families.names()}) or a public layout ({layouts})"
         )
     return found.name
 

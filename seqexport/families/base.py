@@ -47,6 +47,8 @@ class Family:
     # a bare weights file (no config.json, e.g. BlinkDL's RWKV .pth) is ours, by its tensor names?
     # (then `checkpoints.config_from_weights(state)` infers the config from the shapes)
     detect_weights: Callable[[set[str]], bool] = lambda keys: False
+    # what `detect` / `detect_weights` take, in words: an unrecognised checkpoint's error lists them
+    public_layouts: str = ""
     # the tokenizer record of a checkpoint that carries none (config fields -> record or None)
     default_tokenizer: Callable[[dict], dict | None] = lambda config: None
     # tokenizer record types of the family's own (beside byte and hf), each read by

@@ -38,6 +38,7 @@ FAMILY = Family(
     # in_proj makes Δ, B and C of the scan beside z and x: quantising it moves the state
     int8_keep_float=("*.mixer.in_proj",),
     detect=_detect,
+    public_layouts=f"transformers' model_type {' / '.join(repr(t) for t in MODEL_TYPES)}",
     summary="Export a hybrid attention + Mamba-2 LM: prefill.onnx + step.onnx with an appended KV cache "
             "and conv/SSM state.",
 )

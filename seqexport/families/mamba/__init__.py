@@ -7,13 +7,15 @@ from seqexport.families.base import Family
 from seqexport.families.recurrent import GRAPHS
 
 LOWERINGS = ("loop", "unrolled", "parallel")  # the scan lowerings of families/mamba/scan.py
+HF_MODEL_TYPES = ("mamba", "falcon_mamba")  # transformers' Mamba-1 layouts (layouts.py reads both)
 
 
 def _detect(config: dict) -> bool:
-    """The public Mamba-1 layouts: Hugging Face's model_type, or the state-spaces config whose
-    layer is Mamba-1 (its default; `ssm_cfg.layer: Mamba2` is the mamba2 family's)."""
+    """The public Mamba-1 layouts: transformers' model_type (Mamba or Falcon-Mamba), or the
+    state-spaces config whose layer is Mamba-1 (its default; `ssm_cfg.layer: Mamba2` is the
+    mamba2 family's)."""
     if "model_type" in config:
-        return config["model_type"] == "mamba"
+        return config["model_type"] in HF_MODEL_TYPES
     ssm_cfg = config.get("ssm_cfg")
     layer = ssm_cfg.get("layer", "Mamba1") if isinstance(ssm_cfg, dict) else "Mamba1"
     return layer == "Mamba1" and ("ssm_cfg" in config or {"d_model", "n_layer"} <= set(config))
@@ -32,6 +34,7 @@ FAMILY = Family(
     bundled="mamba-dates",
     int8_keep_float=("*.mixer.x_proj", "*.mixer.dt_proj"),  # they make Δ, B and C of the scan
     detect=_detect,
+    public_layouts="transformers' model_type 'mamba' or 'falcon_mamba', or a state-spaces Mamba-1 config",
     export_options=(
         click.option("--scan", type=click.Choice(LOWERINGS), default="loop", show_default=True,
                      help="Lowering of the selective scan in the prefill graph."),

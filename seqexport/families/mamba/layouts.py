@@ -10,7 +10,12 @@ Three config layouts are understood:
 - Hugging Face `MambaConfig` (`model_type: "mamba"`): `hidden_size`,
   `num_hidden_layers`, `state_size`, `conv_kernel`, `expand`, `intermediate_size`,
   `time_step_rank`, `use_bias`, `use_conv_bias`, `layer_norm_epsilon`,
-  `tie_word_embeddings` (state-dict key `backbone.embeddings.weight`).
+  `tie_word_embeddings` (state-dict key `backbone.embeddings.weight`);
+  and its `FalconMambaConfig` (`model_type: "falcon_mamba"`), the same keys plus
+  `mixer_rms_eps` (default 1e-6): a weightless RMSNorm on Δ's input, B and C. There
+  `intermediate_size` decides the mixer's width: tiiuae/falcon-mamba-7b's config says
+  `expand: 16` beside `intermediate_size: 8192` for a 4096-wide model, and its weights
+  are 8192 wide.
 
 Keys of a public layout that do not change the eager float32 computation
 (`residual_in_fp32`, `fused_add_norm`, initialisation ranges, token ids...) are
@@ -23,11 +28,13 @@ from dataclasses import fields
 import torch
 from torch import Tensor
 
+from seqexport.families.mamba import HF_MODEL_TYPES
 from seqexport.models.mamba import MambaConfig
 
 _OURS = {f.name for f in fields(MambaConfig)}
 _ORIGINAL_REQUIRED = ("d_model", "n_layer", "vocab_size")
 _HF_REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size")
+_FALCON_MIXER_RMS_EPS = 1e-6  # FalconMambaConfig's default, absent from falcon-mamba-7b's config
 # ssm_cfg keys of mamba_simple.Mamba -> MambaConfig fields; other ssm_cfg keys
 # (dt_min, dt_max, dt_init, dt_scale, dt_init_floor, use_fast_path) only shape the init.
 _ORIGINAL_SSM_KEYS = {
@@ -54,9 +61,10 @@ def mamba_config_from_json(d: dict) -> MambaConfig:
             raise ValueError(f"config names family {d['family']!r}; expected 'mamba'")
         return MambaConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     if "model_type" in d:
-        if d["model_type"] != "mamba":
+        if d["model_type"] not in HF_MODEL_TYPES:
             raise ValueError(
-                f"Hugging Face model_type {d['model_type']!r} is not supported; expected 'mamba' (Mamba-1)"
+                f"Hugging Face model_type {d['model_type']!r} is not supported; expected one of "
+                f"{list(HF_MODEL_TYPES)} (Mamba-1, Falcon-Mamba)"
             )
         return _from_hf(d)
     if set(d) <= _OURS and "d_model" in d:
@@ -68,7 +76,7 @@ def mamba_config_from_json(d: dict) -> MambaConfig:
         f"ours ({{'family': 'mamba'}} plus some of {sorted(_OURS)}), "
         f"state-spaces ({list(_ORIGINAL_REQUIRED)} plus optional 'ssm_cfg', 'rms_norm', "
         "'pad_vocab_size_multiple', 'tie_embeddings'), "
-        f"Hugging Face ({{'model_type': 'mamba'}} with {list(_HF_REQUIRED)}, 'state_size', 'conv_kernel', "
+        f"Hugging Face ({{'model_type': 'mamba' or 'falcon_mamba'}} with {list(_HF_REQUIRED)}, 'state_size', 'conv_kernel', "
         "'expand', 'intermediate_size', 'time_step_rank', 'use_bias', 'use_conv_bias', "
         "'layer_norm_epsilon', 'tie_word_embeddings')"
     )
@@ -138,6 +146,10 @@ def _from_hf(d: dict) -> MambaConfig:
     }
     kwargs = {ours: d[theirs] for theirs, ours in renames.items() if theirs in d}
     kwargs["dt_rank"] = _dt_rank(d.get("time_step_rank"), "time_step_rank")
+    if d["model_type"] == "falcon_mamba":
+        kwargs["mixer_rms_eps"] = d.get("mixer_rms_eps", _FALCON_MIXER_RMS_EPS)
+        if "intermediate_size" in d:
+            kwargs["expand"] = _expand_of(d["intermediate_size"], d["hidden_size"])
     config = MambaConfig(**kwargs)
 
     # Legacy duplicates (converted checkpoints carry the state-spaces names too)
@@ -156,6 +168,18 @@ def _from_hf(d: dict) -> MambaConfig:
     if bad:
         raise ValueError(f"inconsistent Hugging Face Mamba config: {'; '.join(bad)}")
     return config
+
+
+def _expand_of(intermediate_size, hidden_size) -> int:
+    """Falcon-Mamba's width factor, read from intermediate_size (see the module docstring)."""
+    if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size < 1:
+        raise ValueError(f"intermediate_size must be a positive int, got {intermediate_size!r}")
+    if intermediate_size % hidden_size:
+        raise ValueError(
+            f"intermediate_size={intermediate_size} is not a multiple of hidden_size={hidden_size}; "
+            "expected expand * hidden_size"
+        )
+    return intermediate_size // hidden_size
 
 
 def convert_mamba_state_dict(sd: dict[str, Tensor], config: MambaConfig) -> dict[str, Tensor]:

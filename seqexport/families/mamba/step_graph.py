@@ -43,7 +43,7 @@ def mixer_step(m: MambaMixer, hidden: Tensor, conv_state: Tensor, ssm_state: Ten
         x = x + m.conv1d.bias
     x = F.silu(x)
 
-    dt, B, C = torch.split(m.x_proj(x), [m.dt_rank, m.d_state, m.d_state], dim=-1)
+    dt, B, C = m.dt_b_c(x)  # (b, r), (b, n), (b, n)
     dt = F.linear(dt, m.dt_proj.weight).float() + m.dt_proj.bias.float()  # (b, d_in)
     delta = F.softplus(dt)  # exported in vectorised ops (scan.onnx_functions.softplus)
     A = -torch.exp(m.A_log.float())  # (d_in, n)

@@ -30,6 +30,7 @@ FAMILY = Family(
     # in_proj makes Δ, B and C of the scan beside z and x: quantising it moves the state
     int8_keep_float=("*.mixer.in_proj",),
     detect=is_mamba2_config,
+    public_layouts="transformers' model_type 'mamba2', or a state-spaces config with ssm_cfg.layer 'Mamba2'",
     export_options=(
         click.option("--chunk-size", type=click.IntRange(min=1), default=None,
                      help="SSD chunk length of the prefill graph [64: measured fastest on CPU]."),

@@ -44,6 +44,7 @@ FAMILY = Family(
     # token: bundled rwkv-dates free-running 58% -> 100% equal tokens); they are small
     int8_keep_float=("*.att.w[12]", "*.att.a[12]", "*.att.v[12]"),
     detect_weights=_detect_weights,
+    public_layouts="BlinkDL's RWKV-7 weights file (.pth), no config.json",
     default_tokenizer=_default_tokenizer,
     summary="Export an RWKV-7 LM: prefill.onnx + step.onnx with explicit token-shift/WKV state.",
 )
