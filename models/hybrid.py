@@ -1,9 +1,11 @@
 """A hybrid decoder-only language model: Mamba-2, attention and MLP layers in the order the config gives.
 
 The shape of IBM's Bamba and Granite-4.0-H (`mlp_in_layer=True`: every Mamba-2 or attention layer is
-followed by its own gated MLP, two pre-norms in a layer) and of NVIDIA's Nemotron-H
-(`mlp_in_layer=False`: each layer is one pre-norm block, the MLPs are layers of their own). The
-Mamba-2 mixer and RMSNorm are those of `models.mamba2`, reused as they are.
+followed by its own gated MLP, two pre-norms in a layer), of NVIDIA's Nemotron-H
+(`mlp_in_layer=False`: each layer is one pre-norm block, the MLPs are layers of their own) and of
+TII's Falcon-H1 ("parallel" layers: attention and a Mamba-2 mixer side by side on one pre-norm,
+their outputs summed, then the MLP; μP multipliers on each branch). The Mamba-2 mixer and RMSNorm
+are those of `models.mamba2`, reused as they are.
 
 Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> Experts -> the Mamba-2 mixer
 adapter -> HybridLayer -> HybridLM, and `append_kv` (the eager caller's KV bookkeeping).
@@ -26,6 +28,7 @@ Dimension letters (reused as ONNX dim names and runtime names):
 
 State, per layer, a tuple (returned new, never written in place, so every entry point exports):
     "mamba2"     (conv_state (b, c, k), ssm_state (b, h, p, n) float32)   replaced whole each call
+    "parallel"   (key, value, conv_state, ssm_state): the attention's then the mixer's
     "attention"  (key, value), each (b, nkv, P, hd): an APPENDED buffer. Row r's slots
                  0 .. past_lengths[r] - 1 are valid; the rest are ignored, whatever they hold.
                  Keys are stored after RoPE (as transformers' caches hold them). A call returns
@@ -50,6 +53,7 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.norm.weight                                pre-norm of the layer's mixer
     layers.{i}.mixer.{in_proj,conv1d,out_proj}.*, .dt_bias, .A_log, .D, .norm.weight    "mamba2"
     layers.{i}.mixer.{q_proj,k_proj,v_proj,o_proj}.*                                    "attention"
+    layers.{i}.mixer.* (as "mamba2"), layers.{i}.attention.{q_proj,...}.*               "parallel"
     layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
     layers.{i}.experts.router.weight (E, d), .gate_up_proj (E, 2 fe, d) gate rows then up rows
@@ -74,7 +78,9 @@ from torch import Tensor, nn
 LayerState = tuple[Tensor, ...]
 Scan = Callable[..., tuple[Tensor, Tensor]]
 
-LAYER_TYPES = ("mamba2", "attention", "mlp", "moe")
+LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel")
+MAMBA_KINDS = ("mamba2", "parallel")  # layers with a Mamba-2 mixer (and conv/SSM state)
+ATTENTION_KINDS = ("attention", "parallel")  # layers with attention (and a KV cache)
 EXPERT_ROUTINGS = ("softmax", "sigmoid")
 MLP_ACTS = ("silu_gated", "relu2")
 
@@ -100,7 +106,7 @@ class HybridConfig(DictConfig):
     d_model: int = 64  # width of the residual stream (d)
     vocab_size: int = 100  # real vocabulary; logits are sliced to it
     layer_types: list[str] = field(default_factory=lambda: ["mamba2", "attention", "mamba2"])  # per layer:
-    # "mamba2" | "attention" | "mlp"; the number of layers is its length
+    # "mamba2" | "attention" | "mlp" | "moe" | "parallel"; the number of layers is its length
     mlp_in_layer: bool = True  # True: each mamba2/attention layer ends with its own MLP behind a second
     # pre-norm (Bamba, Granite-4.0-H); False: one block per layer, MLPs are "mlp" layers (Nemotron-H)
     d_ff: int = 128  # MLP width (f)
@@ -129,6 +135,16 @@ class HybridConfig(DictConfig):
     embedding_multiplier: float = 1.0  # the embedding is multiplied by it
     residual_multiplier: float = 1.0  # each branch's output is multiplied by it before the residual add
     logits_scaling: float = 1.0  # logits are DIVIDED by it
+    # μP multipliers (Falcon-H1); neutral by default. A branch's input and output are multiplied by
+    # its in / out multiplier (attention: attention_in / attention_out; Mamba-2: ssm_in / ssm_out)
+    key_multiplier: float = 1.0  # k_proj's output (before RoPE) is multiplied by it
+    attention_in_multiplier: float = 1.0
+    attention_out_multiplier: float = 1.0
+    ssm_in_multiplier: float = 1.0
+    ssm_out_multiplier: float = 1.0
+    # the Mamba-2 in_proj's five parts (z, x, B, C, Δ) multiplied by these
+    ssm_multipliers: list[float] = field(default_factory=lambda: [1.0] * 5)
+    mlp_multipliers: list[float] = field(default_factory=lambda: [1.0, 1.0])  # the MLP's gate, and its output
     # Mamba-2 mixer (sizes as the hybrids give them: heads and head dim, not expand)
     mamba_nheads: int = 8  # SSM heads (h)
     headdim: int = 16  # channels per SSM head (p); mamba_d_inner = mamba_nheads * headdim
@@ -140,6 +156,8 @@ class HybridConfig(DictConfig):
     conv_bias: bool = True  # bias in the mixer's depthwise conv
     dt_min_limit: float = 0.0  # Δ clamped to >= this
     dt_max_limit: float | None = None  # Δ clamped to <= this; None = no upper limit
+    mamba_gated_norm: bool = True  # the mixer's output: a gated RMSNorm; False: y * SiLU(z), no norm (Falcon-H1)
+    mamba_norm_before_gate: bool = False  # gated norm: False = norm(y * SiLU(z)), True = norm(y) * SiLU(z)
     # shared
     rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm (the mixer's gated one too)
     tie_embeddings: bool = False  # lm_head shares the embedding matrix
@@ -151,6 +169,22 @@ class HybridConfig(DictConfig):
         self._check_heads()
         self._check_dt_limits()
         self._check_experts()
+        self._check_multipliers()
+
+    def _check_multipliers(self) -> None:
+        name = type(self).__name__
+        for key, n in (("ssm_multipliers", 5), ("mlp_multipliers", 2)):
+            value = getattr(self, key)
+            if not isinstance(value, list | tuple) or len(value) != n:
+                raise ValueError(f"{name}.{key} must be a list of {n} numbers, got {value!r}")
+            setattr(self, key, list(value))
+        scalars = ["key_multiplier", "attention_in_multiplier", "attention_out_multiplier", "ssm_in_multiplier",
+                   "ssm_out_multiplier"]
+        values = [(k, getattr(self, k)) for k in scalars] + [
+            (f"{key}[{j}]", v) for key in ("ssm_multipliers", "mlp_multipliers") for j, v in enumerate(getattr(self, key))]
+        for key, value in values:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"{name}.{key} must be a finite number, got {value!r}")
 
     def _check_types(self) -> None:
         """Positive ints, bools, and finite numbers > 0 where the fields need them."""
@@ -162,7 +196,7 @@ class HybridConfig(DictConfig):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}.{key} must be a positive int, got {value!r}")
         for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
-                    "tie_embeddings"):
+                    "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
@@ -268,6 +302,26 @@ class HybridConfig(DictConfig):
         return (self.vocab_size + m - 1) // m * m
 
 
+class ScaledLinear(nn.Linear):
+    """nn.Linear whose output is multiplied by a constant, a number or one per output feature
+    (Falcon-H1's μP multipliers), kept as a buffer beside the weights: the parameter names, and so
+    the checkpoint keys and what int8 / int4 match, stay nn.Linear's."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, out_scale):
+        super().__init__(in_features, out_features, bias=bias)
+        self.register_buffer("out_scale", torch.as_tensor(out_scale, dtype=torch.float32), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., in) -> (..., out)."""
+        return super().forward(x) * self.out_scale.to(x.dtype)
+
+
+def linear(d_in: int, d_out: int, bias: bool, out_scale=1.0) -> nn.Linear:
+    """nn.Linear, or a ScaledLinear where a multiplier is not 1 (other models' graphs stay as they were)."""
+    neutral = all(float(m) == 1.0 for m in (out_scale if isinstance(out_scale, list) else [out_scale]))
+    return nn.Linear(d_in, d_out, bias=bias) if neutral else ScaledLinear(d_in, d_out, bias, out_scale)
+
+
 class Attention(nn.Module):
     """Causal self-attention over an appended KV buffer plus the new positions; GQA, RoPE or none."""
 
@@ -278,7 +332,7 @@ class Attention(nn.Module):
         self.scale = config.attention_multiplier if config.attention_multiplier is not None else hd ** -0.5
         bias = config.attention_bias
         self.q_proj = nn.Linear(d, nh * hd, bias=bias)
-        self.k_proj = nn.Linear(d, nkv * hd, bias=bias)
+        self.k_proj = linear(d, nkv * hd, bias, config.key_multiplier)
         self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, d, bias=bias)
 
@@ -330,11 +384,12 @@ class MLP(nn.Module):
     def __init__(self, config: HybridConfig, width: int | None = None):
         super().__init__()
         d, f, bias = config.d_model, width or config.d_ff, config.mlp_bias
+        gate_multiplier, down_multiplier = config.mlp_multipliers
         self.gated = config.mlp_act == "silu_gated"
         if self.gated:
-            self.gate_proj = nn.Linear(d, f, bias=bias)
+            self.gate_proj = linear(d, f, bias, gate_multiplier)
         self.up_proj = nn.Linear(d, f, bias=bias)
-        self.down_proj = nn.Linear(f, d, bias=bias)
+        self.down_proj = linear(f, d, bias, down_multiplier)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., d) -> (..., d)."""
@@ -426,26 +481,47 @@ def mamba2_mixer(config: HybridConfig) -> Mamba2Mixer:
         d_model=config.mamba_d_inner, n_layer=1, vocab_size=1, d_state=config.d_state, d_conv=config.d_conv,
         expand=1, headdim=config.headdim, ngroups=config.ngroups, chunk_size=config.chunk_size,
         bias=config.mamba_bias, conv_bias=config.conv_bias, rms_norm_eps=config.rms_norm_eps,
-        norm_before_gate=False, dt_min_limit=config.dt_min_limit, dt_max_limit=config.dt_max_limit,
+        norm_before_gate=config.mamba_norm_before_gate, dt_min_limit=config.dt_min_limit,
+        dt_max_limit=config.dt_max_limit,
     )
     mixer = Mamba2Mixer(inner)
-    mixer.in_proj = nn.Linear(config.d_model, mixer.in_proj.out_features, bias=config.mamba_bias)
+    d_in, gn, h = config.mamba_d_inner, config.ngroups * config.d_state, config.mamba_nheads
+    widths = (d_in, d_in, gn, gn, h)  # in_proj's parts: z, x, B, C, Δ
+    scale = [m for m, w in zip(config.ssm_multipliers, widths, strict=True) for _ in range(w)]  # (2 d_in + 2 g n + h,)
+    mixer.in_proj = linear(config.d_model, mixer.in_proj.out_features, config.mamba_bias, scale)
     mixer.out_proj = nn.Linear(config.mamba_d_inner, config.d_model, bias=config.mamba_bias)
+    if not config.mamba_gated_norm:
+        mixer.norm = SiLUGate()
     return mixer
+
+
+class SiLUGate(nn.Module):
+    """The mixer's output without a norm: y * SiLU(z) in float32 (Falcon-H1's mamba_rms_norm false)."""
+
+    def forward(self, y: Tensor, z: Tensor) -> Tensor:
+        """y, z (..., d_in) -> (..., d_in) float32."""
+        return y.float() * F.silu(z.float())
 
 
 class HybridLayer(nn.Module):
     """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer, plus the experts' output
     when it has experts], r the residual multiplier; a "moe" layer's mixer is its experts plus its
-    shared expert MLP."""
+    shared expert MLP; a "parallel" layer's, its Mamba-2 mixer's output plus its attention's.
+    Each Mamba-2 / attention branch: out_multiplier * branch(in_multiplier * h)."""
 
     def __init__(self, config: HybridConfig, kind: str):
         super().__init__()
         self.kind = kind
         self.residual_multiplier = config.residual_multiplier
+        self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
+        self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
+        # where the conv state sits in this layer's state tuple (None: no Mamba-2 mixer)
+        self.conv_index = {"mamba2": 0, "parallel": 2}.get(kind)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
-        if kind == "mamba2":
+        if kind in MAMBA_KINDS:
             self.mixer = mamba2_mixer(config)
+            if kind == "parallel":
+                self.attention = Attention(config)
         elif kind == "attention":
             self.mixer = Attention(config)
         elif kind == "moe":
@@ -463,6 +539,24 @@ class HybridLayer(nn.Module):
     def _residual(self, x: Tensor, out: Tensor) -> Tensor:
         return x + (out if self.residual_multiplier == 1 else out * self.residual_multiplier)
 
+    @staticmethod
+    def _scaled(x: Tensor, multiplier: float) -> Tensor:
+        return x if multiplier == 1 else x * multiplier
+
+    def _mamba(self, h: Tensor, state: LayerState, scan: Scan, step: bool) -> tuple[Tensor, LayerState]:
+        """The Mamba-2 branch: h (b, l, d) -> out (b, l, d), (conv_state, ssm_state)."""
+        into, out_of = self.ssm_multipliers
+        h = self._scaled(h, into)
+        out, conv_state, ssm_state = self.mixer.step(h, *state) if step else self.mixer(h, *state, scan=scan)
+        return self._scaled(out, out_of), (conv_state, ssm_state)
+
+    def _attention(self, attention: nn.Module, h: Tensor, state: LayerState, past_lengths: Tensor,
+                   rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, LayerState]:
+        """The attention branch: h (b, l, d) -> out (b, l, d), the new positions' (key, value)."""
+        into, out_of = self.attention_multipliers
+        out, new_kv = attention(self._scaled(h, into), *state, past_lengths, rope)
+        return self._scaled(out, out_of), new_kv
+
     def forward(
         self, x: Tensor, state: LayerState, past_lengths: Tensor, rope: tuple[Tensor, Tensor] | None,
         scan: Scan, step: bool,
@@ -471,13 +565,13 @@ class HybridLayer(nn.Module):
         `step`: l = 1 and the mamba2 mixer takes its single-token path."""
         h = self.norm(x)
         if self.kind == "mamba2":
-            if step:
-                out, conv_state, ssm_state = self.mixer.step(h, *state)
-            else:
-                out, conv_state, ssm_state = self.mixer(h, *state, scan=scan)
-            new_state = (conv_state, ssm_state)
+            out, new_state = self._mamba(h, state, scan, step)
+        elif self.kind == "parallel":  # state: (key, value, conv_state, ssm_state)
+            out, new_ssm = self._mamba(h, state[2:], scan, step)
+            attended, new_kv = self._attention(self.attention, h, state[:2], past_lengths, rope)
+            out, new_state = out + attended, (*new_kv, *new_ssm)
         elif self.kind == "attention":
-            out, new_state = self.mixer(h, *state, past_lengths, rope)
+            out, new_state = self._attention(self.mixer, h, state, past_lengths, rope)
         elif self.kind == "moe":
             out, new_state = self.mixer(h) + self.shared(h), ()
         else:
@@ -590,13 +684,9 @@ class HybridLM(nn.Module):
         c = self.config
         state = []
         for layer in self.layers:
-            if layer.kind == "mamba2":
-                state.append(layer.mixer.allocate_inference_cache(batch, dtype, device))
-            elif layer.kind == "attention":
-                state.append(tuple(torch.zeros(batch, c.n_kv_heads, 0, c.head_dim, dtype=dtype, device=device)
-                                   for _ in range(2)))
-            else:
-                state.append(())
+            kv = tuple(torch.zeros(batch, c.n_kv_heads, 0, c.head_dim, dtype=dtype, device=device) for _ in range(2))
+            ssm = layer.mixer.allocate_inference_cache(batch, dtype, device) if layer.kind in MAMBA_KINDS else ()
+            state.append((kv if layer.kind in ATTENTION_KINDS else ()) + tuple(ssm))
         return state
 
 
@@ -605,15 +695,16 @@ def append_kv(state: list[LayerState], new_state: list[LayerState], past_lengths
 
     Attention layers (a 4-d first tensor in the new state): the new (key, value) (b, nkv, l, hd)
     are written into copies of the buffers at row r's slots past_lengths[r] .. + l - 1, the buffers
-    grown (zero-filled) to max(P, max(past_lengths) + l) slots when needed. Mamba2 layers: the new
-    state as it is. "mlp" layers: (). Returns a new list; nothing handed in is modified.
+    grown (zero-filled) to max(P, max(past_lengths) + l) slots when needed; a "parallel" layer's
+    conv/SSM state after them is taken as it is. Mamba2 layers: the new state as it is. "mlp"
+    layers: (). Returns a new list; nothing handed in is modified.
     """
     out = []
     for old, new in zip(state, new_state, strict=True):
-        if len(new) != 2 or new[0].dim() != 4:  # a mamba2 (conv_state is 3-d) or "mlp" layer
+        if len(new) not in (2, 4) or new[0].dim() != 4:  # a mamba2 (conv_state is 3-d) or "mlp" layer
             out.append(new)
             continue
-        (key, value), (new_key, new_value) = old, new
+        (key, value), (new_key, new_value), replaced = old[:2], new[:2], tuple(new[2:])
         b, _, P, _ = key.shape
         length = new_key.shape[2]
         lengths = past_lengths if past_lengths is not None else torch.zeros(b, dtype=torch.long, device=key.device)
@@ -621,7 +712,7 @@ def append_kv(state: list[LayerState], new_state: list[LayerState], past_lengths
             raise ValueError(f"past_lengths {lengths.tolist()} exceed the buffer's {P} slots")
         capacity = max(P, int(lengths.max()) + length) if b else P + length
         slots = lengths[:, None] + torch.arange(length, device=key.device)  # (b, l)
-        out.append((_write_at(key, new_key, slots, capacity), _write_at(value, new_value, slots, capacity)))
+        out.append((_write_at(key, new_key, slots, capacity), _write_at(value, new_value, slots, capacity), *replaced))
     return out
 
 

@@ -108,11 +108,12 @@ def test_fused_transformer_validates_and_generates_as_the_matmul_form(fused_tran
     assert rt.generate(a, prompts, options) == rt.generate(b, prompts, options)
 
 
-@pytest.fixture(scope="module")
-def fused_hybrid(tmp_path_factory):
-    """transformers' Granite-4.0-H (dense, RoPE, GQA 4:2) exported with fused attention."""
-    tmp = tmp_path_factory.mktemp("granite-fused")
-    hf = _hf("granite-rope", seed=3)
+@pytest.fixture(scope="module", params=["granite-rope", "falcon_h1"])
+def fused_hybrid(tmp_path_factory, request):
+    """transformers' Granite-4.0-H (dense, RoPE, GQA 4:2), or Falcon-H1 (attention beside the
+    Mamba-2 mixer in every layer, a key multiplier), exported with fused attention."""
+    tmp = tmp_path_factory.mktemp(f"{request.param}-fused")
+    hf = _hf(request.param, seed=3)
     hf.save_pretrained(tmp / "hf")
     result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp / "hf"), "--out",
                                       str(tmp / "export"), "--attention", "fused"])
@@ -123,7 +124,7 @@ def fused_hybrid(tmp_path_factory):
 @pytest.mark.parametrize("length", [1, 17])
 def test_fused_hybrid_prefill_then_steps_equal_transformers(fused_hybrid, length):
     hf, m, out = fused_hybrid
-    attention_layers = kinds_of(hf).count("full_attention")
+    attention_layers = sum(kind in ("full_attention", "hybrid") for kind in kinds_of(hf))
     for graph in ("prefill", "step"):
         ops = op_types(out / f"{graph}.onnx")
         assert ops.count("Attention") == attention_layers and "Softmax" not in ops

@@ -1,6 +1,7 @@
 """Hybrid attention + Mamba-2 export end to end, from checkpoints in transformers' layouts
 (`BambaForCausalLM`, `GraniteMoeHybridForCausalLM` dense with RoPE and with NoPE and with
-experts, `NemotronHForCausalLM`; attention at the first, a middle and the last layer; GQA 4:2): the
+experts, `NemotronHForCausalLM`, `FalconH1ForCausalLM` (attention beside Mamba-2 in every layer);
+attention at the first, a middle and the last layer; GQA 4:2): the
 exported graphs through the torch-free runtime against transformers' own models, prompts of 1,
 17 and 300 tokens then 20 single steps, every layer's state of both kinds; rows at different
 positions in one call; validate and its layer localisation through both layer kinds; the
@@ -51,12 +52,15 @@ def kinds_of(hf) -> list[str]:
     return list(hf.config.layers_block_type)
 
 
-def assert_states_equal(state, want, kinds, rows=slice(None)):
+def assert_states_equal(state, want, kinds, rows=slice(None), first=0):
     """Every layer's state against transformers' cache: the Mamba-2 conv/SSM tensors whole, the
-    attention K/V on each row's valid slots."""
+    attention K/V on each row's valid slots (`want` and `kinds` from layer `first` on)."""
     lengths = state.arrays["past_lengths"][rows]
-    for i, (kind, layer) in enumerate(zip(kinds, want, strict=True)):
-        if kind == "linear_attention":
+    for i, (kind, layer) in enumerate(zip(kinds, want, strict=True), start=first):
+        if kind == "hybrid":  # Falcon-H1: attention's K/V, then the mixer's conv/SSM
+            assert_states_equal(state, [layer[:2]], ["full_attention"], rows, first=i)
+            assert_states_equal(state, [layer[2:]], ["linear_attention"], rows, first=i)
+        elif kind == "linear_attention":
             np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"][rows], layer[0], atol=TOL, rtol=0)
             np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"][rows], layer[1], atol=TOL, rtol=0)
         elif kind == "full_attention":
@@ -88,10 +92,11 @@ def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: in
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
-def test_rows_at_different_positions_share_each_call(exported):
+@pytest.mark.parametrize("name", ["bamba", "falcon_h1"])
+def test_rows_at_different_positions_share_each_call(exported, name):
     """Right-padded prompts of unequal length in one prefill, then every row stepped together
     (each at its own position): each row's logits and state equal transformers' for it alone."""
-    hf, m, _ = exported("bamba")
+    hf, m, _ = exported(name)
     g = np.random.default_rng(3)
     rows = [list(map(int, g.integers(0, VOCAB, n))) for n in (17, 3, 40, 1, 25)]
     logits, state = m.begin(rows)
@@ -133,8 +138,9 @@ def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exporte
     assert "final past_key_values." in result.output and "inf" not in result.output
 
 
-def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported):
-    _, m, out = exported("granite-rope")
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1"])
+def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported, name):
+    _, m, out = exported(name)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])
     assert result.exit_code == 0, result.output
     assert "result: PASS" in result.output

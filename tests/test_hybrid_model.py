@@ -83,8 +83,32 @@ def _nemotron_h_moe():
     ))
 
 
+def _falcon_h1():
+    # every layer attention beside a Mamba-2 mixer (96 wide: 6 heads of 16, not a multiple of
+    # d_model), the mixer's output SiLU-gated without a norm; every μP multiplier away from 1
+    return transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+        hidden_size=64, num_hidden_layers=3, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
+        mamba_chunk_size=16, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        embedding_multiplier=3.0, lm_head_multiplier=0.4, key_multiplier=0.6, attention_in_multiplier=1.5,
+        attention_out_multiplier=0.7, ssm_in_multiplier=1.3, ssm_out_multiplier=0.5,
+        ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.6], mlp_multipliers=[1.4, 0.6],
+    ))
+
+
+def _falcon_h1_gated():
+    # the mixer's grouped gated RMSNorm (norm before the gate), biases everywhere, tied embeddings
+    return transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+        hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, mamba_d_ssm=128, mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16,
+        mamba_chunk_size=16, mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_proj_bias=True,
+        projectors_bias=True, attention_bias=True, mlp_bias=True, tie_word_embeddings=True, lm_head_multiplier=4.0,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
-             "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe}
+             "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
+             "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated}
 
 
 def _hf(name: str, seed: int):
@@ -129,7 +153,7 @@ def _load_ours(path) -> HybridLM:
 
 def _hf_states(model, cache) -> list[tuple]:
     """transformers' cache as our per-layer tuples (copies): mamba (conv (b, c, k), ssm (b, h, p, n)),
-    attention (keys, values) (b, nkv, T, hd), mlp ()."""
+    attention (keys, values) (b, nkv, T, hd), Falcon-H1's both (keys, values, conv, ssm), mlp ()."""
     states = []
     for i, kind in enumerate(model.config.layers_block_type):
         layer = cache.layers[i]
@@ -137,6 +161,9 @@ def _hf_states(model, cache) -> list[tuple]:
             states.append((layer.conv_states[0].clone(), layer.recurrent_states[0].clone()))
         elif kind == "full_attention":
             states.append((layer.keys.clone(), layer.values.clone()))
+        elif kind == "hybrid":
+            states.append((layer.keys.clone(), layer.values.clone(), layer.conv_states[0].clone(),
+                           layer.recurrent_states[0].clone()))
         else:
             states.append(())
     return states
@@ -232,7 +259,13 @@ def test_layouts_read_what_transformers_means(tmp_path):
     g = _granite(False).config.to_dict()
     legacy = ["attention", "mamba", "attention", "mamba", "attention"]
     assert hybrid_config_from_json({**g, "layer_types": legacy}) == granite
+    falcon = hybrid_config_from_json(_falcon_h1().config.to_dict())
+    assert falcon.layer_types == ["parallel"] * 3 and falcon.mlp_in_layer and falcon.mamba_d_inner == 96
+    assert not falcon.mamba_gated_norm and falcon.rotary_dim == 16 and falcon.logits_scaling == 1 / 0.4
+    assert (falcon.key_multiplier, falcon.ssm_multipliers, falcon.mlp_multipliers) == (0.6, [0.5, 1.5, 0.8, 1.2, 0.6],
+                                                                                       [1.4, 0.6])
     # Ours round-trips.
+    assert hybrid_config_from_json({**falcon.to_dict(), "family": "hybrid"}) == falcon
     assert hybrid_config_from_json({**nemo.to_dict(), "family": "hybrid"}) == nemo
     assert all(is_hybrid_config(c) for c in ({"family": "hybrid"}, {"model_type": "bamba"},
                                              {"model_type": "nemotron_h"}))
@@ -402,6 +435,11 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "nemotron_h", "layers_block_type": ["mamba2"]}, "layers_block_type"),
     ({"model_type": "nemotron_h", "layers_block_type": ["mlp"], "mlp_hidden_act": "silu"}, "mlp_hidden_act"),
     ({"model_type": "jamba"}, "model_type"),
+    ({"model_type": "falcon_h1", "mamba_proj_bias": True}, "projectors_bias"),
+    ({"model_type": "falcon_h1", "mamba_d_ssm": 1000}, "mamba_d_ssm"),
+    ({"model_type": "falcon_h1", "lm_head_multiplier": 0}, "lm_head_multiplier"),
+    ({"model_type": "falcon_h1", "ssm_multipliers": [1.0, 1.0]}, "ssm_multipliers"),
+    ({"model_type": "falcon_h1", "mlp_multipliers": [1.0, "x"]}, r"mlp_multipliers\[1\]"),
     ({"family": "hybrid", "d_modle": 64}, "d_modle"),
 ])
 def test_config_refusals_name_the_key(config, key):
@@ -412,7 +450,8 @@ def test_config_refusals_name_the_key(config, key):
 @pytest.mark.parametrize("field, value", [
     ("layer_types", ["mamba2", "moe"]), ("layer_types", []), ("n_kv_heads", 3), ("mlp_act", "gelu"),
     ("partial_rotary_factor", 0.1), ("ngroups", 3), ("dt_max_limit", math.inf), ("logits_scaling", 0),
-    ("attention_multiplier", -1.0), ("d_model", 0), ("rope", 1),
+    ("attention_multiplier", -1.0), ("d_model", 0), ("rope", 1), ("layer_types", ["hybrid"]),
+    ("ssm_multipliers", [1.0] * 4), ("key_multiplier", math.nan), ("mamba_gated_norm", "yes"),
 ])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):

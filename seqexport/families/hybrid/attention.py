@@ -47,7 +47,8 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
 @contextmanager
 def fused_attention(model: HybridLM, fused: bool = True):
     """Within: every attention layer of `model` runs `_fused_forward` (nothing when not `fused`)."""
-    mixers = [layer.mixer for layer in model.layers if layer.kind == "attention"] if fused else []
+    mixers = [getattr(layer, "attention", layer.mixer) for layer in model.layers
+              if layer.kind in ("attention", "parallel")] if fused else []
     for m in mixers:
         m.forward = types.MethodType(_fused_forward, m)
     try:

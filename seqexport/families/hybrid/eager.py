@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from seqexport.families.hybrid.runtime import HybridSteps
-from seqexport.families.hybrid.specs import PAST_LENGTHS, graph_specs, layer_inputs
+from seqexport.families.hybrid.specs import PAST_LENGTHS, graph_specs, is_kv, layer_inputs
 from seqexport.models.hybrid import HybridLM
 from seqexport.models.mamba2 import ssd_sequential
 from seqexport.runtime.base import State, tokens_2d
@@ -72,7 +72,7 @@ class EagerHybrid(HybridSteps):
         replaced, appended = {}, {}
         for i, (kind, layer) in enumerate(zip(self.config.layer_types, new_layers, strict=True)):
             for name, t in zip(layer_inputs(kind, i), layer, strict=True):
-                (appended if kind == "attention" else replaced)[name] = _np(t)
+                (appended if is_kv(name) else replaced)[name] = _np(t)
         return _np(logits), self.layout.append(arrays | replaced, writer, appended, counts, ids.shape[1])
 
 

@@ -80,13 +80,14 @@ class PrefillGraph(nn.Module):
             return self.scan(x, dt * ragged.valid(attention_mask, dt), A, B, C, D, h0)
 
         layers = layers_of(self.model, state)
-        mambas = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.kind == "mamba2"]
+        mambas = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
         with ragged.outputs_of([layer.mixer.in_proj for _, layer in mambas]) as seen, \
                 ragged.rotated_output(self.model.norm_f, lengths):
             logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan)
         for (i, layer), projected in zip(mambas, seen, strict=True):
-            conv = _conv_state_at_ends(layer.mixer, projected, layers[i][0], lengths)  # (b, c, k)
-            new_state[i] = (conv, new_state[i][1])
+            at = layer.conv_index  # the conv state's place in the layer's tuple
+            conv = _conv_state_at_ends(layer.mixer, projected, layers[i][at], lengths)  # (b, c, k)
+            new_state[i] = (*new_state[i][:at], conv, *new_state[i][at + 1:])
         if keep is not None and int(keep[0]) > 0:
             logits = logits[:, -int(keep[0]):]  # (b, kept, v)
         return (logits, *_flat(new_state))

@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Four config layouts, told apart by `family` / `model_type`:
+Five config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -25,6 +25,16 @@ Four config layouts, told apart by `family` / `model_type`:
   `mamba_proj_bias`) puts biases in in_proj / out_proj; its lm_head is never tied to the embedding
   (`tie_word_embeddings` is not acted on).
 
+- transformers' `FalconH1Config` (`model_type: "falcon_h1"`): every layer "parallel" (attention and
+  a Mamba-2 mixer on one pre-norm, summed, then the gated MLP); the mixer `mamba_d_ssm` wide (or
+  `mamba_expand * hidden_size`), its output gated by SiLU(z) alone unless `mamba_rms_norm` (then the
+  grouped gated RMSNorm, `mamba_norm_before_gate`); RoPE over the whole head (its rotary init reads
+  no `partial_rotary_factor`), scaled by head_dim^-0.5; the μP multipliers (`embedding_multiplier`,
+  `key_multiplier`, `attention_in/out_multiplier`, `ssm_in/out_multiplier`, `ssm_multipliers` over
+  in_proj's z, x, B, C, Δ, `mlp_multipliers` on the gate and the output) kept as they are, and
+  `lm_head_multiplier` as logits_scaling = 1 / it. `mamba_proj_bias` (in_proj) and `projectors_bias`
+  (out_proj) must agree (ours has one `mamba_bias`).
+
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
 `e_score_correction_bias` within the best `topk_group` of `n_group` groups, weights normalised
@@ -48,6 +58,7 @@ from dataclasses import fields
 import torch
 from torch import Tensor
 
+from seqexport.families.hybrid import MODEL_TYPES
 from seqexport.models.hybrid import HybridConfig, HybridLM
 
 _OURS = {f.name for f in fields(HybridConfig)}
@@ -79,6 +90,16 @@ _NEMOTRON_H_DEFAULTS = dict(
     moe_shared_expert_intermediate_size=7688, n_group=1, topk_group=1, norm_topk_prob=True,
     routed_scaling_factor=1.0, moe_latent_size=None,
 )
+_FALCON_H1_DEFAULTS = dict(
+    vocab_size=128000, tie_word_embeddings=False, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, hidden_act="silu", rms_norm_eps=1e-5,
+    mamba_d_ssm=1024, mamba_n_heads=128, mamba_d_head="auto", mamba_n_groups=1, mamba_d_state=256, mamba_d_conv=4,
+    mamba_expand=2, mamba_chunk_size=256, mamba_conv_bias=True, mamba_proj_bias=False, mamba_norm_before_gate=True,
+    mamba_rms_norm=False, time_step_limit=(0.0, math.inf), projectors_bias=False, rope_parameters=None,
+    lm_head_multiplier=1.0, embedding_multiplier=1.0, mlp_multipliers=None, key_multiplier=1.0,
+    attention_out_multiplier=1.0, attention_in_multiplier=1.0, ssm_multipliers=None, ssm_in_multiplier=1.0,
+    ssm_out_multiplier=1.0, attention_bias=False, mlp_bias=False,
+)
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
                            mamba_conv_bias="use_conv_bias", mamba_chunk_size="chunk_size",
@@ -95,14 +116,12 @@ _OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp":
 
 
 def is_hybrid_config(d: dict) -> bool:
-    """True for ours (`"family": "hybrid"`) and transformers' bamba / granitemoehybrid / nemotron_h."""
-    return isinstance(d, dict) and (
-        d.get("family") == "hybrid" or d.get("model_type") in ("bamba", "granitemoehybrid", "nemotron_h")
-    )
+    """True for ours (`"family": "hybrid"`) and transformers' layouts read here (`MODEL_TYPES`)."""
+    return isinstance(d, dict) and (d.get("family") == "hybrid" or d.get("model_type") in MODEL_TYPES)
 
 
 def hybrid_config_from_json(d: dict) -> HybridConfig:
-    """A `HybridConfig` from any of the four config.json layouts (see the module docstring).
+    """A `HybridConfig` from any of the five config.json layouts (see the module docstring).
 
     Raises ValueError for a dict of no known layout, for MoE variants, and for settings that
     select something `HybridLM` does not implement, naming the key and its value.
@@ -113,7 +132,8 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
         if d["family"] != "hybrid":
             raise ValueError(f"config names family {d['family']!r}; expected 'hybrid'")
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
-    readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h}
+    readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
+               "falcon_h1": _from_falcon_h1}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -297,6 +317,50 @@ def _from_nemotron_h(d: dict) -> HybridConfig:
     )
 
 
+def _numbers(value, key: str, n: int) -> list[float]:
+    if not isinstance(value, list | tuple) or len(value) != n:
+        raise ValueError(f"{key}={value!r}; expected a list of {n} numbers")
+    return [_number(v, f"{key}[{j}]") for j, v in enumerate(value)]
+
+
+def _falcon_h1_mamba(d: dict) -> dict:
+    """Falcon-H1's mixer: mamba_d_ssm wide (mamba_expand * hidden_size when null), in mamba_n_heads."""
+    inner = d["mamba_d_ssm"] if d["mamba_d_ssm"] is not None else d["mamba_expand"] * d["hidden_size"]
+    head = inner // d["mamba_n_heads"] if d["mamba_d_head"] == "auto" else d["mamba_d_head"]
+    if head * d["mamba_n_heads"] != inner:
+        raise ValueError(f"mamba_n_heads * mamba_d_head = {d['mamba_n_heads']} * {head} must equal the mixer width "
+                         f"mamba_d_ssm (or mamba_expand * hidden_size) = {inner}")
+    if d["mamba_proj_bias"] != d["projectors_bias"]:
+        raise ValueError(f"mamba_proj_bias={d['mamba_proj_bias']!r} (in_proj) with projectors_bias="
+                         f"{d['projectors_bias']!r} (out_proj) is not supported; expected both the same")
+    return dict(
+        mamba_nheads=d["mamba_n_heads"], headdim=head, ngroups=d["mamba_n_groups"], d_state=d["mamba_d_state"],
+        d_conv=d["mamba_d_conv"], chunk_size=d["mamba_chunk_size"], conv_bias=d["mamba_conv_bias"],
+        mamba_bias=d["mamba_proj_bias"], mamba_gated_norm=d["mamba_rms_norm"],
+        mamba_norm_before_gate=d["mamba_norm_before_gate"], **_dt_limits(d["time_step_limit"], "time_step_limit"),
+    )
+
+
+def _from_falcon_h1(d: dict) -> HybridConfig:
+    d = {**_FALCON_H1_DEFAULTS, **d}
+    _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba-2 conv both use it)")
+    lm_head = _number(d["lm_head_multiplier"], "lm_head_multiplier")
+    if not lm_head > 0:
+        raise ValueError(f"lm_head_multiplier={lm_head!r} is not supported; expected a number > 0")
+    multipliers = {k: _number(d[k], k) for k in ("key_multiplier", "attention_in_multiplier",
+                                                 "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier")}
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=["parallel"] * d["num_hidden_layers"],
+        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=d["mlp_bias"],
+        **_attention_sizes(d), rope=True, **_rope(d, "falcon_h1", default_factor=None),
+        attention_bias=d["attention_bias"], **_falcon_h1_mamba(d),
+        embedding_multiplier=_number(d["embedding_multiplier"], "embedding_multiplier"), logits_scaling=1 / lm_head,
+        **multipliers, ssm_multipliers=_numbers(d["ssm_multipliers"] or [1.0] * 5, "ssm_multipliers", 5),
+        mlp_multipliers=_numbers(d["mlp_multipliers"] or [1.0, 1.0], "mlp_multipliers", 2),
+        rms_norm_eps=d["rms_norm_eps"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 # ---- state dicts ----
 
 def _layout_of(state: dict[str, Tensor]) -> str:
@@ -346,8 +410,9 @@ def _stack_experts(out: dict[str, Tensor], config: HybridConfig) -> None:
         out[f"{head}.mixer.{name}"] = torch.stack([experts[j] for j in range(config.n_experts)])
 
 
-def _rename(key: str, layout: str) -> str | None:
-    """A source key -> ours, or None when the layout has no such key."""
+def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
+    """A source key -> ours, or None when the layout has no such key. `parallel`: the layers hold
+    attention beside the mixer (Falcon-H1), so `self_attn` is the layer's `attention`."""
     if layout == "ours":
         return key
     if layout == "nemotron_h":
@@ -365,7 +430,7 @@ def _rename(key: str, layout: str) -> str | None:
     if len(parts) != 5 or parts[:2] != ["model", "layers"]:
         return None
     i, module, rest = parts[2], parts[3], parts[4]
-    modules = {"input_layernorm": "norm", "mamba": "mixer", "self_attn": "mixer",
+    modules = {"input_layernorm": "norm", "mamba": "mixer", "self_attn": "attention" if parallel else "mixer",
                "pre_ff_layernorm": "mlp_norm", "post_attention_layernorm": "mlp_norm",
                "feed_forward": "mlp", "shared_mlp": "mlp", "block_sparse_moe": "experts"}
     if module not in modules:
@@ -389,7 +454,7 @@ def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:
 def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[str, Tensor]:
     """A state dict in any of the layouts (told apart by its keys) -> the keys of `HybridLM(config)`, float32.
 
-    - Bamba / Granite: `model.layers.{i}.{input_layernorm,mamba,self_attn,pre_ff_layernorm |
+    - Bamba / Granite / Falcon-H1 (its `self_attn` -> `attention`): `model.layers.{i}.{input_layernorm,mamba,self_attn,pre_ff_layernorm |
       post_attention_layernorm,feed_forward | shared_mlp}` -> `layers.{i}.{norm,mixer,mixer,mlp_norm,mlp}`;
       Granite's `shared_mlp.input_linear.weight` (2f, d) splits into gate_proj (first f rows) and
       up_proj (last f), `output_linear` -> down_proj; `block_sparse_moe.{input_linear,
@@ -407,7 +472,7 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
     for key, value in state.items():
         if layout == "nemotron_h" and key.startswith("mtp."):
             continue
-        new = _rename(key, layout)
+        new = _rename(key, layout, parallel="parallel" in config.layer_types)
         if new is None:
             unknown.append(key)
         elif new.endswith(".mlp.input_linear.weight"):

@@ -6,7 +6,8 @@ kinds (seqexport.state), per layer as the config's `layer_types` say:
                  present.{i}.key|value for the new positions only (batch, n_kv_heads, seq_len, head_dim)
     "mamba2"     past_conv_state.{i} (batch, conv_dim, d_conv), past_ssm_state.{i}
                  (batch, nheads, headdim, d_state) float32: replaced whole each call
-    "mlp"        no state
+    "parallel"   both: the attention's key|value, then the mixer's conv|ssm (Falcon-H1)
+    "mlp", "moe" no state
 
 Row r's new tokens take positions past_lengths[r] onwards: rows at different positions share a
 call (continuous batching). The prefill takes right-padded rows (attention_mask) and computes
@@ -19,7 +20,7 @@ PAST_LENGTHS = "past_lengths"  # (batch,) valid attention cache slots of each ro
 KV = ("key", "value")
 
 __all__ = ["ATTENTION_MASK", "INPUT_IDS", "KV", "LOGITS", "LOGITS_TO_KEEP", "PAST_LENGTHS", "graph_specs",
-           "layer_inputs", "past_conv", "past_kv", "past_ssm"]
+           "is_kv", "layer_inputs", "past_conv", "past_kv", "past_ssm"]
 
 
 def past_conv(i: int) -> str:
@@ -34,6 +35,11 @@ def past_kv(i: int, kv: str) -> str:
     return f"past_key_values.{i}.{kv}"
 
 
+def is_kv(name: str) -> bool:
+    """An attention cache input (appended), not a conv/SSM one (replaced)."""
+    return name.startswith("past_key_values.")
+
+
 def _present(name: str) -> str:
     """past_conv_state.0 -> present_conv_state.0; past_key_values.0.key -> present.0.key"""
     return name.replace("past_key_values.", "present.") if name.startswith("past_key_values.") \
@@ -42,11 +48,8 @@ def _present(name: str) -> str:
 
 def layer_inputs(kind: str, i: int) -> tuple[str, ...]:
     """Layer i's state inputs, in the order of the model's per-layer tuple."""
-    if kind == "mamba2":
-        return past_conv(i), past_ssm(i)
-    if kind == "attention":
-        return tuple(past_kv(i, kv) for kv in KV)
-    return ()
+    kv = tuple(past_kv(i, kv) for kv in KV) if kind in ("attention", "parallel") else ()
+    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel") else ())
 
 
 def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
@@ -58,17 +61,11 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
     nkv, hd = config["n_kv_heads"], config["head_dim"]
 
     def state(i: int, kind: str, past: bool, length) -> tuple[TensorSpec, ...]:
-        names = layer_inputs(kind, i)
         role = "state" if past else ""
-        if kind == "attention":
-            dims = ("batch", nkv, "past_len" if past else length, hd)
-            return tuple(TensorSpec(n if past else _present(n), dtype, dims, role) for n in names)
-        if kind == "mamba2":
-            conv, ssm = names
-            return (TensorSpec(conv if past else _present(conv), dtype, ("batch", conv_dim, config["d_conv"]), role),
-                    TensorSpec(ssm if past else _present(ssm), "float32",
-                               ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]), role))
-        return ()
+        dims = {past_kv(i, kv): (dtype, ("batch", nkv, "past_len" if past else length, hd)) for kv in KV}
+        dims[past_conv(i)] = (dtype, ("batch", conv_dim, config["d_conv"]))
+        dims[past_ssm(i)] = ("float32", ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]))
+        return tuple(TensorSpec(n if past else _present(n), *dims[n], role) for n in layer_inputs(kind, i))
 
     def graph(name, length, prefill=False):
         layers = list(enumerate(kinds))
@@ -81,8 +78,8 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
             + ((TensorSpec(LOGITS_TO_KEEP, "int64", (1,), "keep"),) if prefill else ()),
             outputs=(TensorSpec(LOGITS, "float32", ("batch", "kept_len" if prefill else length, vocab)),)
             + tuple(t for i, k in layers for t in state(i, k, False, length)),
-            feeds=tuple((_present(n), n) for i, k in layers if k == "mamba2" for n in layer_inputs(k, i)),
-            appends=tuple((_present(n), n) for i, k in layers if k == "attention" for n in layer_inputs(k, i)),
+            feeds=tuple((_present(n), n) for i, k in layers for n in layer_inputs(k, i) if not is_kv(n)),
+            appends=tuple((_present(n), n) for i, k in layers for n in layer_inputs(k, i) if is_kv(n)),
         )
 
     return {"prefill": graph("prefill", "seq_len", prefill=True), "step": graph("step", 1)}
