@@ -1,6 +1,7 @@
-"""The hybrid family's published-shape preset `bamba-9b` is Bamba-9B's shape: built on the meta
+"""The hybrid family's published-shape presets: `bamba-9b` is Bamba-9B's shape: built on the meta
 device (no memory), its parameters equal transformers' own `BambaForCausalLM` of Bamba-9B's
-config tensor for tensor, and our reading of that config.json gives the preset."""
+config tensor for tensor, and our reading of that config.json gives the preset; `falcon-h1-tiny`
+likewise against `FalconH1ForCausalLM` of Falcon-H1-Tiny-90M's config."""
 
 from collections import Counter
 
@@ -40,3 +41,27 @@ def test_bamba_9b_config_json_reads_as_the_preset():
     differ = {k: (getattr(read, k), v) for k, v in vars(preset).items() if getattr(read, k) != v}
     assert not differ
     assert [i for i, t in enumerate(read.layer_types) if t == "attention"] == [9, 18, 27]
+
+
+# tiiuae/Falcon-H1-Tiny-90M-Base: the fields its config.json sets beyond transformers' FalconH1Config
+# defaults (see seqexport/families/hybrid/presets.py)
+FALCON_H1_TINY = dict(num_hidden_layers=24, hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=64, intermediate_size=768, vocab_size=32768, tie_word_embeddings=True, mamba_d_ssm=768,
+                      mamba_d_head=32, mamba_n_heads=24, mamba_d_state=64, mamba_n_groups=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def test_falcon_h1_tiny_preset_has_transformers_falcon_h1_tiny_parameters():
+    with torch.device("meta"):
+        ours = build_model("hybrid", preset_config("hybrid", "falcon-h1-tiny"))
+        theirs = transformers.FalconH1ForCausalLM(transformers.FalconH1Config(**FALCON_H1_TINY))
+    n_ours = sum(p.numel() for p in ours.parameters())
+    assert n_ours == sum(p.numel() for p in theirs.parameters())
+    assert 89e6 < n_ours < 92e6  # the "90M" of the checkpoint's name
+    assert shapes(ours) == shapes(theirs)
+
+
+def test_falcon_h1_tiny_config_json_reads_as_the_preset():
+    read = hybrid_config_from_json(transformers.FalconH1Config(**FALCON_H1_TINY).to_dict())
+    preset = preset_config("hybrid", "falcon-h1-tiny")
+    assert {k: (getattr(read, k), v) for k, v in vars(preset).items() if getattr(read, k) != v} == {}

@@ -1,5 +1,6 @@
-"""Presets of the hybrid family: `tiny`, and `bamba-9b`, the published shape of IBM's Bamba-9B
-(ibm-fms/Bamba-9.8b-2.2T-hf, ibm-ai-platform/Bamba-9B).
+"""Presets of the hybrid family: `tiny`; `bamba-9b`, the published shape of IBM's Bamba-9B
+(ibm-fms/Bamba-9.8b-2.2T-hf, ibm-ai-platform/Bamba-9B); and `falcon-h1-tiny`, the shape of TII's
+Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base).
 
 Where the numbers come from (no model hub here, so no config.json was read):
 - 32 layers, width 4096, 32 query heads, d_state 128, attention at layers 9, 18 and 27: the
@@ -16,6 +17,15 @@ Checked by tests/test_hybrid_presets.py: the preset's parameters equal transform
 our reading of that config.json gives the preset.
 
 The 9.8 B preset needs ~39 GB to build in float32: not on a 24 GB machine.
+
+Falcon-H1-Tiny-90M, from its config.json as two independent projects quote it (an evaluation
+script's model contract and a Swift sizing test): 24 layers, width 512, 8 query heads and 2 KV
+heads of 64, MLP 768, vocabulary 32768, tied embeddings; the mixer 768 wide in 24 heads of 32,
+d_state 64, 1 group, conv 4. The rest from transformers' `FalconH1Config` defaults (chunk 256,
+RoPE over the whole head; θ set to 10000 here, its rope_parameters not quoted). Its μP multipliers
+are not quoted either: the preset's are neutral, which changes no shape nor any time. Checked by
+tests/test_hybrid_presets.py: transformers' `FalconH1ForCausalLM` of that config has the
+preset's parameters tensor for tensor (91.0 M).
 """
 
 BAMBA_9B_ATTENTION = (9, 18, 27)
@@ -30,4 +40,8 @@ PRESETS = {
                      d_ff=14336, n_heads=32, n_kv_heads=8, head_dim=128, rope=True, rope_theta=10000.0,
                      partial_rotary_factor=0.5, mamba_nheads=128, headdim=64, ngroups=1, d_state=128, d_conv=4,
                      chunk_size=256, tie_embeddings=False),
+    "falcon-h1-tiny": dict(d_model=512, vocab_size=32768, layer_types=["parallel"] * 24, d_ff=768, n_heads=8,
+                           n_kv_heads=2, head_dim=64, rope=True, rope_theta=10000.0, mamba_nheads=24, headdim=32,
+                           ngroups=1, d_state=64, d_conv=4, chunk_size=256, mamba_gated_norm=False,
+                           mamba_norm_before_gate=True, tie_embeddings=True),
 }
