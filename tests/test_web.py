@@ -1004,3 +1004,39 @@ def test_a_prompt_the_site_lets_through_is_one_the_python_runtime_takes(site):
         if record["max_new_tokens_limit"]:
             with pytest.raises(InputError):
                 rt.generate(model, [[5] * (n + 1)], rt.SearchOptions(max_new_tokens=1))
+
+
+def test_a_falcon_h1_hybrid_decodes_in_the_page_as_transformers(tmp_path):
+    """Falcon-H1 (attention beside a Mamba-2 mixer in every layer, so each layer's state has both
+    kinds; μP multipliers): the page's greedy tokens are transformers' own `generate`'s."""
+    import torch
+    import transformers
+
+    from tests.test_hybrid_model import _randomize
+
+    need_page()
+    tok = byte_level_bpe()
+    config = transformers.FalconH1Config(
+        hidden_size=64, num_hidden_layers=2, vocab_size=tok.get_vocab_size(), intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=2, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16,
+        mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16, embedding_multiplier=3.0, lm_head_multiplier=0.4,
+        key_multiplier=0.6, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.6], mlp_multipliers=[1.4, 0.6],
+        eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    hf = _randomize(transformers.FalconH1ForCausalLM(config), 0)
+    hf.save_pretrained(tmp_path / "ckpt")
+    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    runner, prompt = CliRunner(), "Friday, 5 March 2021"
+    result = runner.invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "ckpt"), "--out",
+                                 str(tmp_path / "falcon")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["web", str(tmp_path / "falcon"), "--out", str(tmp_path / "site")])
+    assert result.exit_code == 0, result.output
+    ids = rt.load(tmp_path / "falcon", provider="cpu").encode(prompt)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    assert len(set(want)) > 3
+    with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
+        assert browser.open_page(driver, url, "falcon") == "ready"
+        got = browser.run_prompt(driver, prompt, maxNewTokens=12)
+        assert got["message"] is None and got["run"]["tokens"] == want
