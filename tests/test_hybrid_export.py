@@ -92,6 +92,19 @@ def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: in
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1"])
+def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name):
+    """The cached eager decoder that bench, the demo and training drive (its KV cache appended
+    through the same state layout as the runtime's; Falcon-H1's layers hold both kinds): a
+    prompt then single steps, every logit and every layer's final state are transformers'."""
+    from seqexport import families
+    from seqexport.checkpoints.io import load_checkpoint
+
+    hf, _, out = exported(name)
+    eager = families.eager_model(load_checkpoint(out.parent / "hf"), None, cache=True)
+    assert_decode_equals_transformers(hf, eager, 17, 8, seed=5)
+
+
 @pytest.mark.parametrize("name", ["bamba", "falcon_h1"])
 def test_rows_at_different_positions_share_each_call(exported, name):
     """Right-padded prompts of unequal length in one prefill, then every row stepped together
