@@ -1762,6 +1762,18 @@ FAULTS = (
           'seqexport/families/hybrid/layouts.py', '    if d["mamba_proj_bias"] != d["projectors_bias"]:',
           '    if d["mamba_proj_bias"] != d["projectors_bias"] and False:',
           ('tests/test_hybrid_model.py::test_config_refusals_name_the_key',)),
+    Fault('M478', "a prefill from fresh rows fed the whole buffers made for the prompt (spare slots attended over)",
+          'seqexport/state/layout.py', '        if t == 1 or not self.axes:\n            return arrays\n        held',
+          '        if t >= 1 or not self.axes:\n            return arrays\n        held',
+          ('tests/test_hybrid_export.py::test_a_fresh_prompt_reads_no_spare_cache_slots',)),
+    Fault('M479', "a prefill continuing rows fed one held slot too few",
+          'seqexport/state/layout.py', '(slice(None),) * axis + (slice(0, held),)])',
+          '(slice(None),) * axis + (slice(0, max(held - 1, 0)),)])',
+          ('tests/test_hybrid_export.py::test_a_prompt_fed_in_turns_gives_transformers_logits[falcon_h1]',)),
+    Fault('M480', "a prefill's cut cache rule inverted (copies where the spare slots are cheaper)",
+          'seqexport/state/layout.py', '        if held and t * spare <= 2 * held:',
+          '        if held and t * spare > 2 * held:',
+          ('tests/test_state_layout.py::test_a_call_of_several_tokens_reads_the_held_slots_when_the_spare_ones_cost_more',)),
 )
 
 

@@ -93,6 +93,39 @@ def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: in
 
 
 @pytest.mark.parametrize("name", ["granite-rope", "falcon_h1"])
+def test_a_prompt_fed_in_turns_gives_transformers_logits(exported, name):
+    """A chat's turns: a prefill, then more prefills continuing the same rows (each reads the
+    slots the rows hold, its cache cut to them or read whole with its spare slots), then a step:
+    every position's logits and the final state are transformers' over the whole sequence."""
+    hf, m, _ = exported(name)
+    g = torch.Generator().manual_seed(11)
+    turns = [torch.randint(0, VOCAB, (2, n), generator=g) for n in (17, 40, 2, 1)]
+    want, _, want_state = _hf_decode(hf, torch.cat(turns[:-1], 1), turns[-1])
+    state, got = m.start(2), []
+    for turn in turns:
+        logits, state = m.step(turn.numpy(), state)
+        got.append(logits if logits.ndim == 3 else logits[:, None])
+    np.testing.assert_allclose(np.concatenate(got, 1), want.numpy(), atol=TOL, rtol=0)
+    assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
+
+
+def test_a_fresh_prompt_reads_no_spare_cache_slots(exported):
+    """A prefill from fresh rows gets empty cache inputs, not the buffers sized for the prompt
+    (whose spare slots every prompt token would attend over, masked: at 1024 tokens of
+    Falcon-H1-Tiny's shape the prefill took 1.5x as long)."""
+    _, m, _ = exported("falcon_h1")
+    graph, seen = m.graphs["prefill"], {}
+    run = graph.run
+    graph.run = lambda feeds: seen.update(feeds) or run(feeds)
+    try:
+        m.step(np.arange(30)[None] % VOCAB, m.start(1))
+    finally:
+        del graph.run
+    assert seen["past_key_values.0.key"].shape == (1, 2, 0, 16)  # (b, nkv, no slots, hd)
+    assert seen["past_conv_state.0"].shape == (1, 96 + 2 * 2 * 16, 4)  # replaced state: as it is
+
+
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1"])
 def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name):
     """The cached eager decoder that bench, the demo and training drive (its KV cache appended
     through the same state layout as the runtime's; Falcon-H1's layers hold both kinds): a

@@ -66,6 +66,25 @@ def test_zeros_and_in_place_writes_then_a_branch_copies(layout):
     np.testing.assert_array_equal(again[KEY][0, :, :3], state.arrays[KEY][0, :, :3])
 
 
+def test_a_call_of_several_tokens_reads_the_held_slots_when_the_spare_ones_cost_more(layout):
+    """`fed`: a one-token step reads the buffers themselves; a prefill from fresh rows reads
+    empty ones; a prefill continuing rows reads the slots they hold (contents unchanged) when it
+    would attend over more spare slots than it copies, else the buffers whole."""
+    fresh = State(layout.zeros(hybrid_specs(HYBRID)["step"], 2), 0).owning()
+    arrays, _, counts = layout.writable(fresh, 30)
+    assert arrays[KEY].shape[2] >= 30 and layout.fed(arrays, counts, 30)[KEY].shape == (2, 2, 0, 5)
+    assert layout.fed(arrays, counts, 30)[CONV] is arrays[CONV]  # replaced state: as it is
+    state = filled(layout, 2, [3, 40], 0)
+    arrays, _, counts = layout.writable(state, 1)
+    assert layout.fed(arrays, counts, 1) is arrays
+    spare = arrays[KEY].shape[2] - 40  # 40 held, a few spare: two tokens read the buffers whole
+    assert 0 < 2 * spare <= 2 * 40 and layout.fed(arrays, counts, 2)[KEY] is arrays[KEY]
+    arrays, _, counts = layout.writable(state, 100)  # grown for 100 more: 100 x its spare slots > 2 x 40
+    cut = layout.fed(arrays, counts, 100)[KEY]
+    assert cut.shape == (2, 2, 40, 5) and cut.flags.c_contiguous
+    np.testing.assert_array_equal(cut, arrays[KEY][:, :, :40])
+
+
 def test_join_pads_appended_buffers_and_take_trims_them(layout):
     a, b = filled(layout, 1, [2], 1), filled(layout, 2, [40, 7], 2)
     assert a.arrays[KEY].shape[2] < b.arrays[KEY].shape[2]

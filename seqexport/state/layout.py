@@ -98,6 +98,25 @@ class StateLayout:
             return state.arrays, state.writer, counts
         return state.arrays | grown, [None, []], counts
 
+    def fed(self, arrays: dict, counts: list[int], t: int) -> dict:
+        """What a call of t tokens over `arrays` (from `writable`) reads. A one-token step reads
+        the buffers in place, spare slots and all (masked; a sixteenth spare). A call of several
+        tokens (a prefill) attends from each of them over every slot it is given, so it gets the
+        buffers cut to the slots its rows hold when the spare ones would cost more than copying
+        those: a fresh prompt's buffers are empty (nothing to copy), where whole they held about
+        its own length again in spare slots. The new positions are still written into `arrays`."""
+        if t == 1 or not self.axes:
+            return arrays
+        held = max(counts)
+        first = next(iter(self.axes))
+        if type(arrays[first]) is not np.ndarray:  # a device buffer (IO binding): read as it is
+            return arrays
+        spare = arrays[first].shape[self.axes[first]] - held
+        if held and t * spare <= 2 * held:
+            return arrays
+        return arrays | {name: np.ascontiguousarray(arrays[name][(slice(None),) * axis + (slice(0, held),)])
+                         for name, axis in self.axes.items()}
+
     def _may_write(self, state: State, lengths: np.ndarray) -> bool:
         """Whether a step from `state` may write into its buffers in place: it is their newest
         state, or no state still held over them has a slot past its rows' lengths (the newer

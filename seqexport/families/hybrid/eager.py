@@ -62,7 +62,8 @@ class EagerHybrid(HybridSteps):
 
     def _cached(self, ids: np.ndarray, state: State):
         arrays, writer, counts = self.layout.writable(state, ids.shape[1])
-        layers = [tuple(self._t(arrays[n]) for n in layer_inputs(k, i)) for i, k in enumerate(self.config.layer_types)]
+        fed = self.layout.fed(arrays, counts, ids.shape[1])
+        layers = [tuple(self._t(fed[n]) for n in layer_inputs(k, i)) for i, k in enumerate(self.config.layer_types)]
         lengths = self._t(arrays[PAST_LENGTHS])
         if ids.shape[1] == 1:
             logits, new_layers = self.model.step(self._t(ids), layers, lengths)

@@ -79,7 +79,7 @@ class HybridModel(PrefillRows, HybridSteps, RuntimeModel):
     def _advance(self, ids: np.ndarray, mask: np.ndarray | None, state: State, last_only: bool):
         graph = "step" if mask is None else "prefill"
         arrays, writer, counts = self.layout.writable(state, ids.shape[1])
-        feeds = {INPUT_IDS: ids, **arrays}
+        feeds = {INPUT_IDS: ids, **self.layout.fed(arrays, counts, ids.shape[1])}
         if mask is not None:
             feeds |= self._prefill_extras(mask, last_only)
         out = self._run(graph, feeds)

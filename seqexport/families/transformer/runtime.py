@@ -120,7 +120,7 @@ class TransformerModel(TransformerSteps, RuntimeModel):
             new = State(self._feed_back("decoder", out, state.arrays), state.length + ids.shape[1])
             return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
         arrays, writer, counts = self.layout.writable(state, ids.shape[1])
-        out = self._run("decoder", {INPUT_IDS: ids, **arrays})
+        out = self._run("decoder", {INPUT_IDS: ids, **self.layout.fed(arrays, counts, ids.shape[1])})
         new = self.layout.append(arrays, writer, {inp: to_numpy(out[o]) for o, inp in self._appends}, counts,
                                  ids.shape[1])
         return (out[LOGITS][:, 0] if squeeze else out[LOGITS]), new
