@@ -1774,6 +1774,11 @@ FAULTS = (
           'seqexport/state/layout.py', '        if held and t * spare <= 2 * held:',
           '        if held and t * spare > 2 * held:',
           ('tests/test_state_layout.py::test_a_call_of_several_tokens_reads_the_held_slots_when_the_spare_ones_cost_more',)),
+    Fault('M481', "hybrid layouts: an older config.json's rope_scaling ignored (a scaled RoPE read as plain)",
+          'seqexport/families/hybrid/layouts.py',
+          '    params = d.get("rope_parameters") or d.get("rope_scaling") or {}',
+          '    params = d.get("rope_parameters") or {}',
+          ('tests/test_hybrid_model.py::test_config_refusals_name_the_key',)),
 )
 
 

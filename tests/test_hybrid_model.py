@@ -429,6 +429,8 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({**_BAMBA, "attn_layer_indices": [2]}, "attn_layer_indices"),
     ({**_BAMBA, "mamba_d_head": 4}, "mamba_d_head"),
     ({**_BAMBA, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type"),
+    # an older config.json's scaling, which transformers 5 reads into rope_parameters
+    ({"model_type": "falcon_h1", "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type='linear'"),
     ({**_BAMBA, "mamba_n_groups": 3}, "ngroups"),
     ({"model_type": "granitemoehybrid", "num_local_experts": 0, "position_embedding_type": "alibi"},
      "position_embedding_type"),

@@ -173,10 +173,11 @@ def _require_value(d: dict, key: str, allowed: tuple, why: str = "") -> None:
 
 
 def _rope(d: dict, model: str, default_factor: float | None) -> dict:
-    """rope_parameters (or a legacy top-level rope_theta) -> rope_theta, partial_rotary_factor.
+    """rope_parameters (or an older config.json's rope_scaling and top-level rope_theta, which
+    transformers 5 reads into it) -> rope_theta, partial_rotary_factor.
 
     default_factor None: the model's rotary init ignores partial_rotary_factor (whole head)."""
-    params = d.get("rope_parameters") or {}
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise ValueError(f"rope_parameters={params!r}; expected a dict")
     rope_type = params.get("rope_type", params.get("type", "default"))
