@@ -1779,6 +1779,19 @@ FAULTS = (
           '    params = d.get("rope_parameters") or d.get("rope_scaling") or {}',
           '    params = d.get("rope_parameters") or {}',
           ('tests/test_hybrid_model.py::test_config_refusals_name_the_key',)),
+    Fault('M482', "hybrid attention: a prefill's causal mask laid over the grouped query rows head-major",
+          'models/hybrid.py', '        causal = causal.repeat(rep, 1)  # (rep * l, l): each query head\'s rows alike',
+          '        causal = causal.repeat_interleave(rep, 0)  # (rep * l, l): each query head\'s rows alike',
+          ('tests/test_hybrid_model.py::test_parity_with_transformers[bamba]',)),
+    Fault('M483', "hybrid attention: a step scales only its own position's score",
+          'models/hybrid.py',
+          '                                torch.matmul(q, k.transpose(-1, -2))], dim=-1) * self.scale  # (b, nkv, rep, P + 1)',
+          '                                torch.matmul(q, k.transpose(-1, -2)) * self.scale], dim=-1)  # (b, nkv, rep, P + 1)',
+          ('tests/test_hybrid_model.py::test_parity_with_transformers[bamba]',)),
+    Fault('M484', "hybrid attention: a step copies the cache with its new K/V appended (as a prefill does)",
+          'models/hybrid.py', '        if step:\n            scores = torch.cat(',
+          '        if not step and step:\n            scores = torch.cat(',
+          ('tests/test_hybrid_export.py::test_a_step_reads_the_cache_where_it_lies',)),
 )
 
 

@@ -1,9 +1,9 @@
 """The hybrid's attention layers as ONNX's own `Attention` operator (opset 23), for export.
 
 `models.hybrid.Attention` computes q·Kᵀ, its mask, softmax and the product with V as separate
-ops over K/V repeated per query head (GQA). `fused_attention(model)` gives each attention layer,
-while it is exported, a forward that does the same with one `scaled_dot_product_attention`
-(`enable_gqa`: the kv heads are not repeated), which torch.onnx (dynamo, opset 23+) writes as
+ops (each kv head's query heads as rows of one product). `fused_attention(model)` gives each
+attention layer, while it is exported, a forward that does the same with one
+`scaled_dot_product_attention` (`enable_gqa`: the kv heads are not repeated), which torch.onnx (dynamo, opset 23+) writes as
 one `Attention` node with q_num_heads / kv_num_heads. Inputs, outputs and the mask are the
 model's: the graphs keep their spec (the new positions' K/V out, written in place by the
 runtime). Dimension letters as in models/hybrid.py: b batch, l new positions, P cache slots,
@@ -21,8 +21,9 @@ from seqexport.models.hybrid import HybridLM, apply_rope
 
 
 def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
-                   rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """`models.hybrid.Attention.forward`, its attention one scaled_dot_product_attention."""
+                   rope: tuple[Tensor, Tensor] | None, step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """`models.hybrid.Attention.forward`, its attention one scaled_dot_product_attention (for a
+    step as for a prefill)."""
     b, length, _ = x.shape
     P = past_key.shape[2]
     q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)  # (b, nh, l, hd)
