@@ -316,7 +316,7 @@ class ScaledLinear(nn.Linear):
         return super().forward(x) * self.out_scale.to(x.dtype)
 
 
-def linear(d_in: int, d_out: int, bias: bool, out_scale=1.0) -> nn.Linear:
+def scaled_linear(d_in: int, d_out: int, bias: bool, out_scale=1.0) -> nn.Linear:
     """nn.Linear, or a ScaledLinear where a multiplier is not 1 (other models' graphs stay as they were)."""
     neutral = all(float(m) == 1.0 for m in (out_scale if isinstance(out_scale, list) else [out_scale]))
     return nn.Linear(d_in, d_out, bias=bias) if neutral else ScaledLinear(d_in, d_out, bias, out_scale)
@@ -332,7 +332,7 @@ class Attention(nn.Module):
         self.scale = config.attention_multiplier if config.attention_multiplier is not None else hd ** -0.5
         bias = config.attention_bias
         self.q_proj = nn.Linear(d, nh * hd, bias=bias)
-        self.k_proj = linear(d, nkv * hd, bias, config.key_multiplier)
+        self.k_proj = scaled_linear(d, nkv * hd, bias, config.key_multiplier)
         self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, d, bias=bias)
 
@@ -404,9 +404,9 @@ class MLP(nn.Module):
         gate_multiplier, down_multiplier = config.mlp_multipliers
         self.gated = config.mlp_act == "silu_gated"
         if self.gated:
-            self.gate_proj = linear(d, f, bias, gate_multiplier)
+            self.gate_proj = scaled_linear(d, f, bias, gate_multiplier)
         self.up_proj = nn.Linear(d, f, bias=bias)
-        self.down_proj = linear(f, d, bias, down_multiplier)
+        self.down_proj = scaled_linear(f, d, bias, down_multiplier)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., d) -> (..., d)."""
@@ -505,7 +505,7 @@ def mamba2_mixer(config: HybridConfig) -> Mamba2Mixer:
     d_in, gn, h = config.mamba_d_inner, config.ngroups * config.d_state, config.mamba_nheads
     widths = (d_in, d_in, gn, gn, h)  # in_proj's parts: z, x, B, C, Δ
     scale = [m for m, w in zip(config.ssm_multipliers, widths, strict=True) for _ in range(w)]  # (2 d_in + 2 g n + h,)
-    mixer.in_proj = linear(config.d_model, mixer.in_proj.out_features, config.mamba_bias, scale)
+    mixer.in_proj = scaled_linear(config.d_model, mixer.in_proj.out_features, config.mamba_bias, scale)
     mixer.out_proj = nn.Linear(config.mamba_d_inner, config.d_model, bias=config.mamba_bias)
     if not config.mamba_gated_norm:
         mixer.norm = SiLUGate()

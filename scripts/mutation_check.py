@@ -1718,7 +1718,7 @@ FAULTS = (
           "    widths = (d_in, gn, d_in, gn, h)  # in_proj's parts: z, x, B, C, Δ",
           ('tests/test_hybrid_model.py::test_parity_with_transformers[falcon_h1]',)),
     Fault('M467', "Falcon-H1: the key multiplier not applied",
-          'models/hybrid.py', '        self.k_proj = linear(d, nkv * hd, bias, config.key_multiplier)',
+          'models/hybrid.py', '        self.k_proj = scaled_linear(d, nkv * hd, bias, config.key_multiplier)',
           '        self.k_proj = nn.Linear(d, nkv * hd, bias=bias)',
           ('tests/test_hybrid_model.py::test_parity_with_transformers[falcon_h1]',)),
     Fault('M468', "Falcon-H1: a mixer without mamba_rms_norm still normed (gated RMSNorm kept)",

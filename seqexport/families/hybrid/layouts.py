@@ -469,11 +469,12 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
     2 * d_ff, and expert weights of the wrong shape.
     """
     layout = _layout_of(state)
+    parallel = "parallel" in config.layer_types  # Falcon-H1: Bamba's names, attention beside the mixer
     out, unknown, source = {}, [], {}  # source: our key -> the key it came from
     for key, value in state.items():
         if layout == "nemotron_h" and key.startswith("mtp."):
             continue
-        new = _rename(key, layout, parallel="parallel" in config.layer_types)
+        new = _rename(key, layout, parallel)
         if new is None:
             unknown.append(key)
         elif new.endswith(".mlp.input_linear.weight"):
@@ -490,6 +491,8 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
         _stack_experts(out, config)
     _tie(out, config)
 
+    if parallel and layout == "bamba":
+        layout = "falcon_h1"  # as the errors below name it
     with torch.device("meta"):
         want = set(HybridLM(config).state_dict())
     extra = sorted(set(out) - want)
