@@ -238,9 +238,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., d) -> (..., d) in x's dtype."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.to(x.dtype) * self.weight
+        return weightless_rms_norm(x, self.eps) * self.weight
 
 
 class Block(nn.Module):

@@ -3,10 +3,10 @@
 `models.hybrid.Attention` computes q·Kᵀ, its mask, softmax and the product with V as separate
 ops (each kv head's query heads as rows of one product). `fused_attention(model)` gives each
 attention layer, while it is exported, a forward that does the same with one
-`scaled_dot_product_attention` (`enable_gqa`: the kv heads are not repeated), which torch.onnx (dynamo, opset 23+) writes as
-one `Attention` node with q_num_heads / kv_num_heads. Inputs, outputs and the mask are the
-model's: the graphs keep their spec (the new positions' K/V out, written in place by the
-runtime). Dimension letters as in models/hybrid.py: b batch, l new positions, P cache slots,
+`scaled_dot_product_attention` (`enable_gqa`: the kv heads are not repeated), which torch.onnx
+(dynamo, opset 23+) writes as one `Attention` node with q_num_heads / kv_num_heads. Inputs,
+outputs and the mask are the model's: the graphs keep their spec (the new positions' K/V out,
+written in place by the runtime). Dimension letters as in models/hybrid.py: b batch, l new positions, P cache slots,
 nh / nkv query / kv heads, hd head size.
 """
 
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from seqexport.models.hybrid import HybridLM, apply_rope
+from seqexport.models.hybrid import ATTENTION_KINDS, HybridLM, apply_rope
 
 
 def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -49,7 +49,7 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
 def fused_attention(model: HybridLM, fused: bool = True):
     """Within: every attention layer of `model` runs `_fused_forward` (nothing when not `fused`)."""
     mixers = [getattr(layer, "attention", layer.mixer) for layer in model.layers
-              if layer.kind in ("attention", "parallel")] if fused else []
+              if layer.kind in ATTENTION_KINDS] if fused else []
     for m in mixers:
         m.forward = types.MethodType(_fused_forward, m)
     try:

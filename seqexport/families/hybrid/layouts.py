@@ -189,15 +189,15 @@ def _rope(d: dict, model: str, default_factor: float | None) -> dict:
     return dict(rope_theta=theta, partial_rotary_factor=factor)
 
 
-def _mamba_head_dim(d: dict) -> dict:
-    """Bamba / Granite: the mixer width is mamba_expand * hidden_size, split into mamba_n_heads."""
-    inner = d["mamba_expand"] * d["hidden_size"]
-    head = d["mamba_d_head"]
-    if head == "auto":
-        head = inner // d["mamba_n_heads"]
+def _mamba_head_dim(d: dict, d_ssm: int | None = None) -> dict:
+    """Bamba / Granite / Falcon-H1: the mixer `d_ssm` wide (Falcon-H1's mamba_d_ssm; None, or
+    null in its config: mamba_expand * hidden_size), split into mamba_n_heads."""
+    width = "mamba_expand * hidden_size" if d_ssm is None else "mamba_d_ssm"
+    inner = d["mamba_expand"] * d["hidden_size"] if d_ssm is None else d_ssm
+    head = inner // d["mamba_n_heads"] if d["mamba_d_head"] == "auto" else d["mamba_d_head"]
     if head * d["mamba_n_heads"] != inner:
         raise ValueError(f"mamba_n_heads * mamba_d_head = {d['mamba_n_heads']} * {head} must equal "
-                         f"mamba_expand * hidden_size = {d['mamba_expand']} * {d['hidden_size']}")
+                         f"{width} = {inner}")
     return dict(
         mamba_nheads=d["mamba_n_heads"], headdim=head, ngroups=d["mamba_n_groups"], d_state=d["mamba_d_state"],
         d_conv=d["mamba_d_conv"], chunk_size=d["mamba_chunk_size"], conv_bias=d["mamba_conv_bias"],
@@ -325,21 +325,12 @@ def _numbers(value, key: str, n: int) -> list[float]:
 
 
 def _falcon_h1_mamba(d: dict) -> dict:
-    """Falcon-H1's mixer: mamba_d_ssm wide (mamba_expand * hidden_size when null), in mamba_n_heads."""
-    inner = d["mamba_d_ssm"] if d["mamba_d_ssm"] is not None else d["mamba_expand"] * d["hidden_size"]
-    head = inner // d["mamba_n_heads"] if d["mamba_d_head"] == "auto" else d["mamba_d_head"]
-    if head * d["mamba_n_heads"] != inner:
-        raise ValueError(f"mamba_n_heads * mamba_d_head = {d['mamba_n_heads']} * {head} must equal the mixer width "
-                         f"mamba_d_ssm (or mamba_expand * hidden_size) = {inner}")
+    """Falcon-H1's mixer: Bamba's fields, mamba_d_ssm wide, and its output gate."""
     if d["mamba_proj_bias"] != d["projectors_bias"]:
         raise ValueError(f"mamba_proj_bias={d['mamba_proj_bias']!r} (in_proj) with projectors_bias="
                          f"{d['projectors_bias']!r} (out_proj) is not supported; expected both the same")
-    return dict(
-        mamba_nheads=d["mamba_n_heads"], headdim=head, ngroups=d["mamba_n_groups"], d_state=d["mamba_d_state"],
-        d_conv=d["mamba_d_conv"], chunk_size=d["mamba_chunk_size"], conv_bias=d["mamba_conv_bias"],
-        mamba_bias=d["mamba_proj_bias"], mamba_gated_norm=d["mamba_rms_norm"],
-        mamba_norm_before_gate=d["mamba_norm_before_gate"], **_dt_limits(d["time_step_limit"], "time_step_limit"),
-    )
+    return dict(**_mamba_head_dim(d, d["mamba_d_ssm"]), mamba_gated_norm=d["mamba_rms_norm"],
+                mamba_norm_before_gate=d["mamba_norm_before_gate"])
 
 
 def _from_falcon_h1(d: dict) -> HybridConfig:

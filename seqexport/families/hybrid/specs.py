@@ -42,7 +42,7 @@ def is_kv(name: str) -> bool:
 
 def _present(name: str) -> str:
     """past_conv_state.0 -> present_conv_state.0; past_key_values.0.key -> present.0.key"""
-    return name.replace("past_key_values.", "present.") if name.startswith("past_key_values.") \
+    return name.replace("past_key_values.", "present.") if is_kv(name) \
         else name.replace("past_", "present_", 1)
 
 
