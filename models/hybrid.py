@@ -4,8 +4,9 @@ The shape of IBM's Bamba and Granite-4.0-H (`mlp_in_layer=True`: every Mamba-2 o
 followed by its own gated MLP, two pre-norms in a layer), of NVIDIA's Nemotron-H
 (`mlp_in_layer=False`: each layer is one pre-norm block, the MLPs are layers of their own) and of
 TII's Falcon-H1 ("parallel" layers: attention and a Mamba-2 mixer side by side on one pre-norm,
-their outputs summed, then the MLP; μP multipliers on each branch). The Mamba-2 mixer and RMSNorm
-are those of `models.mamba2`, reused as they are.
+their outputs summed, then the MLP; μP multipliers on each branch) and of Liquid AI's LFM2 ("conv"
+layers: a gated short convolution, C * conv(B * x), beside attention layers whose queries and keys
+are RMS-normed per head). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`, reused as they are.
 
 Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> Experts -> the Mamba-2 mixer
 adapter -> HybridLayer -> HybridLM, and `append_kv` (the eager caller's KV bookkeeping).
@@ -25,10 +26,12 @@ Dimension letters (reused as ONNX dim names and runtime names):
     d_in  Mamba-2 mixer width = h * p            (mamba_d_inner)
     h     Mamba-2 heads; p channels per head; g groups sharing B, C; n state size;
     k     conv width; c = d_in + 2 g n conv channels (see models/mamba2.py)
+    ks    a "conv" layer's short conv width (short_conv_kernel); it has d channels
 
 State, per layer, a tuple (returned new, never written in place, so every entry point exports):
     "mamba2"     (conv_state (b, c, k), ssm_state (b, h, p, n) float32)   replaced whole each call
     "parallel"   (key, value, conv_state, ssm_state): the attention's then the mixer's
+    "conv"       (conv_state (b, d, ks),): the last ks inputs of the short conv     replaced whole each call
     "attention"  (key, value), each (b, nkv, P, hd): an APPENDED buffer. Row r's slots
                  0 .. past_lengths[r] - 1 are valid; the rest are ignored, whatever they hold.
                  Keys are stored after RoPE (as transformers' caches hold them). A call returns
@@ -54,6 +57,8 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.mixer.{in_proj,conv1d,out_proj}.*, .dt_bias, .A_log, .D, .norm.weight    "mamba2"
     layers.{i}.mixer.{q_proj,k_proj,v_proj,o_proj}.*                                    "attention"
     layers.{i}.mixer.* (as "mamba2"), layers.{i}.attention.{q_proj,...}.*               "parallel"
+    layers.{i}.mixer.{q_norm,k_norm}.weight (hd,)                          attention with qk_norm
+    layers.{i}.mixer.{in_proj,conv,out_proj}.*                                          "conv"
     layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
     layers.{i}.experts.router.weight (E, d), .gate_up_proj (E, 2 fe, d) gate rows then up rows
@@ -78,7 +83,7 @@ from torch import Tensor, nn
 LayerState = tuple[Tensor, ...]
 Scan = Callable[..., tuple[Tensor, Tensor]]
 
-LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel")
+LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv")
 MAMBA_KINDS = ("mamba2", "parallel")  # layers with a Mamba-2 mixer (and conv/SSM state)
 ATTENTION_KINDS = ("attention", "parallel")  # layers with attention (and a KV cache)
 EXPERT_ROUTINGS = ("softmax", "sigmoid")
@@ -106,7 +111,7 @@ class HybridConfig(DictConfig):
     d_model: int = 64  # width of the residual stream (d)
     vocab_size: int = 100  # real vocabulary; logits are sliced to it
     layer_types: list[str] = field(default_factory=lambda: ["mamba2", "attention", "mamba2"])  # per layer:
-    # "mamba2" | "attention" | "mlp" | "moe" | "parallel"; the number of layers is its length
+    # "mamba2" | "attention" | "mlp" | "moe" | "parallel" | "conv"; the number of layers is its length
     mlp_in_layer: bool = True  # True: each mamba2/attention layer ends with its own MLP behind a second
     # pre-norm (Bamba, Granite-4.0-H); False: one block per layer, MLPs are "mlp" layers (Nemotron-H)
     d_ff: int = 128  # MLP width (f)
@@ -131,6 +136,7 @@ class HybridConfig(DictConfig):
     partial_rotary_factor: float = 1.0  # rotate the first head_dim * this dims of each head (Bamba 0.5)
     attention_bias: bool = False  # biases in q/k/v/o projections
     attention_multiplier: float | None = None  # softmax scale; None = head_dim ** -0.5 (Granite sets it)
+    qk_norm: bool = False  # queries and keys RMS-normed per head (weights (hd,)) before RoPE (LFM2)
     # multipliers (Granite); neutral by default
     embedding_multiplier: float = 1.0  # the embedding is multiplied by it
     residual_multiplier: float = 1.0  # each branch's output is multiplied by it before the residual add
@@ -158,6 +164,9 @@ class HybridConfig(DictConfig):
     dt_max_limit: float | None = None  # Δ clamped to <= this; None = no upper limit
     mamba_gated_norm: bool = True  # the mixer's output: a gated RMSNorm; False: y * SiLU(z), no norm (Falcon-H1)
     mamba_norm_before_gate: bool = False  # gated norm: False = norm(y * SiLU(z)), True = norm(y) * SiLU(z)
+    # "conv" layers (LFM2's gated short convolution)
+    short_conv_kernel: int = 3  # the causal depthwise conv's width (ks)
+    short_conv_bias: bool = False  # biases in its in_proj, conv and out_proj
     # shared
     rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm (the mixer's gated one too)
     tie_embeddings: bool = False  # lm_head shares the embedding matrix
@@ -190,13 +199,13 @@ class HybridConfig(DictConfig):
         """Positive ints, bools, and finite numbers > 0 where the fields need them."""
         name = type(self).__name__
         ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
-                "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple")
+                "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple", "short_conv_kernel")
         for key in ints:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}.{key} must be a positive int, got {value!r}")
         for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
-                    "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate"):
+                    "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
@@ -335,6 +344,23 @@ class Attention(nn.Module):
         self.k_proj = scaled_linear(d, nkv * hd, bias, config.key_multiplier)
         self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, d, bias=bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """x (b, l, d) -> q (b, nh, l, hd), k and v (b, nkv, l, hd): projected, per-head normed
+        (qk_norm), then rotated (rope)."""
+        b, length, _ = x.shape
+        q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)  # (b, nh, l, hd)
+        k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
+        v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
 
     def forward(
         self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -354,11 +380,7 @@ class Attention(nn.Module):
         P = past_key.shape[2]
         nkv, hd = self.n_kv_heads, self.head_dim
         rep = self.n_heads // nkv  # query heads per kv head: kv head j serves j*rep .. j*rep+rep-1
-        q = self.q_proj(x).view(b, length, self.n_heads, hd).transpose(1, 2)  # (b, nh, l, hd)
-        k = self.k_proj(x).view(b, length, nkv, hd).transpose(1, 2)  # (b, nkv, l, hd)
-        v = self.v_proj(x).view(b, length, nkv, hd).transpose(1, 2)  # (b, nkv, l, hd)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.project(x, rope)
 
         # Each kv head's query heads are rows of one product: K/V are not copied per query head.
         # A step (l = 1) also attends the past slots and its own position in two products whose
@@ -512,6 +534,43 @@ def mamba2_mixer(config: HybridConfig) -> Mamba2Mixer:
     return mixer
 
 
+class ShortConv(nn.Module):
+    """LFM2's gated short convolution: in_proj -> B, C, x (d each); y = C * conv(B * x), the conv
+    causal and depthwise, ks wide, without an activation; -> out_proj."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        d, ks, bias = config.d_model, config.short_conv_kernel, config.short_conv_bias
+        self.kernel = ks
+        self.in_proj = nn.Linear(d, 3 * d, bias=bias)
+        self.conv = nn.Conv1d(d, d, kernel_size=ks, groups=d, padding=ks - 1, bias=bias)
+        self.out_proj = nn.Linear(d, d, bias=bias)
+
+    @staticmethod
+    def conv_input(projected: Tensor) -> Tensor:
+        """in_proj's output (b, l, 3 d), B | C | x -> what the conv reads, B * x (b, d, l)."""
+        B, _, x = projected.chunk(3, dim=-1)  # (b, l, d) each
+        return (B * x).transpose(1, 2)
+
+    def forward(self, h: Tensor, conv_state: Tensor, step: bool = False) -> tuple[Tensor, tuple[Tensor]]:
+        """h (b, l, d), conv_state (b, d, ks): the last ks conv inputs before these tokens ->
+        out (b, l, d), (new conv_state (b, d, ks),). `step`: l = 1, the conv as one product."""
+        projected = self.in_proj(h)  # (b, l, 3 d)
+        C = projected.chunk(3, dim=-1)[1]  # (b, l, d)
+        x_cat = torch.cat([conv_state.to(h.dtype), self.conv_input(projected)], dim=-1)  # (b, d, ks + l)
+        new_state = x_cat[:, :, -self.kernel:]  # (b, d, ks)
+        if step:  # the window is the new state itself
+            conv = (new_state * self.conv.weight[:, 0, :]).sum(-1, keepdim=True)  # (b, d, 1)
+            if self.conv.bias is not None:
+                conv = conv + self.conv.bias[:, None]
+        else:  # a valid conv over the state's last ks - 1 inputs and the l new ones: l outputs
+            conv = F.conv1d(x_cat[:, :, 1:], self.conv.weight, self.conv.bias, groups=self.conv.in_channels)  # (b, d, l)
+        return self.out_proj(C * conv.transpose(1, 2)), (new_state,)
+
+    def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor]:
+        return (torch.zeros(batch, self.in_proj.in_features, self.kernel, dtype=dtype, device=device),)
+
+
 class SiLUGate(nn.Module):
     """The mixer's output without a norm: y * SiLU(z) in float32 (Falcon-H1's mamba_rms_norm false)."""
 
@@ -523,7 +582,8 @@ class SiLUGate(nn.Module):
 class HybridLayer(nn.Module):
     """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer, plus the experts' output
     when it has experts], r the residual multiplier; a "moe" layer's mixer is its experts plus its
-    shared expert MLP; a "parallel" layer's, its Mamba-2 mixer's output plus its attention's.
+    shared expert MLP; a "parallel" layer's, its Mamba-2 mixer's output plus its attention's; a
+    "conv" layer's, its gated short convolution.
     Each Mamba-2 / attention branch: out_multiplier * branch(in_multiplier * h)."""
 
     def __init__(self, config: HybridConfig, kind: str):
@@ -533,7 +593,7 @@ class HybridLayer(nn.Module):
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
         # where the conv state sits in this layer's state tuple (None: no Mamba-2 mixer)
-        self.conv_index = {"mamba2": 0, "parallel": 2}.get(kind)
+        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0}.get(kind)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
         if kind in MAMBA_KINDS:
             self.mixer = mamba2_mixer(config)
@@ -541,6 +601,8 @@ class HybridLayer(nn.Module):
                 self.attention = Attention(config)
         elif kind == "attention":
             self.mixer = Attention(config)
+        elif kind == "conv":
+            self.mixer = ShortConv(config)
         elif kind == "moe":
             self.mixer = Experts(config)
             self.shared = MLP(config, config.d_ff_shared_expert)
@@ -589,6 +651,8 @@ class HybridLayer(nn.Module):
             out, new_state = out + attended, (*new_kv, *new_ssm)
         elif self.kind == "attention":
             out, new_state = self._attention(self.mixer, h, state, past_lengths, rope, step)
+        elif self.kind == "conv":
+            out, new_state = self.mixer(h, *state, step=step)
         elif self.kind == "moe":
             out, new_state = self.mixer(h) + self.shared(h), ()
         else:
@@ -695,14 +759,15 @@ class HybridLM(nn.Module):
     def allocate_inference_cache(
         self, batch: int, dtype: torch.dtype | None = None, device: torch.device | None = None
     ) -> list[LayerState]:
-        """State of a fresh sequence: mamba2 zeros, attention buffers with P = 0, "mlp" ()."""
+        """State of a fresh sequence: mamba2 and conv zeros, attention buffers with P = 0, "mlp" ()."""
         w = self.embed_tokens.weight
         dtype, device = dtype or w.dtype, device or w.device
         c = self.config
         state = []
         for layer in self.layers:
             kv = tuple(torch.zeros(batch, c.n_kv_heads, 0, c.head_dim, dtype=dtype, device=device) for _ in range(2))
-            ssm = layer.mixer.allocate_inference_cache(batch, dtype, device) if layer.kind in MAMBA_KINDS else ()
+            has_conv = layer.conv_index is not None  # a Mamba-2 mixer or a short conv
+            ssm = layer.mixer.allocate_inference_cache(batch, dtype, device) if has_conv else ()
             state.append((kv if layer.kind in ATTENTION_KINDS else ()) + tuple(ssm))
         return state
 
@@ -713,12 +778,12 @@ def append_kv(state: list[LayerState], new_state: list[LayerState], past_lengths
     Attention layers (a 4-d first tensor in the new state): the new (key, value) (b, nkv, l, hd)
     are written into copies of the buffers at row r's slots past_lengths[r] .. + l - 1, the buffers
     grown (zero-filled) to max(P, max(past_lengths) + l) slots when needed; a "parallel" layer's
-    conv/SSM state after them is taken as it is. Mamba2 layers: the new state as it is. "mlp"
+    conv/SSM state after them is taken as it is. Mamba2 and conv layers: the new state as it is. "mlp"
     layers: (). Returns a new list; nothing handed in is modified.
     """
     out = []
     for old, new in zip(state, new_state, strict=True):
-        if len(new) not in (2, 4) or new[0].dim() != 4:  # a mamba2 (conv_state is 3-d) or "mlp" layer
+        if len(new) not in (2, 4) or new[0].dim() != 4:  # a mamba2 or conv (conv_state is 3-d) or "mlp" layer
             out.append(new)
             continue
         (key, value), (new_key, new_value), replaced = old[:2], new[:2], tuple(new[2:])

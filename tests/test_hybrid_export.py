@@ -24,7 +24,7 @@ from seqexport.parity.validate import validate
 from seqexport.runtime.engine import Engine
 from seqexport.serve.process import ServerProcess
 from tests.damage import damaged_copy
-from tests.test_hybrid_model import HF_MODELS, VOCAB, _hf, _hf_decode
+from tests.test_hybrid_model import HF_MODELS, VOCAB, _hf, _hf_decode, hf_kinds
 
 TOL = 1e-4
 
@@ -49,7 +49,7 @@ def exported(tmp_path_factory):
 
 
 def kinds_of(hf) -> list[str]:
-    return list(hf.config.layers_block_type)
+    return hf_kinds(hf.config)
 
 
 def assert_states_equal(state, want, kinds, rows=slice(None), first=0):
@@ -60,6 +60,8 @@ def assert_states_equal(state, want, kinds, rows=slice(None), first=0):
         if kind == "hybrid":  # Falcon-H1: attention's K/V, then the mixer's conv/SSM
             assert_states_equal(state, [layer[:2]], ["full_attention"], rows, first=i)
             assert_states_equal(state, [layer[2:]], ["linear_attention"], rows, first=i)
+        elif kind == "conv":  # LFM2's short conv
+            np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"][rows], layer[0], atol=TOL, rtol=0)
         elif kind == "linear_attention":
             np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"][rows], layer[0], atol=TOL, rtol=0)
             np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"][rows], layer[1], atol=TOL, rtol=0)
@@ -92,7 +94,7 @@ def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: in
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2"])
 def test_a_prompt_fed_in_turns_gives_transformers_logits(exported, name):
     """A chat's turns: a prefill, then more prefills continuing the same rows (each reads the
     slots the rows hold, its cache cut to them or read whole with its spare slots), then a step:
@@ -109,7 +111,7 @@ def test_a_prompt_fed_in_turns_gives_transformers_logits(exported, name):
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
-@pytest.mark.parametrize("name", ["nemotron_h", "falcon_h1"])
+@pytest.mark.parametrize("name", ["nemotron_h", "falcon_h1", "lfm2"])
 def test_a_step_reads_the_cache_where_it_lies(exported, name):
     """The step graph's attention takes each past K/V input straight into its products (K
     through a transpose): no copy of the cache per query head, nor with the new K/V appended,
@@ -148,7 +150,7 @@ def test_a_fresh_prompt_reads_no_spare_cache_slots(exported):
     assert seen["past_conv_state.0"].shape == (1, 96 + 2 * 2 * 16, 4)  # replaced state: as it is
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2"])
 def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name):
     """The cached eager decoder that bench, the demo and training drive (its KV cache appended
     through the same state layout as the runtime's; Falcon-H1's layers hold both kinds): a
@@ -161,7 +163,7 @@ def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name)
     assert_decode_equals_transformers(hf, eager, 17, 8, seed=5)
 
 
-@pytest.mark.parametrize("name", ["bamba", "falcon_h1"])
+@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "lfm2-tied"])
 def test_rows_at_different_positions_share_each_call(exported, name):
     """Right-padded prompts of unequal length in one prefill, then every row stepped together
     (each at its own position): each row's logits and state equal transformers' for it alone."""
@@ -207,7 +209,7 @@ def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exporte
     assert "final past_key_values." in result.output and "inf" not in result.output
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2"])
 def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported, name):
     _, m, out = exported(name)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])

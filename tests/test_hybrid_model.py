@@ -106,9 +106,30 @@ def _falcon_h1_gated():
     ))
 
 
+def _lfm2():
+    # LFM2: gated short convolutions (biases, 4 wide) beside attention whose queries and keys are
+    # RMS-normed per head; the MLP width as given (no auto-adjust); an untied head
+    return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, layer_types=["full_attention", "conv", "full_attention", "conv", "full_attention"],
+        conv_L_cache=4, conv_bias=True, block_auto_adjust_ff_dim=False, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    ))
+
+
+def _lfm2_tied():
+    # as LiquidAI's configs: attention at `full_attn_idxs`, the MLP width adjusted (2/3 of 200,
+    # times 1.5, rounded up to 32: 224), the head tied to a larger-scale embedding, RoPE theta 1e6
+    return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, intermediate_size=200, num_attention_heads=4,
+        num_key_value_heads=1, full_attn_idxs=[1, 3], block_ffn_dim_multiplier=1.5, block_multiple_of=32,
+        initializer_range=0.3,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
-             "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated}
+             "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied}
 
 
 def _hf(name: str, seed: int):
@@ -151,13 +172,22 @@ def _load_ours(path) -> HybridLM:
     return model
 
 
+def hf_kinds(config) -> list[str]:
+    """A transformers hybrid's layer kinds: `layers_block_type`, or LFM2's `layer_types` ("conv" /
+    "full_attention")."""
+    return list(getattr(config, "layers_block_type", None) or config.layer_types)
+
+
 def _hf_states(model, cache) -> list[tuple]:
     """transformers' cache as our per-layer tuples (copies): mamba (conv (b, c, k), ssm (b, h, p, n)),
-    attention (keys, values) (b, nkv, T, hd), Falcon-H1's both (keys, values, conv, ssm), mlp ()."""
+    attention (keys, values) (b, nkv, T, hd), Falcon-H1's both (keys, values, conv, ssm), LFM2's
+    short conv (conv (b, d, ks),), mlp ()."""
     states = []
-    for i, kind in enumerate(model.config.layers_block_type):
+    for i, kind in enumerate(hf_kinds(model.config)):
         layer = cache.layers[i]
-        if kind == "linear_attention":
+        if kind == "conv":
+            states.append((layer.conv_states[0].clone(),))
+        elif kind == "linear_attention":
             states.append((layer.conv_states[0].clone(), layer.recurrent_states[0].clone()))
         elif kind == "full_attention":
             states.append((layer.keys.clone(), layer.values.clone()))
@@ -264,7 +294,22 @@ def test_layouts_read_what_transformers_means(tmp_path):
     assert not falcon.mamba_gated_norm and falcon.rotary_dim == 16 and falcon.logits_scaling == 1 / 0.4
     assert (falcon.key_multiplier, falcon.ssm_multipliers, falcon.mlp_multipliers) == (0.6, [0.5, 1.5, 0.8, 1.2, 0.6],
                                                                                        [1.4, 0.6])
+    for name in ("lfm2", "lfm2-tied"):  # the MLP's width, as transformers' Lfm2MLP makes it
+        hf = HF_MODELS[name]()
+        lfm2 = hybrid_config_from_json(hf.config.to_dict())
+        assert lfm2.d_ff == hf.model.layers[0].feed_forward.w1.out_features
+        assert lfm2.qk_norm and lfm2.rotary_dim == 16 and lfm2.mlp_in_layer
+    lfm2 = hybrid_config_from_json(_lfm2_tied().config.to_dict())
+    assert lfm2.layer_types == ["conv", "attention", "conv", "attention"] and lfm2.d_ff == 224
+    assert lfm2.tie_embeddings and lfm2.rope_theta == 1e6 and lfm2.short_conv_kernel == 3
+    # LiquidAI's own config.json spellings: block_ff_dim, tie_embedding, rope_theta at the top, no layer_types
+    liquid = {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 4, "vocab_size": VOCAB,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "full_attn_idxs": [1, 3], "block_ff_dim": 200,
+              "block_ffn_dim_multiplier": 1.5, "block_multiple_of": 32, "tie_embedding": True, "rope_theta": 1e6}
+    read_by_transformers = transformers.Lfm2Config(**{k: v for k, v in liquid.items() if k != "model_type"})
+    assert hybrid_config_from_json(read_by_transformers.to_dict()) == hybrid_config_from_json(liquid) == lfm2
     # Ours round-trips.
+    assert hybrid_config_from_json({**lfm2.to_dict(), "family": "hybrid"}) == lfm2
     assert hybrid_config_from_json({**falcon.to_dict(), "family": "hybrid"}) == falcon
     assert hybrid_config_from_json({**nemo.to_dict(), "family": "hybrid"}) == nemo
     assert all(is_hybrid_config(c) for c in ({"family": "hybrid"}, {"model_type": "bamba"},
@@ -442,6 +487,12 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "falcon_h1", "lm_head_multiplier": 0}, "lm_head_multiplier"),
     ({"model_type": "falcon_h1", "ssm_multipliers": [1.0, 1.0]}, "ssm_multipliers"),
     ({"model_type": "falcon_h1", "mlp_multipliers": [1.0, "x"]}, r"mlp_multipliers\[1\]"),
+    ({"model_type": "lfm2", "num_hidden_layers": 2, "layer_types": ["conv", "sliding_attention"]}, "layer_types"),
+    ({"model_type": "lfm2", "num_hidden_layers": 2, "full_attn_idxs": [2]}, "full_attn_idxs"),
+    ({"model_type": "lfm2", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type='yarn'"),
+    ({"model_type": "lfm2", "block_multiple_of": 0}, "block_multiple_of"),
+    ({"model_type": "lfm2", "conv_L_cache": 0}, "short_conv_kernel"),
+    ({"model_type": "lfm2_moe"}, "model_type='lfm2_moe'"),
     ({"family": "hybrid", "d_modle": 64}, "d_modle"),
 ])
 def test_config_refusals_name_the_key(config, key):

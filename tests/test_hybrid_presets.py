@@ -65,3 +65,27 @@ def test_falcon_h1_tiny_config_json_reads_as_the_preset():
     read = hybrid_config_from_json(transformers.FalconH1Config(**FALCON_H1_TINY).to_dict())
     preset = preset_config("hybrid", "falcon-h1-tiny")
     assert {k: (getattr(read, k), v) for k, v in vars(preset).items() if getattr(read, k) != v} == {}
+
+
+# LiquidAI/LFM2-350M: the fields its language model's config sets beyond transformers' Lfm2Config
+# defaults (see seqexport/families/hybrid/presets.py)
+LFM2_350M = dict(num_hidden_layers=16, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
+                 intermediate_size=6656, vocab_size=65536, full_attn_idxs=[2, 5, 8, 10, 12, 14],
+                 block_ffn_dim_multiplier=1.0, block_multiple_of=256, conv_L_cache=3,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+def test_lfm2_350m_preset_has_transformers_lfm2_350m_parameters():
+    with torch.device("meta"):
+        ours = build_model("hybrid", preset_config("hybrid", "lfm2-350m"))
+        theirs = transformers.Lfm2ForCausalLM(transformers.Lfm2Config(**LFM2_350M))
+    n_ours = sum(p.numel() for p in ours.parameters())
+    assert n_ours == sum(p.numel() for p in theirs.parameters())
+    assert n_ours == 354_483_968  # LFM2-350M's published parameter count
+    assert shapes(ours) == shapes(theirs)
+
+
+def test_lfm2_350m_config_json_reads_as_the_preset():
+    read = hybrid_config_from_json(transformers.Lfm2Config(**LFM2_350M).to_dict())
+    preset = preset_config("hybrid", "lfm2-350m")
+    assert {k: (getattr(read, k), v) for k, v in vars(preset).items() if getattr(read, k) != v} == {}

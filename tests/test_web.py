@@ -1006,9 +1006,27 @@ def test_a_prompt_the_site_lets_through_is_one_the_python_runtime_takes(site):
                 rt.generate(model, [[5] * (n + 1)], rt.SearchOptions(max_new_tokens=1))
 
 
-def test_a_falcon_h1_hybrid_decodes_in_the_page_as_transformers(tmp_path):
+def _falcon_h1(transformers, vocab: int):
+    return transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+        hidden_size=64, num_hidden_layers=2, vocab_size=vocab, intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=2, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16,
+        mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16, embedding_multiplier=3.0, lm_head_multiplier=0.4,
+        key_multiplier=0.6, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.6], mlp_multipliers=[1.4, 0.6],
+        eos_token_id=None, pad_token_id=0))
+
+
+def _lfm2(transformers, vocab: int):
+    return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+        hidden_size=64, num_hidden_layers=3, vocab_size=vocab, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"], conv_bias=True,
+        block_auto_adjust_ff_dim=False, tie_word_embeddings=False, eos_token_id=None, pad_token_id=0))
+
+
+@pytest.mark.parametrize("name", ["falcon_h1", "lfm2"])
+def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, name):
     """Falcon-H1 (attention beside a Mamba-2 mixer in every layer, so each layer's state has both
-    kinds; μP multipliers): the page's greedy tokens are transformers' own `generate`'s."""
+    kinds; μP multipliers) and LFM2 (short convolutions beside attention with per-head q/k norms):
+    the page's greedy tokens are transformers' own `generate`'s."""
     import torch
     import transformers
 
@@ -1016,27 +1034,21 @@ def test_a_falcon_h1_hybrid_decodes_in_the_page_as_transformers(tmp_path):
 
     need_page()
     tok = byte_level_bpe()
-    config = transformers.FalconH1Config(
-        hidden_size=64, num_hidden_layers=2, vocab_size=tok.get_vocab_size(), intermediate_size=96,
-        num_attention_heads=4, num_key_value_heads=2, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16,
-        mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16, embedding_multiplier=3.0, lm_head_multiplier=0.4,
-        key_multiplier=0.6, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.6], mlp_multipliers=[1.4, 0.6],
-        eos_token_id=None, pad_token_id=0)
     torch.manual_seed(0)
-    hf = _randomize(transformers.FalconH1ForCausalLM(config), 0)
+    hf = _randomize({"falcon_h1": _falcon_h1, "lfm2": _lfm2}[name](transformers, tok.get_vocab_size()), 0)
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
     runner, prompt = CliRunner(), "Friday, 5 March 2021"
     result = runner.invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "ckpt"), "--out",
-                                 str(tmp_path / "falcon")])
+                                 str(tmp_path / name)])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(cli, ["web", str(tmp_path / "falcon"), "--out", str(tmp_path / "site")])
+    result = runner.invoke(cli, ["web", str(tmp_path / name), "--out", str(tmp_path / "site")])
     assert result.exit_code == 0, result.output
-    ids = rt.load(tmp_path / "falcon", provider="cpu").encode(prompt)
+    ids = rt.load(tmp_path / name, provider="cpu").encode(prompt)
     with torch.no_grad():
         want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
     assert len(set(want)) > 3
     with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
-        assert browser.open_page(driver, url, "falcon") == "ready"
+        assert browser.open_page(driver, url, name) == "ready"
         got = browser.run_prompt(driver, prompt, maxNewTokens=12)
         assert got["message"] is None and got["run"]["tokens"] == want

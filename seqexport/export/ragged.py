@@ -42,6 +42,15 @@ def at_ends(x: Tensor, ends: Tensor, count: int, axis: int) -> Tensor:
     return torch.gather(x, axis, index)
 
 
+def conv_window_at_ends(conv_state: Tensor, inputs: Tensor, lengths: Tensor) -> Tensor:
+    """A causal conv's new state per row: its last k inputs up to the row's own end (a model's
+    forward takes them at the padded end). conv_state (b, c, k) before the tokens, inputs
+    (b, c, l) the conv's inputs for them, lengths (b,) -> (b, c, k)."""
+    k = conv_state.shape[2]
+    x_cat = torch.cat([conv_state.to(inputs.dtype), inputs], dim=-1)  # (b, c, k + l)
+    return at_ends(x_cat, lengths + k, k, axis=2)
+
+
 def last_token_last(x: Tensor, lengths: Tensor) -> Tensor:
     """x (b, l, c) with row r rotated along l so that its position lengths[r] - 1 comes last."""
     length = x.shape[1]

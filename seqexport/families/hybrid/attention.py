@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from seqexport.models.hybrid import ATTENTION_KINDS, HybridLM, apply_rope
+from seqexport.models.hybrid import ATTENTION_KINDS, HybridLM
 
 
 def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -26,11 +26,7 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
     step as for a prefill)."""
     b, length, _ = x.shape
     P = past_key.shape[2]
-    q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)  # (b, nh, l, hd)
-    k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
-    v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
-    if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    q, k, v = self.project(x, rope)  # (b, nh, l, hd), (b, nkv, l, hd) x2
     keys = torch.cat([past_key.to(k.dtype), k], dim=2)  # (b, nkv, P + l, hd)
     values = torch.cat([past_value.to(v.dtype), v], dim=2)  # (b, nkv, P + l, hd)
     # visible: the valid past slots, and the new positions up to and including the query's own

@@ -1,11 +1,11 @@
-"""Hybrid attention + Mamba-2 -> prefill.onnx (the Mamba-2 layers' chunked SSD, no per-token
-loop) + step.onnx, over one state of two kinds.
+"""Hybrid attention + Mamba-2 (or short conv) -> prefill.onnx (the Mamba-2 layers' chunked SSD,
+no per-token loop) + step.onnx, over one state of two kinds.
 
 Both graphs take `past_lengths` (each row's valid attention cache slots) and every layer's state
 in layer order; they return the attention layers' new K/V only (the runtime appends them in
 place) and the Mamba-2 layers' conv/SSM state whole. The prefill takes right-padded rows: a
-Mamba-2 layer gets Δ = 0 past a row's end (its state passes unchanged) and its conv state is
-read at the row's own end; an attention layer's padded positions come after every real token
+Mamba-2 layer gets Δ = 0 past a row's end (its state passes unchanged) and its conv state (a
+short-conv layer's too) is read at the row's own end; an attention layer's padded positions come after every real token
 of the row, so no real token attends to them, and the runtime advances each row's length by its
 own tokens (the padded positions' K/V land in slots that stay invalid).
 """
@@ -29,9 +29,10 @@ from seqexport.families.hybrid.experts import (
     translation_table,
 )
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
-from seqexport.families.mamba2.export import CHUNK, _conv_state_at_ends
+from seqexport.families.mamba2.export import CHUNK
+from seqexport.families.mamba2.export import _conv_state_at_ends as mamba2_conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
-from seqexport.models.hybrid import HybridLM
+from seqexport.models.hybrid import HybridLM, ShortConv
 from seqexport.models.mamba2 import ssd_sequential
 from seqexport.parity.inputs import random_inputs
 from seqexport.specs import GraphSpec
@@ -61,6 +62,14 @@ def _flat(state) -> tuple:
     return tuple(t for layer in state for t in layer)
 
 
+def _conv_state_at_ends(layer, projected, conv_state, lengths):
+    """A layer's new conv state per row, at the row's own end: a Mamba-2 mixer's (its x, B, C) or a
+    short conv's (B * x). projected: the mixer's in_proj output (b, l, .); conv_state (b, c, k)."""
+    if layer.kind == "conv":
+        return ragged.conv_window_at_ends(conv_state, ShortConv.conv_input(projected), lengths)
+    return mamba2_conv_state_at_ends(layer.mixer, projected, conv_state, lengths)
+
+
 class PrefillGraph(nn.Module):
     """(input_ids (b, l), attention_mask (b, l), past_lengths (b,), *state[, logits_to_keep (1,)])
     -> logits (b, l or the last kept, v), *new state (attention: the l new positions)."""
@@ -80,13 +89,13 @@ class PrefillGraph(nn.Module):
             return self.scan(x, dt * ragged.valid(attention_mask, dt), A, B, C, D, h0)
 
         layers = layers_of(self.model, state)
-        mambas = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
-        with ragged.outputs_of([layer.mixer.in_proj for _, layer in mambas]) as seen, \
+        convs = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
+        with ragged.outputs_of([layer.mixer.in_proj for _, layer in convs]) as seen, \
                 ragged.rotated_output(self.model.norm_f, lengths):
             logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan)
-        for (i, layer), projected in zip(mambas, seen, strict=True):
+        for (i, layer), projected in zip(convs, seen, strict=True):
             at = layer.conv_index  # the conv state's place in the layer's tuple
-            conv = _conv_state_at_ends(layer.mixer, projected, layers[i][at], lengths)  # (b, c, k)
+            conv = _conv_state_at_ends(layer, projected, layers[i][at], lengths)  # (b, c, k)
             new_state[i] = (*new_state[i][:at], conv, *new_state[i][at + 1:])
         if keep is not None and int(keep[0]) > 0:
             logits = logits[:, -int(keep[0]):]  # (b, kept, v)

@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Five config layouts, told apart by `family` / `model_type`:
+Six config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -34,6 +34,16 @@ Five config layouts, told apart by `family` / `model_type`:
   in_proj's z, x, B, C, Δ, `mlp_multipliers` on the gate and the output) kept as they are, and
   `lm_head_multiplier` as logits_scaling = 1 / it. `mamba_proj_bias` (in_proj) and `projectors_bias`
   (out_proj) must agree (ours has one `mamba_bias`).
+
+- transformers' `Lfm2Config` (`model_type: "lfm2"`, Liquid AI's LFM2): `layer_types` ("conv" /
+  "full_attention"), or `full_attn_idxs` (every layer attention when neither is given); a "conv"
+  layer is the gated short convolution (`conv_L_cache` wide, `conv_bias` in its in_proj, conv and
+  out_proj), an attention layer RMS-norms queries and keys per head before RoPE (theta 1e6 unless
+  `rope_parameters` says otherwise) and is scaled by head_dim^-0.5; every layer ends with its gated
+  MLP, whose width is `intermediate_size` (`block_ff_dim`) adjusted as transformers adjusts it
+  when `block_auto_adjust_ff_dim` (2/3 of it, times `block_ffn_dim_multiplier`, rounded up to
+  `block_multiple_of`); one `norm_eps`; the head tied to the embedding unless
+  `tie_word_embeddings` (`tie_embedding`) is false. `lfm2_moe` (LFM2's experts) is not read.
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -100,6 +110,13 @@ _FALCON_H1_DEFAULTS = dict(
     attention_out_multiplier=1.0, attention_in_multiplier=1.0, ssm_multipliers=None, ssm_in_multiplier=1.0,
     ssm_out_multiplier=1.0, attention_bias=False, mlp_bias=False,
 )
+_LFM2_DEFAULTS = dict(
+    vocab_size=65536, hidden_size=2560, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=None, conv_bias=False,
+    conv_L_cache=3, block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
+    full_attn_idxs=None, layer_types=None,
+)
+_LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
                            mamba_conv_bias="use_conv_bias", mamba_chunk_size="chunk_size",
@@ -112,6 +129,8 @@ _NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp
 _GRANITE_EXPERTS = {"input_linear.weight": "gate_up_proj", "output_linear.weight": "down_proj",
                     "router.layer.weight": "router.weight", "experts.gate_up_proj": "gate_up_proj",
                     "experts.down_proj": "down_proj"}
+_LFM2_ATTENTION = {"out_proj": "o_proj", "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
+_LFM2_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
 
 
@@ -121,7 +140,7 @@ def is_hybrid_config(d: dict) -> bool:
 
 
 def hybrid_config_from_json(d: dict) -> HybridConfig:
-    """A `HybridConfig` from any of the five config.json layouts (see the module docstring).
+    """A `HybridConfig` from any of the six config.json layouts (see the module docstring).
 
     Raises ValueError for a dict of no known layout, for MoE variants, and for settings that
     select something `HybridLM` does not implement, naming the key and its value.
@@ -133,7 +152,7 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
             raise ValueError(f"config names family {d['family']!r}; expected 'hybrid'")
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
-               "falcon_h1": _from_falcon_h1}
+               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -172,7 +191,7 @@ def _require_value(d: dict, key: str, allowed: tuple, why: str = "") -> None:
         raise ValueError(f"{key}={d[key]!r} is not supported{why}; expected one of {list(allowed)}")
 
 
-def _rope(d: dict, model: str, default_factor: float | None) -> dict:
+def _rope(d: dict, model: str, default_factor: float | None, default_theta: float = 10000.0) -> dict:
     """rope_parameters (or an older config.json's rope_scaling and top-level rope_theta, which
     transformers 5 reads into it) -> rope_theta, partial_rotary_factor.
 
@@ -183,7 +202,7 @@ def _rope(d: dict, model: str, default_factor: float | None) -> dict:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         raise ValueError(f"rope_parameters.rope_type={rope_type!r} ({model}) is not supported; expected 'default'")
-    theta = _number(params.get("rope_theta", d.get("rope_theta", 10000.0)), "rope_parameters.rope_theta")
+    theta = _number(params.get("rope_theta", d.get("rope_theta", default_theta)), "rope_parameters.rope_theta")
     factor = 1.0 if default_factor is None else _number(params.get("partial_rotary_factor", default_factor),
                                                          "rope_parameters.partial_rotary_factor")
     return dict(rope_theta=theta, partial_rotary_factor=factor)
@@ -353,19 +372,66 @@ def _from_falcon_h1(d: dict) -> HybridConfig:
     )
 
 
+def _lfm2_layer_types(d: dict) -> list[str]:
+    n = d["num_hidden_layers"]
+    if d["layer_types"] is None:
+        attn = list(range(n)) if d["full_attn_idxs"] is None else d["full_attn_idxs"]
+        if not isinstance(attn, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n
+                                             for i in attn):
+            raise ValueError(f"full_attn_idxs={attn!r}; expected a list of layer indices in 0 .. {n - 1}")
+        return ["attention" if i in attn else "conv" for i in range(n)]
+    types = d["layer_types"]
+    if not isinstance(types, list) or len(types) != n or set(types) - {"conv", "full_attention"}:
+        raise ValueError(f"layer_types={types!r}; expected num_hidden_layers={n} entries, each 'conv' or "
+                         "'full_attention'")
+    return ["conv" if t == "conv" else "attention" for t in types]
+
+
+def _lfm2_ff_width(d: dict) -> int:
+    """The MLP's width as transformers' Lfm2MLP computes it from intermediate_size."""
+    width = d["intermediate_size"]
+    if d["block_auto_adjust_ff_dim"]:
+        width = int(2 * width / 3)
+        if d["block_ffn_dim_multiplier"] is not None:
+            width = int(_number(d["block_ffn_dim_multiplier"], "block_ffn_dim_multiplier") * width)
+            multiple = d["block_multiple_of"]
+            if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+                raise ValueError(f"block_multiple_of={multiple!r}; expected a positive integer")
+            width = multiple * ((width + multiple - 1) // multiple)
+    return width
+
+
+def _from_lfm2(d: dict) -> HybridConfig:
+    d = {**_LFM2_DEFAULTS, **d}
+    for old, new in _LFM2_ALIASES.items():
+        if old in d:
+            d[new] = d[old]
+    eps = d["norm_eps"]
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_lfm2_layer_types(d),
+        mlp_in_layer=True, d_ff=_lfm2_ff_width(d), mlp_act="silu_gated", mlp_bias=False,
+        **_attention_sizes(d), rope=True, **_rope(d, "lfm2", default_factor=None, default_theta=1e6),
+        attention_bias=False, qk_norm=True, short_conv_kernel=d["conv_L_cache"], short_conv_bias=d["conv_bias"],
+        rms_norm_eps=eps, tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 # ---- state dicts ----
 
 def _layout_of(state: dict[str, Tensor]) -> str:
     if "embed_tokens.weight" in state:
         return "ours"
     if "model.embed_tokens.weight" in state:
+        if "model.embedding_norm.weight" in state:
+            return "lfm2"
         if any(".shared_mlp." in k for k in state):
             return "granitemoehybrid"
         return "bamba"
     if "backbone.embeddings.weight" in state or "model.embeddings.weight" in state:
         return "nemotron_h"
     raise ValueError("state dict has none of 'embed_tokens.weight' (ours), 'model.embed_tokens.weight' (bamba, "
-                     "granitemoehybrid), 'backbone.embeddings.weight' / 'model.embeddings.weight' (nemotron_h)")
+                     "granitemoehybrid, falcon_h1, lfm2), 'backbone.embeddings.weight' / 'model.embeddings.weight' "
+                     "(nemotron_h)")
 
 
 def _nemotron_h_moe_key(key: str) -> str:
@@ -408,12 +474,23 @@ def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
     if layout == "ours":
         return key
     if layout == "nemotron_h":
-        for prefix in ("backbone.", "model."):
-            if key.startswith(prefix):
-                rest = key[len(prefix):]
-                return "embed_tokens.weight" if rest == "embeddings.weight" else _nemotron_h_moe_key(rest)
-        return key if key == "lm_head.weight" else None
-    # bamba / granitemoehybrid
+        return _nemotron_h_key(key)
+    if layout == "lfm2":
+        return _lfm2_key(key)
+    return _bamba_key(key, parallel)
+
+
+def _nemotron_h_key(key: str) -> str | None:
+    """`backbone.` (as saved) or `model.` (as in memory) dropped, `embeddings` -> `embed_tokens`."""
+    for prefix in ("backbone.", "model."):
+        if key.startswith(prefix):
+            rest = key[len(prefix):]
+            return "embed_tokens.weight" if rest == "embeddings.weight" else _nemotron_h_moe_key(rest)
+    return key if key == "lm_head.weight" else None
+
+
+def _bamba_key(key: str, parallel: bool) -> str | None:
+    """Bamba / Granite / Falcon-H1 names -> ours (see `convert_state_dict`)."""
     top = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
            "model.final_layernorm.weight": "norm_f.weight", "model.norm.weight": "norm_f.weight"}
     if key in top:
@@ -432,6 +509,32 @@ def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
     if module == "block_sparse_moe":  # as saved, and as transformers 5 holds it in memory
         rest = _GRANITE_EXPERTS.get(rest, rest)
     return f"layers.{i}.{modules[module]}.{rest}"
+
+
+def _lfm2_key(key: str) -> str | None:
+    """LFM2's names -> ours: `operator_norm` / `ffn_norm` -> `norm` / `mlp_norm`, `self_attn` and
+    `conv` -> `mixer` (`out_proj` and `{q,k}_layernorm` of attention -> `o_proj`, `{q,k}_norm`),
+    `feed_forward.{w1,w3,w2}` -> `mlp.{gate,up,down}_proj`, `embedding_norm` (the final norm) -> `norm_f`."""
+    top = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+           "model.embedding_norm.weight": "norm_f.weight"}
+    if key in top:
+        return top[key]
+    parts = key.split(".", 4)  # model, layers, i, module, rest
+    if len(parts) != 5 or parts[:2] != ["model", "layers"]:
+        return None
+    i, module, rest = parts[2], parts[3], parts[4]
+    name, _, what = rest.rpartition(".")  # e.g. "q_layernorm", "weight"
+    if module == "self_attn":
+        name = _LFM2_ATTENTION.get(name, name)
+    elif module == "feed_forward":
+        name = _LFM2_MLP.get(name)
+    elif module in ("operator_norm", "ffn_norm") and rest == "weight":
+        return f"layers.{i}.{'norm' if module == 'operator_norm' else 'mlp_norm'}.weight"
+    elif module != "conv":
+        return None
+    if not name:
+        return None
+    return f"layers.{i}.{'mlp' if module == 'feed_forward' else 'mixer'}.{name}.{what}"
 
 
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:

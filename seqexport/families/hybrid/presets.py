@@ -1,6 +1,6 @@
 """Presets of the hybrid family: `tiny`; `bamba-9b`, the published shape of IBM's Bamba-9B
 (ibm-fms/Bamba-9.8b-2.2T-hf, ibm-ai-platform/Bamba-9B); and `falcon-h1-tiny`, the shape of TII's
-Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base).
+Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base); and `lfm2-350m`, the shape of Liquid AI's LFM2-350M (LiquidAI/LFM2-350M).
 
 Where the numbers come from (no model hub here, so no config.json was read):
 - 32 layers, width 4096, 32 query heads, d_state 128, attention at layers 9, 18 and 27: the
@@ -26,9 +26,19 @@ RoPE over the whole head; θ set to 10000 here, its rope_parameters not quoted).
 are not quoted either: the preset's are neutral, which changes no shape nor any time. Checked by
 tests/test_hybrid_presets.py: transformers' `FalconH1ForCausalLM` of that config has the
 preset's parameters tensor for tensor (91.0 M).
+
+LFM2-350M, from its language model's config as two independent projects quote it (the text_config
+of Liquid AI models built on it, in an MLX port's test fixture and in another project's): 16
+layers, width 1024, 16 query heads and 8 KV heads (head 64), short convolutions 3 wide except
+attention at layers 2, 5, 8, 10, 12 and 14, `intermediate_size` 6656 (`block_ffn_dim_multiplier`
+1.0, `block_multiple_of` 256: transformers' Lfm2MLP makes it 4608 wide), vocabulary 65536, RoPE θ
+1e6. The rest from transformers' `Lfm2Config` defaults (tied embeddings, no conv biases, norm eps
+1e-5). Checked by tests/test_hybrid_presets.py: transformers' `Lfm2ForCausalLM` of that config has
+the preset's parameters tensor for tensor (354.5 M, the published 354,483,968).
 """
 
 BAMBA_9B_ATTENTION = (9, 18, 27)
+LFM2_350M_ATTENTION = (2, 5, 8, 10, 12, 14)
 
 PRESETS = {
     # three Mamba-2 layers around one attention layer (GQA 4:2, RoPE), MLPs in every layer
@@ -44,4 +54,8 @@ PRESETS = {
                            n_kv_heads=2, head_dim=64, rope=True, rope_theta=10000.0, mamba_nheads=24, headdim=32,
                            ngroups=1, d_state=64, d_conv=4, chunk_size=256, mamba_gated_norm=False,
                            mamba_norm_before_gate=True, tie_embeddings=True),
+    "lfm2-350m": dict(d_model=1024, vocab_size=65536,
+                      layer_types=["attention" if i in LFM2_350M_ATTENTION else "conv" for i in range(16)],
+                      d_ff=4608, n_heads=16, n_kv_heads=8, head_dim=64, rope=True, rope_theta=1e6, qk_norm=True,
+                      short_conv_kernel=3, short_conv_bias=False, tie_embeddings=True),
 }

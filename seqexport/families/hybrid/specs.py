@@ -7,6 +7,7 @@ kinds (seqexport.state), per layer as the config's `layer_types` say:
     "mamba2"     past_conv_state.{i} (batch, conv_dim, d_conv), past_ssm_state.{i}
                  (batch, nheads, headdim, d_state) float32: replaced whole each call
     "parallel"   both: the attention's key|value, then the mixer's conv|ssm (Falcon-H1)
+    "conv"       past_conv_state.{i} (batch, d_model, short_conv_kernel): replaced whole (LFM2)
     "mlp", "moe" no state
 
 Row r's new tokens take positions past_lengths[r] onwards: rows at different positions share a
@@ -49,6 +50,8 @@ def _present(name: str) -> str:
 def layer_inputs(kind: str, i: int) -> tuple[str, ...]:
     """Layer i's state inputs, in the order of the model's per-layer tuple."""
     kv = tuple(past_kv(i, kv) for kv in KV) if kind in ("attention", "parallel") else ()
+    if kind == "conv":
+        return (past_conv(i),)
     return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel") else ())
 
 
@@ -63,7 +66,8 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
     def state(i: int, kind: str, past: bool, length) -> tuple[TensorSpec, ...]:
         role = "state" if past else ""
         dims = {past_kv(i, kv): (dtype, ("batch", nkv, "past_len" if past else length, hd)) for kv in KV}
-        dims[past_conv(i)] = (dtype, ("batch", conv_dim, config["d_conv"]))
+        dims[past_conv(i)] = (dtype, ("batch", config["d_model"], config["short_conv_kernel"]) if kind == "conv"
+                              else ("batch", conv_dim, config["d_conv"]))
         dims[past_ssm(i)] = ("float32", ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]))
         return tuple(TensorSpec(n if past else _present(n), *dims[n], role) for n in layer_inputs(kind, i))
 

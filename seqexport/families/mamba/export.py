@@ -74,9 +74,7 @@ def _conv_state_at_ends(mixer, projected, conv_state, lengths):
     """A mixer's new conv state per row: the last k conv inputs up to the row's own end (as
     `MambaMixer.forward` takes them at the padded end). projected: in_proj's output (b, l, 2 d_in);
     conv_state (b, d_in, k) before the tokens; lengths (b,) -> (b, d_in, k)."""
-    x = projected[..., : mixer.d_inner].transpose(1, 2)  # (b, d_in, l)
-    x_cat = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # (b, d_in, k + l)
-    return ragged.at_ends(x_cat, lengths + mixer.d_conv, mixer.d_conv, axis=2)
+    return ragged.conv_window_at_ends(conv_state, projected[..., : mixer.d_inner].transpose(1, 2), lengths)
 
 
 class StepGraph(nn.Module):

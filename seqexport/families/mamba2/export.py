@@ -102,11 +102,8 @@ def _conv_state_at_ends(mixer, projected, conv_state, lengths):
     """A mixer's new conv state per row: the last k conv inputs (x, B, C) up to the row's own
     end. projected: in_proj's output (b, l, d_in + c + h), split z | xBC | dt; conv_state
     (b, c, k) before the tokens; lengths (b,) -> (b, c, k)."""
-    c, k = conv_state.shape[1], conv_state.shape[2]
-    d_in = mixer.d_inner
-    xbc = projected[..., d_in: d_in + c].transpose(1, 2)  # (b, c, l)
-    x_cat = torch.cat([conv_state.to(xbc.dtype), xbc], dim=-1)  # (b, c, k + l)
-    return ragged.at_ends(x_cat, lengths + k, k, axis=2)
+    d_in, c = mixer.d_inner, conv_state.shape[1]
+    return ragged.conv_window_at_ends(conv_state, projected[..., d_in: d_in + c].transpose(1, 2), lengths)
 
 
 def _mixers(layers, fused_chunk: int | None):
