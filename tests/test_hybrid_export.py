@@ -239,6 +239,25 @@ def test_a_damaged_weight_fails_naming_its_layer(exported, tmp_path, graph, laye
     assert failing[0].divergence.layer == f"layers.{layer}"
 
 
+@pytest.mark.parametrize("name", ["bamba", "lfm2"])
+def test_int4_keeps_float_only_the_mamba2_mixers_in_proj(exported, tmp_path, name):
+    """A Mamba-2 mixer's in_proj (Δ, B, C of the scan) stays float32; a short conv's in_proj
+    (LFM2), whose window of a few tokens forgets the error, goes int4 like every other linear."""
+    hf, m, out = exported(name)
+    result = CliRunner().invoke(cli, ["quantize", str(out), "--bits", "4", "--out", str(tmp_path / "q")])
+    assert result.exit_code == 0, result.output
+    q = json.loads((tmp_path / "q" / "manifest.json").read_text())["quantization"]
+    mambas = [i for i, kind in enumerate(kinds_of(hf)) if kind in ("linear_attention", "hybrid")]
+    assert (name == "lfm2") == (not mambas)
+    for graph in ("prefill", "step"):
+        assert set(q["kept_float"][graph]) == {f"layers.{i}.mixer.in_proj" for i in mambas}
+    quantized = rt.load(tmp_path / "q", provider="cpu", threads=1)
+    prompt = np.arange(1, 9)[None] % VOCAB
+    want, _ = m.step(prompt, m.start(1))
+    got, _ = quantized.step(prompt, quantized.start(1))
+    assert np.abs(got - want).max() < 0.5 * np.abs(want).max()  # int4's error, not another model's
+
+
 def _ops(path) -> dict[tuple[str, str], int]:
     import collections
 

@@ -293,7 +293,8 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     # the graphs' structure (what stays float, their I/O); each graph's weights are read in the
     # loop below, one graph at a time
     models = {name: _structure(folder, g["file"]) for name, g in manifest["graphs"].items()}
-    keep, kept = _kept_float(models, [*exclude, *family.int8_keep_float], exclude, head_bits, bits)
+    family_keep = family.keep_float(manifest["config"])
+    keep, kept = _kept_float(models, [*exclude, *family_keep], exclude, head_bits, bits)
     started = time.perf_counter()
     feeds = calibration_feeds(folder, calibration) if mode == "static" else {}
     kind = (f"int4 (MatMulNBits, block {block_size}, accuracy level {accuracy_level}, head "
@@ -352,7 +353,7 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
         new |= {"graphs": graphs, "weights": shared.record(), "source": source, "quantization": record | {
             "include_head": bool(head_bits), "head": f"int{head_bits}" if head_bits else "float32",
             "excluded_patterns": list(exclude),
-            "family_kept_float": list(family.int8_keep_float), "kept_float": kept,
+            "family_kept_float": list(family_keep), "kept_float": kept,
             "source": {"folder": str(folder.resolve()), "manifest_sha256": sha256_file(folder / MANIFEST)},
             **({"experts": experts} if experts else {}),
             "seconds": round(time.perf_counter() - started, 2)}}

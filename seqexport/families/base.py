@@ -41,8 +41,9 @@ class Family:
     # manifest is refused when one is missing or malformed
     config_fields: dict[str, int] = field(default_factory=dict)
     bundled: str | None = None  # trained checkpoint folder under models/pretrained, if any
-    # weight MatMuls that `seqexport quantize` keeps float32 (globs over eager module paths)
-    int8_keep_float: tuple[str, ...] = ()
+    # weight MatMuls that `seqexport quantize` keeps float32 (globs over eager module paths), or
+    # a function of the manifest's config giving them (where they depend on the layers a model has)
+    int8_keep_float: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = ()
     detect: Callable[[dict], bool] = lambda config: False  # a config.json without "family" is ours?
     # a bare weights file (no config.json, e.g. BlinkDL's RWKV .pth) is ours, by its tensor names?
     # (then `checkpoints.config_from_weights(state)` infers the config from the shapes)
@@ -58,6 +59,11 @@ class Family:
     # exported/<default name><suffix>: e.g. the Mamba scan lowering
     out_suffix: Callable[[dict], str] = lambda options: ""
     summary: str = ""  # one line for --help
+
+    def keep_float(self, config: dict) -> tuple[str, ...]:
+        """The globs of `int8_keep_float` for a model of this config."""
+        rule = self.int8_keep_float
+        return tuple(rule(config) if callable(rule) else rule)
 
     def part(self, name: str) -> ModuleType:
         return importlib.import_module(f"{self.package}.{name}")

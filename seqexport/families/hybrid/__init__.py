@@ -15,6 +15,14 @@ EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free her
 MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2")  # transformers' layouts read here
 
 
+def _keep_float(config: dict) -> tuple[str, ...]:
+    """A Mamba-2 mixer's in_proj makes Δ, B and C of the scan beside z and x: quantising it moves
+    the state. A short conv's in_proj (LFM2) is quantised: its window of a few tokens forgets the
+    error, as an attention layer's projections do."""
+    return tuple(f"*layers.{i}.mixer.in_proj" for i, kind in enumerate(config["layer_types"])
+                 if kind in ("mamba2", "parallel"))
+
+
 def _detect(config: dict) -> bool:
     return config.get("model_type") in MODEL_TYPES
 
@@ -36,8 +44,7 @@ FAMILY = Family(
                           "or standard ONNX that runs every expert (other runtimes; Nemotron-H's experts); "
                           "auto: the kernel where it runs the model's experts."),
     ),
-    # in_proj makes Δ, B and C of the scan beside z and x: quantising it moves the state
-    int8_keep_float=("*.mixer.in_proj",),
+    int8_keep_float=_keep_float,
     detect=_detect,
     public_layouts=f"transformers' model_type {' / '.join(repr(t) for t in MODEL_TYPES)}",
     summary="Export a hybrid attention + Mamba-2 LM: prefill.onnx + step.onnx with an appended KV cache "
