@@ -6,6 +6,7 @@ the refusals (MoE, bad fields)."""
 
 import json
 import math
+import re
 from functools import partial
 
 import pytest
@@ -516,8 +517,18 @@ def test_convert_state_dict_refusals(tmp_path):
     config = hybrid_config_from_json(hf.config.to_dict())
     sd = {f"backbone.{k.removeprefix('model.')}": v for k, v in hf.state_dict().items()}
     assert set(convert_state_dict(sd, config)) == set(HybridLM(config).state_dict())
-    with pytest.raises(ValueError, match="layers.3.mixer.dt_bias"):
+    # a missing tensor is named as the checkpoint names it, then as ours
+    with pytest.raises(ValueError, match=r"lacks \['backbone.layers.3.mixer.dt_bias \(layers.3.mixer.dt_bias\)'\]"):
         convert_state_dict({k: v for k, v in sd.items() if k != "backbone.layers.3.mixer.dt_bias"}, config)
+    for name, theirs, ours in (("falcon_h1", "model.layers.1.mamba.D", "layers.1.mixer.D"),
+                               ("falcon_h1", "model.layers.0.self_attn.k_proj.weight", "layers.0.attention.k_proj.weight"),
+                               ("lfm2", "model.layers.1.conv.conv.bias", "layers.1.mixer.conv.bias"),
+                               ("lfm2", "model.layers.2.feed_forward.w3.weight", "layers.2.mlp.up_proj.weight"),
+                               ("lfm2", "model.layers.0.self_attn.q_layernorm.weight", "layers.0.mixer.q_norm.weight")):
+        model = HF_MODELS[name]()
+        state = {k: v for k, v in model.state_dict().items() if k != theirs}
+        with pytest.raises(ValueError, match=rf"lacks \['{re.escape(theirs)} \({re.escape(ours)}\)'\]"):
+            convert_state_dict(state, hybrid_config_from_json(model.config.to_dict()))
     with pytest.raises(ValueError, match="backbone.layers.2.mixer.experts.0.up_proj.weight"):
         convert_state_dict({**sd, "backbone.layers.2.mixer.experts.0.up_proj.weight": torch.zeros(1)}, config)
     granite = _granite(True)

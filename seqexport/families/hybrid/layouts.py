@@ -129,7 +129,8 @@ _NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp
 _GRANITE_EXPERTS = {"input_linear.weight": "gate_up_proj", "output_linear.weight": "down_proj",
                     "router.layer.weight": "router.weight", "experts.gate_up_proj": "gate_up_proj",
                     "experts.down_proj": "down_proj"}
-_LFM2_ATTENTION = {"out_proj": "o_proj", "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
+_LFM2_ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj",
+                   "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
 _LFM2_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
 
@@ -525,7 +526,7 @@ def _lfm2_key(key: str) -> str | None:
     i, module, rest = parts[2], parts[3], parts[4]
     name, _, what = rest.rpartition(".")  # e.g. "q_layernorm", "weight"
     if module == "self_attn":
-        name = _LFM2_ATTENTION.get(name, name)
+        name = _LFM2_ATTENTION.get(name)
     elif module == "feed_forward":
         name = _LFM2_MLP.get(name)
     elif module in ("operator_norm", "ffn_norm") and rest == "weight":
@@ -596,6 +597,34 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
                          f"{names[:8]}{' ...' if len(names) > 8 else ''} ({len(names)} keys)")
     missing = sorted(want - set(out))
     if missing:
-        raise ValueError(f"state dict ({layout} layout) lacks {missing[:8]}{' ...' if len(missing) > 8 else ''} "
+        named = [_as_theirs(k, source, layout, parallel) for k in missing[:8]]
+        raise ValueError(f"state dict ({layout} layout) lacks {named}{' ...' if len(missing) > 8 else ''} "
                          f"({len(missing)} keys) for this HybridConfig")
     return out
+
+
+def _as_theirs(missing: str, source: dict[str, str], layout: str, parallel: bool) -> str:
+    """Our missing key as the checkpoint would have named it, e.g. `model.layers.0.mamba.D
+    (layers.0.mixer.D)`: a key the checkpoint has of the same module gives the prefix, the name
+    under it is ours or the layout's for it (LFM2's `w3` for `up_proj`), and it is kept only if
+    it reads back as ours. Our key alone when none is found."""
+    if layout == "ours":
+        return missing
+    stem = missing
+    while "." in stem:
+        stem = stem.rsplit(".", 1)[0]
+        head, _, rest = missing[len(stem) + 1:].partition(".")
+        tails = [f"{t}.{rest}" if rest else t for t in _THEIR_NAMES.get(head, ())] + [missing[len(stem) + 1:]]
+        for ours, theirs in source.items():
+            if not ours.startswith(stem + "."):
+                continue
+            prefix = theirs.rsplit(".", ours[len(stem) + 1:].count(".") + 1)[0]  # theirs, less our tail's parts
+            for tail in tails:
+                if _rename(f"{prefix}.{tail}", layout, parallel) == missing:  # (falcon_h1 / granite: bamba's names)
+                    return f"{prefix}.{tail} ({missing})"
+    return missing
+
+
+# our module name -> the names a layout gives it where they differ (for `_as_theirs`)
+_THEIR_NAMES = {ours: [theirs for theirs, o in {**_LFM2_MLP, **_LFM2_ATTENTION}.items() if o == ours != theirs]
+                for ours in {**_LFM2_MLP, **_LFM2_ATTENTION}.values()}
