@@ -1849,6 +1849,14 @@ FAULTS = (
           'seqexport/families/base.py', '        return tuple(rule(config) if callable(rule) else rule)',
           '        return tuple(() if callable(rule) else rule)',
           ('tests/test_hybrid_export.py::test_int4_keeps_float_only_the_mamba2_mixers_in_proj',)),
+    Fault('M499', 'hybrid layouts: a missing tensor named only by our key',
+          'seqexport/families/hybrid/layouts.py', '                    return f"{prefix}.{tail} ({missing})"',
+          '                    return missing',
+          ('tests/test_hybrid_model.py::test_convert_state_dict_refusals',)),
+    Fault('M500', "hybrid layouts: a missing tensor's name tried as ours before the layout's (LFM2's q_norm, not q_layernorm)",
+          'seqexport/families/hybrid/layouts.py', '        tails = [f"{t}.{rest}" if rest else t for t in _THEIR_NAMES.get(head, ())] + [missing[len(stem) + 1:]]',
+          '        tails = [missing[len(stem) + 1:]] + [f"{t}.{rest}" if rest else t for t in _THEIR_NAMES.get(head, ())]\n        _LFM2_ATTENTION.update(q_norm="q_norm")',
+          ('tests/test_hybrid_model.py::test_convert_state_dict_refusals',)),
 )
 
 
