@@ -42,7 +42,8 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
 Mixture of experts (`n_experts` > 0): a router and E experts of width fe (the MLP's kind: gated
 SiLU or squared ReLU); each token takes k = `experts_per_token` of them and gets their weighted
 sum. Where it sits: Granite-4.0-H Tiny / Small (`mlp_in_layer`) beside each mamba2/attention
-layer's MLP, the layer adding mlp(h) + experts(h); Nemotron-H ("moe" layers) as a layer of its
+layer's MLP, the layer adding mlp(h) + experts(h); LFM2-MoE (`experts_from_layer` k) instead of
+the MLP in layers k onwards, the first k layers keeping a dense MLP; Nemotron-H ("moe" layers) as a layer of its
 own, experts(h) + shared(h) with a shared expert MLP of width `d_ff_shared_expert`. Routing
 (`expert_routing`): "softmax" (Granite: the top k of the router's logits, weighted by the
 softmax over those k) or "sigmoid" (Nemotron-H, DeepSeek-V3: scores σ(logits) in float32; the
@@ -127,6 +128,10 @@ class HybridConfig(DictConfig):
     normalize_expert_weights: bool = True  # sigmoid routing: a token's k weights scaled to sum 1
     routed_scaling_factor: float = 1.0  # sigmoid routing: the weights are then multiplied by it
     d_ff_shared_expert: int = 128  # "moe" layers: the shared expert MLP's width
+    # where experts sit with mlp_in_layer: None = beside every layer's MLP (Granite); k = instead of
+    # the MLP from layer k on, layers before k keeping their MLP (LFM2-MoE's num_dense_layers)
+    experts_from_layer: int | None = None
+    expert_weights_eps: float = 1e-20  # sigmoid routing: added to the k weights' sum before normalising
     # attention
     n_heads: int = 4  # query heads (nh)
     n_kv_heads: int = 2  # key/value heads (nkv), must divide n_heads (grouped-query attention)
@@ -266,6 +271,14 @@ class HybridConfig(DictConfig):
         f = self.routed_scaling_factor
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < math.inf:
             raise ValueError(f"{name}.routed_scaling_factor must be a finite number > 0, got {f!r}")
+        eps = self.expert_weights_eps
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < math.inf:
+            raise ValueError(f"{name}.expert_weights_eps must be a finite number >= 0, got {eps!r}")
+        start = self.experts_from_layer
+        if start is not None and (isinstance(start, bool) or not isinstance(start, int)
+                                  or not 0 <= start <= self.n_layer or not self.mlp_in_layer or not self.n_experts):
+            raise ValueError(f"{name}.experts_from_layer={start!r}; expected None, or a layer index in 0 .. "
+                             f"{self.n_layer} with mlp_in_layer and n_experts >= 1")
         self._check_expert_counts()
 
     def _check_expert_counts(self) -> None:
@@ -457,6 +470,7 @@ class Experts(nn.Module):
         self.sigmoid = config.expert_routing == "sigmoid"
         self.groups, self.groups_per_token = config.n_expert_groups, config.expert_groups_per_token
         self.normalize, self.scaling = config.normalize_expert_weights, config.routed_scaling_factor
+        self.eps = config.expert_weights_eps
         self.router = nn.Linear(d, e, bias=False)
         if self.sigmoid:
             self.register_buffer("router_bias", torch.zeros(e))  # (E,) added to the scores to choose
@@ -486,7 +500,7 @@ class Experts(nn.Module):
         experts = choice.masked_fill(keep == 0, float("-inf")).topk(self.k, dim=-1)[1]  # (n, k)
         weights = scores.gather(1, experts)  # (n, k)
         if self.normalize:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+            weights = weights / (weights.sum(-1, keepdim=True) + self.eps)
         return (weights * self.scaling).to(x.dtype), experts
 
     def expert(self, e: int, x: Tensor) -> Tensor:
@@ -586,7 +600,7 @@ class HybridLayer(nn.Module):
     "conv" layer's, its gated short convolution.
     Each Mamba-2 / attention branch: out_multiplier * branch(in_multiplier * h)."""
 
-    def __init__(self, config: HybridConfig, kind: str):
+    def __init__(self, config: HybridConfig, kind: str, index: int = 0):
         super().__init__()
         self.kind = kind
         self.residual_multiplier = config.residual_multiplier
@@ -608,12 +622,14 @@ class HybridLayer(nn.Module):
             self.shared = MLP(config, config.d_ff_shared_expert)
         else:
             self.mixer = MLP(config)
-        if config.mlp_in_layer and kind != "mlp":
+        # the layer's own feed-forward (mlp_in_layer): its MLP, its experts, or both (see experts_from_layer)
+        feed_forward = config.mlp_in_layer and kind != "mlp"
+        start = config.experts_from_layer
+        if feed_forward:
             self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
-            self.mlp = MLP(config)
-        else:
-            self.mlp = None
-        self.experts = Experts(config) if config.n_experts and self.mlp is not None else None
+        self.mlp = MLP(config) if feed_forward and (start is None or index < start) else None
+        self.experts = Experts(config) if feed_forward and config.n_experts and (start is None or index >= start) \
+            else None
 
     def _residual(self, x: Tensor, out: Tensor) -> Tensor:
         return x + (out if self.residual_multiplier == 1 else out * self.residual_multiplier)
@@ -658,9 +674,10 @@ class HybridLayer(nn.Module):
         else:
             out, new_state = self.mixer(h), ()
         x = self._residual(x, out)
-        if self.mlp is not None:
+        if self.mlp is not None or self.experts is not None:
             h = self.mlp_norm(x)
-            x = self._residual(x, self.mlp(h) if self.experts is None else self.experts(h) + self.mlp(h))
+            parts = [f(h) for f in (self.experts, self.mlp) if f is not None]
+            x = self._residual(x, parts[0] if len(parts) == 1 else parts[0] + parts[1])
         return x, new_state
 
 
@@ -672,7 +689,7 @@ class HybridLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.d_model)
-        self.layers = nn.ModuleList([HybridLayer(config, kind) for kind in config.layer_types])
+        self.layers = nn.ModuleList([HybridLayer(config, kind, i) for i, kind in enumerate(config.layer_types)])
         self.norm_f = RMSNorm(config.d_model, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
         rd = config.rotary_dim

@@ -209,7 +209,7 @@ def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exporte
     assert "final past_key_values." in result.output and "inf" not in result.output
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "lfm2-moe"])
 def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported, name):
     _, m, out = exported(name)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])

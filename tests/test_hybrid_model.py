@@ -128,9 +128,20 @@ def _lfm2_tied():
     ))
 
 
+def _lfm2_moe():
+    # LFM2-MoE: a dense first layer, then 6 experts (2 a token) instead of the MLP, a sigmoid
+    # router whose choice adds expert_bias, weights normalised and scaled by 2.5
+    return transformers.Lfm2MoeForCausalLM(transformers.Lfm2MoeConfig(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, intermediate_size=96, moe_intermediate_size=32,
+        num_experts=6, num_experts_per_tok=2, num_dense_layers=1, routed_scaling_factor=2.5, num_attention_heads=4,
+        num_key_value_heads=2, layer_types=["conv", "full_attention", "conv", "full_attention"], tie_word_embeddings=False,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
-             "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied}
+             "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
+             "lfm2-moe": _lfm2_moe}
 
 
 def _hf(name: str, seed: int):
@@ -161,7 +172,7 @@ def _randomize(model, seed: int):
         elif "experts" in name:  # (E, out, in) stacks of linears
             p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[2]))
     for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):  # a router's choice bias, of the scores' order
+        if name.endswith("e_score_correction_bias") or name.endswith("expert_bias"):  # a router's choice bias, of the scores' order
             b.copy_(0.2 * torch.randn(b.shape, generator=gen))
     return model.eval()
 
@@ -309,6 +320,12 @@ def test_layouts_read_what_transformers_means(tmp_path):
               "block_ffn_dim_multiplier": 1.5, "block_multiple_of": 32, "tie_embedding": True, "rope_theta": 1e6}
     read_by_transformers = transformers.Lfm2Config(**{k: v for k, v in liquid.items() if k != "model_type"})
     assert hybrid_config_from_json(read_by_transformers.to_dict()) == hybrid_config_from_json(liquid) == lfm2
+    bare = {k: v for k, v in liquid.items() if k != "rope_theta"}  # no RoPE key at all: LFM2's own 1e6
+    theta = transformers.Lfm2Config(**{k: v for k, v in bare.items() if k != "model_type"}).rope_parameters["rope_theta"]
+    assert hybrid_config_from_json(bare).rope_theta == theta == 1e6
+    moe = hybrid_config_from_json(_lfm2_moe().config.to_dict())
+    assert (moe.experts_from_layer, moe.n_experts, moe.d_ff, moe.d_ff_expert, moe.expert_routing) == (1, 6, 96, 32, "sigmoid")
+    assert hybrid_config_from_json({**moe.to_dict(), "family": "hybrid"}) == moe
     # Ours round-trips.
     assert hybrid_config_from_json({**lfm2.to_dict(), "family": "hybrid"}) == lfm2
     assert hybrid_config_from_json({**falcon.to_dict(), "family": "hybrid"}) == falcon
@@ -493,7 +510,9 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "lfm2", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type='yarn'"),
     ({"model_type": "lfm2", "block_multiple_of": 0}, "block_multiple_of"),
     ({"model_type": "lfm2", "conv_L_cache": 0}, "short_conv_kernel"),
-    ({"model_type": "lfm2_moe"}, "model_type='lfm2_moe'"),
+    ({"model_type": "lfm2_moe"}, "no 'layer_types'"),
+    ({"model_type": "lfm2_moe", "num_hidden_layers": 2, "layer_types": ["conv"] * 2, "num_dense_layers": 3},
+     "num_dense_layers"),
     ({"family": "hybrid", "d_modle": 64}, "d_modle"),
 ])
 def test_config_refusals_name_the_key(config, key):
@@ -553,6 +572,30 @@ def test_convert_state_dict_refusals(tmp_path):
     with pytest.raises(ValueError, match="layers.4.mixer.experts holds down_proj .* missing \\[5\\]"):
         convert_state_dict({k: v for k, v in saved.items() if k != "backbone.layers.4.mixer.experts.5.down_proj.weight"},
                            nconfig)
+
+
+@pytest.mark.parametrize("expert_bias", [True, False])
+def test_lfm2_moe_experts_read_as_saved_and_as_held(tmp_path, expert_bias):
+    """LFM2-MoE's experts as saved (one w1 / w3 / w2 each) and as transformers holds them in
+    memory (stacked gate_up_proj / down_proj) load to the same model, which gives transformers'
+    logits; without `use_expert_bias` the experts are chosen by their scores alone."""
+    torch.manual_seed(0)
+    hf = _randomize(transformers.Lfm2MoeForCausalLM(transformers.Lfm2MoeConfig(
+        **{**_lfm2_moe().config.to_dict(), "use_expert_bias": expert_bias})), 0)
+    hf.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert "model.layers.1.feed_forward.experts.5.w3.weight" in saved
+    config = hybrid_config_from_json(json.loads((tmp_path / "config.json").read_text()))
+    as_saved, as_held = convert_state_dict(saved, config), convert_state_dict(dict(hf.state_dict()), config)
+    assert as_saved.keys() == as_held.keys() and all(torch.equal(as_saved[k], as_held[k]) for k in as_saved)
+    ours = HybridLM(config).eval()
+    ours.load_state_dict(as_saved, strict=True)
+    ids = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert _max_err(ours(ids)[0], hf(ids).logits) < 1e-4
+    with pytest.raises(ValueError, match=r"missing \['4.w2'\]"):
+        convert_state_dict({k: v for k, v in saved.items() if k != "model.layers.2.feed_forward.experts.4.w2.weight"},
+                           config)
 
 
 def test_a_steps_weight_floor_counts_only_the_experts_a_token_takes(tmp_path):

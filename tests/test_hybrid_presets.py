@@ -89,3 +89,24 @@ def test_lfm2_350m_config_json_reads_as_the_preset():
     read = hybrid_config_from_json(transformers.Lfm2Config(**LFM2_350M).to_dict())
     preset = preset_config("hybrid", "lfm2-350m")
     assert {k: (getattr(read, k), v) for k, v in vars(preset).items() if getattr(read, k) != v} == {}
+
+
+# LiquidAI/LFM2-8B-A1B: its layers (transformers' Lfm2MoeConfig defaults give the rest; see presets.py)
+LFM2_8B_A1B = dict(num_hidden_layers=24,
+                   layer_types=["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)])
+
+
+def test_lfm2_8b_a1b_preset_has_transformers_lfm2_8b_a1b_parameters():
+    with torch.device("meta"):
+        ours = build_model("hybrid", preset_config("hybrid", "lfm2-8b-a1b"))
+        theirs = transformers.Lfm2MoeForCausalLM(transformers.Lfm2MoeConfig(**LFM2_8B_A1B))
+    n_ours = sum(p.numel() for p in ours.parameters())
+    assert n_ours == sum(p.numel() for p in theirs.parameters())
+    assert 8.2e9 < n_ours < 8.5e9, n_ours  # the "8B" of the checkpoint's name
+    assert shapes(ours) == shapes(theirs)
+
+
+def test_lfm2_8b_a1b_config_json_reads_as_the_preset():
+    read = hybrid_config_from_json(transformers.Lfm2MoeConfig(**LFM2_8B_A1B).to_dict())
+    preset = preset_config("hybrid", "lfm2-8b-a1b")
+    assert {k: (getattr(read, k), v) for k, v in vars(preset).items() if getattr(read, k) != v} == {}

@@ -1,5 +1,5 @@
 """Hybrid attention + Mamba-2 (or short convolution) language models (IBM Granite-4.0-H and Bamba,
-NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2): prefill.onnx + step.onnx over one state of two
+NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2 and LFM2-MoE): prefill.onnx + step.onnx over one state of two
 kinds — an appended KV cache in the attention layers and replaced conv/SSM tensors in the
 Mamba-2 and short-conv layers. The declaration the registry reads
 (torch-free)."""
@@ -12,7 +12,7 @@ from seqexport.families.hybrid.presets import PRESETS
 from seqexport.families.recurrent import GRAPHS
 
 EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free here)
-MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2")  # transformers' layouts read here
+MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe")  # transformers' layouts read here
 
 
 def _keep_float(config: dict) -> tuple[str, ...]:

@@ -120,7 +120,7 @@ def kernel_refusal(model: HybridLM) -> str | None:
     c = model.config
     if c.n_experts and c.expert_routing != "softmax":
         return (f"ONNX Runtime's MoE kernel routes by a softmax over the top k; these experts route by "
-                f"{c.expert_routing!r} (Nemotron-H's grouped sigmoid)")
+                f"{c.expert_routing!r} (Nemotron-H's and LFM2-MoE's sigmoid)")
     if c.n_experts and c.mlp_act != "silu_gated":
         return f"ONNX Runtime's CPU MoE kernel has no {c.mlp_act!r} experts (gated SiLU only)"
     return None

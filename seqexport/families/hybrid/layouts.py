@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Six config layouts, told apart by `family` / `model_type`:
+Seven config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -43,7 +43,13 @@ Six config layouts, told apart by `family` / `model_type`:
   MLP, whose width is `intermediate_size` (`block_ff_dim`) adjusted as transformers adjusts it
   when `block_auto_adjust_ff_dim` (2/3 of it, times `block_ffn_dim_multiplier`, rounded up to
   `block_multiple_of`); one `norm_eps`; the head tied to the embedding unless
-  `tie_word_embeddings` (`tie_embedding`) is false. `lfm2_moe` (LFM2's experts) is not read.
+  `tie_word_embeddings` (`tie_embedding`) is false;
+- transformers' `Lfm2MoeConfig` (`model_type: "lfm2_moe"`, LFM2-8B-A1B): LFM2's layers (its
+  `layer_types` required), the first `num_dense_layers` with a gated MLP `intermediate_size` wide
+  (not adjusted), the rest with `num_experts` experts of `moe_intermediate_size` instead, a token
+  taking `num_experts_per_tok` of them by a sigmoid router whose choice adds `expert_bias`
+  (`use_expert_bias`), weighted by their scores normalised (`norm_topk_prob`, + 1e-6) and times
+  `routed_scaling_factor`.
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -116,6 +122,12 @@ _LFM2_DEFAULTS = dict(
     conv_L_cache=3, block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
     full_attn_idxs=None, layer_types=None,
 )
+_LFM2_MOE_DEFAULTS = dict(
+    vocab_size=65536, hidden_size=2048, intermediate_size=7168, moe_intermediate_size=1792, num_hidden_layers=32,
+    tie_word_embeddings=True, rope_parameters=None, norm_eps=1e-5, num_attention_heads=32, num_key_value_heads=8,
+    conv_bias=False, conv_L_cache=3, num_dense_layers=2, num_experts_per_tok=4, num_experts=32, use_expert_bias=True,
+    routed_scaling_factor=1.0, norm_topk_prob=True, layer_types=None, full_attn_idxs=None,
+)
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -132,6 +144,8 @@ _GRANITE_EXPERTS = {"input_linear.weight": "gate_up_proj", "output_linear.weight
 _LFM2_ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj",
                    "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
 _LFM2_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_LFM2_MOE = {"gate.weight": "router.weight", "expert_bias": "router_bias", "experts.gate_up_proj": "gate_up_proj",
+             "experts.down_proj": "down_proj"}
 _OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
 
 
@@ -141,7 +155,7 @@ def is_hybrid_config(d: dict) -> bool:
 
 
 def hybrid_config_from_json(d: dict) -> HybridConfig:
-    """A `HybridConfig` from any of the six config.json layouts (see the module docstring).
+    """A `HybridConfig` from any of the seven config.json layouts (see the module docstring).
 
     Raises ValueError for a dict of no known layout, for MoE variants, and for settings that
     select something `HybridLM` does not implement, naming the key and its value.
@@ -153,7 +167,7 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
             raise ValueError(f"config names family {d['family']!r}; expected 'hybrid'")
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
-               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2}
+               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -417,6 +431,28 @@ def _from_lfm2(d: dict) -> HybridConfig:
     )
 
 
+def _from_lfm2_moe(d: dict) -> HybridConfig:
+    d = {**_LFM2_MOE_DEFAULTS, **d}
+    if "tie_embedding" in d:
+        d["tie_word_embeddings"] = d["tie_embedding"]
+    if d["layer_types"] is None:  # Lfm2MoeConfig derives none (its layers would not build)
+        raise ValueError("lfm2_moe config has no 'layer_types'; expected a list of 'conv' / 'full_attention'")
+    dense = d["num_dense_layers"]
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= d["num_hidden_layers"]:
+        raise ValueError(f"num_dense_layers={dense!r}; expected a layer count in 0 .. {d['num_hidden_layers']}")
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_lfm2_layer_types(d),
+        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"], d_ff_expert=d["moe_intermediate_size"],
+        expert_routing="sigmoid", normalize_expert_weights=d["norm_topk_prob"],
+        routed_scaling_factor=_number(d["routed_scaling_factor"], "routed_scaling_factor"),
+        expert_weights_eps=1e-6, experts_from_layer=dense,
+        **_attention_sizes(d), rope=True, **_rope(d, "lfm2_moe", default_factor=None, default_theta=1e6),
+        attention_bias=False, qk_norm=True, short_conv_kernel=d["conv_L_cache"], short_conv_bias=d["conv_bias"],
+        rms_norm_eps=d["norm_eps"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 # ---- state dicts ----
 
 def _layout_of(state: dict[str, Tensor]) -> str:
@@ -424,7 +460,7 @@ def _layout_of(state: dict[str, Tensor]) -> str:
         return "ours"
     if "model.embed_tokens.weight" in state:
         if "model.embedding_norm.weight" in state:
-            return "lfm2"
+            return "lfm2"  # (and lfm2_moe: the same names, and the experts')
         if any(".shared_mlp." in k for k in state):
             return "granitemoehybrid"
         return "bamba"
@@ -467,6 +503,38 @@ def _stack_experts(out: dict[str, Tensor], config: HybridConfig) -> None:
             raise ValueError(f"{head}.mixer.experts holds {name} of experts {sorted(experts)[:8]}...; expected "
                              f"experts 0 .. {config.n_experts - 1} (n_routed_experts), missing {missing[:8]}")
         out[f"{head}.mixer.{name}"] = torch.stack([experts[j] for j in range(config.n_experts)])
+
+
+def _stack_lfm2_experts(out: dict[str, Tensor], config: HybridConfig) -> None:
+    """LFM2-MoE as saved, `layers.{i}.experts.{j}.{w1,w3,w2}.weight` (gate, up (fe, d); down (d, fe))
+    -> `layers.{i}.experts.gate_up_proj` (E, 2 fe, d), gate rows then up rows, and `.down_proj`
+    (E, d, fe), in place; ValueError naming the first piece missing. With no expert_bias in any
+    layer (`use_expert_bias` false) the router's bias is zeros, which chooses as none."""
+    if not config.n_experts:  # experts keys are left for the unknown-key check
+        return
+    pieces: dict[str, dict[tuple[int, str], Tensor]] = {}
+    for key in [k for k in out if ".experts." in k]:
+        head, tail = key.split(".experts.", 1)
+        j, _, name = tail.partition(".")
+        if j.isdigit() and name in ("w1.weight", "w3.weight", "w2.weight"):
+            pieces.setdefault(head, {})[int(j), name[:2]] = out.pop(key)
+    for head, parts in pieces.items():
+        want = [(j, w) for j in range(config.n_experts) for w in ("w1", "w3", "w2")]
+        missing = [f"{j}.{w}" for j, w in want if (j, w) not in parts]
+        if missing or len(parts) != len(want):
+            raise ValueError(f"model.{head}.feed_forward.experts holds {len(parts)} of the {len(want)} expert weights "
+                             f"w1 / w3 / w2 of experts 0 .. {config.n_experts - 1} (num_experts); missing "
+                             f"{missing[:8]}")
+        out[f"{head}.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[j, "w1"], parts[j, "w3"]]) for j in range(config.n_experts)])  # (E, 2 fe, d)
+        out[f"{head}.experts.down_proj"] = torch.stack([parts[j, "w2"] for j in range(config.n_experts)])  # (E, d, fe)
+    routers = {k.removesuffix(".router.weight") for k in out if k.endswith(".experts.router.weight")}
+    if not any(f"{head}.router_bias" in out for head in routers):
+        for head in routers:
+            out[f"{head}.router_bias"] = torch.zeros(config.n_experts)
+
+
+_STACKERS = {"nemotron_h": _stack_experts, "lfm2": _stack_lfm2_experts}
 
 
 def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
@@ -527,6 +595,10 @@ def _lfm2_key(key: str) -> str | None:
     name, _, what = rest.rpartition(".")  # e.g. "q_layernorm", "weight"
     if module == "self_attn":
         name = _LFM2_ATTENTION.get(name)
+    elif module == "feed_forward" and rest in _LFM2_MOE:  # LFM2-MoE's router and its bias
+        return f"layers.{i}.experts.{_LFM2_MOE[rest]}"
+    elif module == "feed_forward" and rest.startswith("experts."):  # stacked (in memory) or one expert each (saved)
+        return f"layers.{i}.experts.{_LFM2_MOE.get(rest, rest.removeprefix('experts.'))}"
     elif module == "feed_forward":
         name = _LFM2_MLP.get(name)
     elif module in ("operator_norm", "ffn_norm") and rest == "weight":
@@ -582,8 +654,8 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
         else:
             out[new] = value.float() if value.is_floating_point() else value
             source[new] = key
-    if layout == "nemotron_h":
-        _stack_experts(out, config)
+    if layout in _STACKERS:  # experts saved one tensor each -> our stacks
+        _STACKERS[layout](out, config)
     _tie(out, config)
 
     if parallel and layout == "bamba":

@@ -1,6 +1,7 @@
 """Presets of the hybrid family: `tiny`; `bamba-9b`, the published shape of IBM's Bamba-9B
 (ibm-fms/Bamba-9.8b-2.2T-hf, ibm-ai-platform/Bamba-9B); and `falcon-h1-tiny`, the shape of TII's
-Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base); and `lfm2-350m`, the shape of Liquid AI's LFM2-350M (LiquidAI/LFM2-350M).
+Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base); `lfm2-350m`, the shape of Liquid AI's LFM2-350M (LiquidAI/LFM2-350M); and
+`lfm2-8b-a1b`, the shape of its mixture of experts LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B).
 
 Where the numbers come from (no model hub here, so no config.json was read):
 - 32 layers, width 4096, 32 query heads, d_state 128, attention at layers 9, 18 and 27: the
@@ -35,10 +36,19 @@ attention at layers 2, 5, 8, 10, 12 and 14, `intermediate_size` 6656 (`block_ffn
 1e6. The rest from transformers' `Lfm2Config` defaults (tied embeddings, no conv biases, norm eps
 1e-5). Checked by tests/test_hybrid_presets.py: transformers' `Lfm2ForCausalLM` of that config has
 the preset's parameters tensor for tensor (354.5 M, the published 354,483,968).
+
+LFM2-8B-A1B, from transformers' `Lfm2MoeConfig` defaults, whose docstring names that checkpoint
+(width 2048, 32 query and 8 KV heads, dense MLP 7168 in the first 2 layers, then 32 experts of
+1792, 4 a token, a sigmoid router with an expert bias, vocabulary 65536, tied embeddings), and
+its 24 layers with attention at 2, 6, 10, 14, 18 and 21 as another project's test quotes its
+config.json (which agrees with those defaults). Checked by tests/test_hybrid_presets.py against
+transformers' `Lfm2MoeForCausalLM` of that config, tensor for tensor (8.34 B, the "8B" of the
+name); it needs ~33 GB to build in float32: not on a 24 GB machine.
 """
 
 BAMBA_9B_ATTENTION = (9, 18, 27)
 LFM2_350M_ATTENTION = (2, 5, 8, 10, 12, 14)
+LFM2_8B_A1B_ATTENTION = (2, 6, 10, 14, 18, 21)
 
 PRESETS = {
     # three Mamba-2 layers around one attention layer (GQA 4:2, RoPE), MLPs in every layer
@@ -58,4 +68,10 @@ PRESETS = {
                       layer_types=["attention" if i in LFM2_350M_ATTENTION else "conv" for i in range(16)],
                       d_ff=4608, n_heads=16, n_kv_heads=8, head_dim=64, rope=True, rope_theta=1e6, qk_norm=True,
                       short_conv_kernel=3, short_conv_bias=False, tie_embeddings=True),
+    "lfm2-8b-a1b": dict(d_model=2048, vocab_size=65536,
+                        layer_types=["attention" if i in LFM2_8B_A1B_ATTENTION else "conv" for i in range(24)],
+                        d_ff=7168, n_experts=32, experts_per_token=4, d_ff_expert=1792, expert_routing="sigmoid",
+                        expert_weights_eps=1e-6, experts_from_layer=2, n_heads=32, n_kv_heads=8, head_dim=64,
+                        rope=True, rope_theta=1e6, qk_norm=True, short_conv_kernel=3, short_conv_bias=False,
+                        tie_embeddings=True),
 }
