@@ -593,6 +593,13 @@ def test_lfm2_moe_experts_read_as_saved_and_as_held(tmp_path, expert_bias):
     ids = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert _max_err(ours(ids)[0], hf(ids).logits) < 1e-4
+    # the router's weights as its own router makes them (normalised with its + 1e-6), to float32's last bits
+    h = torch.randn(64, 64, generator=torch.Generator().manual_seed(2))
+    bias = hf.model.layers[1].feed_forward.expert_bias if expert_bias else None
+    _, want_weights, want_experts = hf.model.layers[1].feed_forward.gate(h, bias)
+    weights, experts = ours.layers[1].experts.route(h)
+    assert torch.equal(experts, want_experts)
+    torch.testing.assert_close(weights, want_weights, atol=2e-7, rtol=0)
     with pytest.raises(ValueError, match=r"missing \['4.w2'\]"):
         convert_state_dict({k: v for k, v in saved.items() if k != "model.layers.2.feed_forward.experts.4.w2.weight"},
                            config)
