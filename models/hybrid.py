@@ -32,6 +32,8 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
     "mamba2"     (conv_state (b, c, k), ssm_state (b, h, p, n) float32)   replaced whole each call
     "parallel"   (key, value, conv_state, ssm_state): the attention's then the mixer's
     "conv"       (conv_state (b, d, ks),): the last ks inputs of the short conv     replaced whole each call
+    "mamba"      (conv_state (b, d_in1, k), ssm_state (b, d_in1, n) float32): Jamba's Mamba-1 mixer,
+                 d_in1 = mamba1_expand * d (see models/mamba.py)                  replaced whole each call
     "attention"  (key, value), each (b, nkv, P, hd): an APPENDED buffer. Row r's slots
                  0 .. past_lengths[r] - 1 are valid; the rest are ignored, whatever they hold.
                  Keys are stored after RoPE (as transformers' caches hold them). A call returns
@@ -60,6 +62,8 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.mixer.* (as "mamba2"), layers.{i}.attention.{q_proj,...}.*               "parallel"
     layers.{i}.mixer.{q_norm,k_norm}.weight (hd,)                          attention with qk_norm
     layers.{i}.mixer.{in_proj,conv,out_proj}.*                                          "conv"
+    layers.{i}.mixer.{in_proj,conv1d,x_proj,dt_proj,out_proj}.*, .A_log, .D,
+        .{dt,b,c}_layernorm.weight (mamba1_dt_norm)                                      "mamba"
     layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
     layers.{i}.experts.router.weight (E, d), .gate_up_proj (E, 2 fe, d) gate rows then up rows
@@ -77,6 +81,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from seqexport.models.config import DictConfig
+from seqexport.models.mamba import MambaConfig, MambaMixer, selective_scan_ref
 from seqexport.models.mamba2 import Mamba2Config, Mamba2Mixer, RMSNorm, ssd_sequential
 from torch import Tensor, nn
 
@@ -84,7 +89,7 @@ from torch import Tensor, nn
 LayerState = tuple[Tensor, ...]
 Scan = Callable[..., tuple[Tensor, Tensor]]
 
-LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv")
+LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv", "mamba")
 MAMBA_KINDS = ("mamba2", "parallel")  # layers with a Mamba-2 mixer (and conv/SSM state)
 ATTENTION_KINDS = ("attention", "parallel")  # layers with attention (and a KV cache)
 EXPERT_ROUTINGS = ("softmax", "sigmoid")
@@ -112,7 +117,7 @@ class HybridConfig(DictConfig):
     d_model: int = 64  # width of the residual stream (d)
     vocab_size: int = 100  # real vocabulary; logits are sliced to it
     layer_types: list[str] = field(default_factory=lambda: ["mamba2", "attention", "mamba2"])  # per layer:
-    # "mamba2" | "attention" | "mlp" | "moe" | "parallel" | "conv"; the number of layers is its length
+    # "mamba2" | "attention" | "mlp" | "moe" | "parallel" | "conv" | "mamba"; the number of layers is its length
     mlp_in_layer: bool = True  # True: each mamba2/attention layer ends with its own MLP behind a second
     # pre-norm (Bamba, Granite-4.0-H); False: one block per layer, MLPs are "mlp" layers (Nemotron-H)
     d_ff: int = 128  # MLP width (f)
@@ -169,6 +174,10 @@ class HybridConfig(DictConfig):
     dt_max_limit: float | None = None  # Δ clamped to <= this; None = no upper limit
     mamba_gated_norm: bool = True  # the mixer's output: a gated RMSNorm; False: y * SiLU(z), no norm (Falcon-H1)
     mamba_norm_before_gate: bool = False  # gated norm: False = norm(y * SiLU(z)), True = norm(y) * SiLU(z)
+    # "mamba" layers (Jamba's Mamba-1 mixer; d_state, d_conv, conv_bias and mamba_bias as the Mamba-2 mixer's)
+    mamba1_expand: int = 2  # its width: mamba1_expand * d_model
+    mamba1_dt_rank: int | None = None  # rank of its Δ projection; None: ceil(d_model / 16)
+    mamba1_dt_norm: bool = False  # RMSNorms with weights on Δ's low-rank input, B and C (Jamba)
     # "conv" layers (LFM2's gated short convolution)
     short_conv_kernel: int = 3  # the causal depthwise conv's width (ks)
     short_conv_bias: bool = False  # biases in its in_proj, conv and out_proj
@@ -204,13 +213,15 @@ class HybridConfig(DictConfig):
         """Positive ints, bools, and finite numbers > 0 where the fields need them."""
         name = type(self).__name__
         ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
-                "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple", "short_conv_kernel")
+                "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple", "short_conv_kernel",
+                "mamba1_expand")
         for key in ints:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}.{key} must be a positive int, got {value!r}")
         for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
-                    "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias"):
+                    "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
+                    "mamba1_dt_norm"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
@@ -244,6 +255,9 @@ class HybridConfig(DictConfig):
         if self.rope and (self.rotary_dim < 2 or self.rotary_dim % 2):
             raise ValueError(f"{name}.partial_rotary_factor={factor!r} gives rotary_dim={self.rotary_dim} "
                              f"of head_dim={self.head_dim}; expected an even number >= 2")
+        r = self.mamba1_dt_rank
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
+            raise ValueError(f"{name}.mamba1_dt_rank must be None or a positive int, got {r!r}")
         if self.mamba_nheads % self.ngroups:
             raise ValueError(f"{name}.ngroups={self.ngroups} must divide mamba_nheads={self.mamba_nheads}")
 
@@ -585,6 +599,17 @@ class ShortConv(nn.Module):
         return (torch.zeros(batch, self.in_proj.in_features, self.kernel, dtype=dtype, device=device),)
 
 
+def mamba1_mixer(config: HybridConfig) -> MambaMixer:
+    """`models.mamba.MambaMixer` with the hybrid's sizes (Jamba's mixer: Mamba-1, its Δ input, B
+    and C RMS-normed with weights when mamba1_dt_norm)."""
+    return MambaMixer(MambaConfig(
+        d_model=config.d_model, n_layer=1, vocab_size=1, d_state=config.d_state, d_conv=config.d_conv,
+        expand=config.mamba1_expand, dt_rank=config.mamba1_dt_rank, bias=config.mamba_bias,
+        conv_bias=config.conv_bias, rms_norm_eps=config.rms_norm_eps,
+        mixer_rms_eps=config.rms_norm_eps if config.mamba1_dt_norm else None, mixer_norm_weights=config.mamba1_dt_norm,
+    ))
+
+
 class SiLUGate(nn.Module):
     """The mixer's output without a norm: y * SiLU(z) in float32 (Falcon-H1's mamba_rms_norm false)."""
 
@@ -607,7 +632,7 @@ class HybridLayer(nn.Module):
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
         # where the conv state sits in this layer's state tuple (None: no Mamba-2 mixer)
-        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0}.get(kind)
+        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0}.get(kind)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
         if kind in MAMBA_KINDS:
             self.mixer = mamba2_mixer(config)
@@ -617,6 +642,8 @@ class HybridLayer(nn.Module):
             self.mixer = Attention(config)
         elif kind == "conv":
             self.mixer = ShortConv(config)
+        elif kind == "mamba":
+            self.mixer = mamba1_mixer(config)
         elif kind == "moe":
             self.mixer = Experts(config)
             self.shared = MLP(config, config.d_ff_shared_expert)
@@ -639,7 +666,8 @@ class HybridLayer(nn.Module):
         return x if multiplier == 1 else x * multiplier
 
     def _mamba(self, h: Tensor, state: LayerState, scan: Scan, step: bool) -> tuple[Tensor, LayerState]:
-        """The Mamba-2 branch: h (b, l, d) -> out (b, l, d), (conv_state, ssm_state)."""
+        """The Mamba-2 (or a "mamba" layer's Mamba-1) branch: h (b, l, d) -> out (b, l, d), (conv_state,
+        ssm_state); `scan` the mixer's."""
         into, out_of = self.ssm_multipliers
         h = self._scaled(h, into)
         out, conv_state, ssm_state = self.mixer.step(h, *state) if step else self.mixer(h, *state, scan=scan)
@@ -654,13 +682,16 @@ class HybridLayer(nn.Module):
 
     def forward(
         self, x: Tensor, state: LayerState, past_lengths: Tensor, rope: tuple[Tensor, Tensor] | None,
-        scan: Scan, step: bool,
+        scan: Scan, step: bool, selective_scan: Scan = selective_scan_ref,
     ) -> tuple[Tensor, LayerState]:
         """x (b, l, d) -> (b, l, d) and this layer's new state (the new positions' K/V for attention).
-        `step`: l = 1 and the mamba2 mixer takes its single-token path."""
+        `step`: l = 1 and the mamba2 mixer takes its single-token path. `scan`: the Mamba-2 mixers',
+        `selective_scan`: the Mamba-1 mixers'."""
         h = self.norm(x)
         if self.kind == "mamba2":
             out, new_state = self._mamba(h, state, scan, step)
+        elif self.kind == "mamba":
+            out, new_state = self._mamba(h, state, selective_scan, step)
         elif self.kind == "parallel":  # state: (key, value, conv_state, ssm_state)
             out, new_ssm = self._mamba(h, state[2:], scan, step)
             attended, new_kv = self._attention(self.attention, h, state[:2], past_lengths, rope, step)
@@ -719,7 +750,7 @@ class HybridLM(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def _run(self, input_ids: Tensor, state: list[LayerState] | None, past_lengths: Tensor | None,
-             scan: Scan, step: bool) -> tuple[Tensor, list[LayerState]]:
+             scan: Scan, step: bool, selective_scan: Scan = selective_scan_ref) -> tuple[Tensor, list[LayerState]]:
         b, length = input_ids.shape
         if state is None:
             state = self.allocate_inference_cache(b, device=input_ids.device)
@@ -734,7 +765,7 @@ class HybridLM(nn.Module):
             rope = self._rope(positions, x.dtype)
         new_state = []
         for layer, layer_state in zip(self.layers, state, strict=True):
-            x, layer_state = layer(x, layer_state, past_lengths, rope, scan, step)
+            x, layer_state = layer(x, layer_state, past_lengths, rope, scan, step, selective_scan)
             new_state.append(layer_state)
         logits = self.lm_head(self.norm_f(x)).float()[..., : self.config.vocab_size]  # (b, l, v)
         if self.config.logits_scaling != 1:
@@ -743,7 +774,7 @@ class HybridLM(nn.Module):
 
     def forward(
         self, input_ids: Tensor, state: list[LayerState] | None = None, past_lengths: Tensor | None = None,
-        scan: Scan = ssd_sequential,
+        scan: Scan = ssd_sequential, selective_scan: Scan = selective_scan_ref,
     ) -> tuple[Tensor, list[LayerState]]:
         """Run l >= 1 tokens on from `state` (None: a fresh sequence).
 
@@ -753,11 +784,13 @@ class HybridLM(nn.Module):
             past_lengths: (b,) int64 valid attention slots per row (None: zeros)
             scan:         the SSD scan of the mamba2 layers (`ssd_sequential`,
                           `partial(ssd_chunked, chunk=...)`, or an exporter's wrapper)
+            selective_scan: the selective scan of the "mamba" (Mamba-1) layers (`selective_scan_ref`,
+                          or an exporter's lowering)
         Returns:
             logits (b, l, vocab_size) float32 and the new state: mamba2 layers' whole, attention
             layers' new positions only, (key, value) each (b, nkv, l, hd); "mlp" layers ().
         """
-        return self._run(input_ids, state, past_lengths, scan, step=False)
+        return self._run(input_ids, state, past_lengths, scan, step=False, selective_scan=selective_scan)
 
     def step(
         self, token_ids: Tensor, state: list[LayerState], past_lengths: Tensor | None = None

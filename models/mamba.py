@@ -86,6 +86,8 @@ class MambaConfig(DictConfig):
     # Falcon-Mamba: a weightless RMSNorm with this epsilon on each of x_proj's three outputs
     # (Δ's low-rank input, B, C) before they are used; None: no such norm (Mamba-1)
     mixer_rms_eps: float | None = None
+    # Jamba: those norms have weights (dt_layernorm, b_layernorm, c_layernorm), with mixer_rms_eps
+    mixer_norm_weights: bool = False
 
     def __post_init__(self):
         for name in ("d_model", "n_layer", "vocab_size", "d_state", "d_conv", "expand", "pad_vocab_size_multiple"):
@@ -100,6 +102,9 @@ class MambaConfig(DictConfig):
             raise ValueError(f"MambaConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
         if self.mixer_rms_eps is not None and (isinstance(self.mixer_rms_eps, bool) or not self.mixer_rms_eps > 0):
             raise ValueError(f"MambaConfig.mixer_rms_eps must be > 0 or None, got {self.mixer_rms_eps!r}")
+        if self.mixer_norm_weights not in (False, True) or (self.mixer_norm_weights and self.mixer_rms_eps is None):
+            raise ValueError(f"MambaConfig.mixer_norm_weights={self.mixer_norm_weights!r}; expected a bool, True only "
+                             "with mixer_rms_eps set")
 
     @property
     def d_inner(self) -> int:
@@ -137,6 +142,8 @@ class MambaMixer(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d_in, 1))  # (d_in, n)
         self.D = nn.Parameter(torch.ones(d_in))
         self.out_proj = nn.Linear(d_in, d, bias=config.bias)
+        if config.mixer_norm_weights:  # Jamba's weighted norms on x_proj's three outputs
+            self.dt_layernorm, self.b_layernorm, self.c_layernorm = (RMSNorm(m, config.mixer_rms_eps) for m in (r, n, n))
 
         # As the original: dt_proj keeps the variance of its input, and its bias is
         # the inverse softplus of a Δ drawn log-uniformly in [dt_min, dt_max].
@@ -149,9 +156,11 @@ class MambaMixer(nn.Module):
 
     def dt_b_c(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (..., d_in) -> x_proj's three parts: Δ's low-rank input (..., r), B (..., n), C (..., n),
-        each RMS-normed (weightless) when the config says so (Falcon-Mamba)."""
+        each RMS-normed when the config says so: weightless (Falcon-Mamba) or with weights (Jamba)."""
         dt, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
-        if self.mixer_rms_eps is not None:
+        if hasattr(self, "dt_layernorm"):
+            dt, B, C = self.dt_layernorm(dt), self.b_layernorm(B), self.c_layernorm(C)
+        elif self.mixer_rms_eps is not None:
             dt, B, C = (weightless_rms_norm(t, self.mixer_rms_eps) for t in (dt, B, C))
         return dt, B, C
 

@@ -3,7 +3,7 @@ for every kind of state, so beams need nothing family-specific.
 
 Judged against references independent of the runtime: transformers' own
 `generate(num_beams=4, length_penalty=1.0)` (no eos: every hypothesis runs to the fixed length)
-on random Hugging Face checkpoints (Mamba, Mamba-2, and the hybrids Bamba and LFM2, whose
+on random Hugging Face checkpoints (Mamba, Mamba-2, and the hybrids Bamba, LFM2 and Jamba, whose
 beams reorder an appended KV cache and replaced conv/SSM state together), and for RWKV-7 a beam search written here
 over the eager model's full forward (no cache, no state: the whole sequence each step), with
 transformers' semantics. Prompts are chosen where the beams differ from greedy decoding.
@@ -100,9 +100,10 @@ def test_beam_search_equals_transformers_generate(tmp_path, family):
     _check(_runtime_beams(tmp_path / "export", PROMPTS, BEAMS), reference, greedy)
 
 
-@pytest.mark.parametrize("name", ["bamba", "lfm2"])
+@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba"])
 def test_a_hybrid_beam_search_equals_transformers_generate(tmp_path, name):
-    """Bamba (attention beside Mamba-2 layers) and LFM2 (attention beside short convolutions):
+    """Bamba (attention beside Mamba-2 layers), LFM2 (beside short convolutions) and Jamba (beside
+    Mamba-1 layers):
     each beam's KV cache rows are reordered with its conv / SSM state rows."""
     from tests.test_hybrid_model import _hf
 

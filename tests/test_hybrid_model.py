@@ -138,10 +138,20 @@ def _lfm2_moe():
     ))
 
 
+def _jamba():
+    # Jamba, dense: Mamba-1 mixers (their Δ input, B and C RMS-normed with weights, biases in
+    # in_proj / out_proj) around attention without positions at layers 1 and 4, GQA 4:2
+    return transformers.JambaForCausalLM(transformers.JambaConfig(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=3, attn_layer_offset=1, num_experts=1, mamba_d_state=8,
+        mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=6, mamba_proj_bias=True,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
-             "lfm2-moe": _lfm2_moe}
+             "lfm2-moe": _lfm2_moe, "jamba": _jamba}
 
 
 def _hf(name: str, seed: int):
@@ -185,9 +195,10 @@ def _load_ours(path) -> HybridLM:
 
 
 def hf_kinds(config) -> list[str]:
-    """A transformers hybrid's layer kinds: `layers_block_type`, or LFM2's `layer_types` ("conv" /
-    "full_attention")."""
-    return list(getattr(config, "layers_block_type", None) or config.layer_types)
+    """A transformers hybrid's layer kinds: `layers_block_type` (Jamba's "mamba" / "attention" as
+    "linear_attention" / "full_attention"), or LFM2's `layer_types` ("conv" / "full_attention")."""
+    kinds = list(getattr(config, "layers_block_type", None) or config.layer_types)
+    return [{"mamba": "linear_attention", "attention": "full_attention"}.get(k, k) for k in kinds]
 
 
 def _hf_states(model, cache) -> list[tuple]:
@@ -323,6 +334,12 @@ def test_layouts_read_what_transformers_means(tmp_path):
     bare = {k: v for k, v in liquid.items() if k != "rope_theta"}  # no RoPE key at all: LFM2's own 1e6
     theta = transformers.Lfm2Config(**{k: v for k, v in bare.items() if k != "model_type"}).rope_parameters["rope_theta"]
     assert hybrid_config_from_json(bare).rope_theta == theta == 1e6
+    jamba = hybrid_config_from_json(_jamba().config.to_dict())
+    assert jamba.layer_types == ["mamba", "attention", "mamba", "mamba", "attention"] and not jamba.rope
+    assert (jamba.mamba1_expand, jamba.mamba1_dt_rank, jamba.mamba1_dt_norm, jamba.d_state) == (2, 6, True, 8)
+    auto = {k: v for k, v in _jamba().config.to_dict().items() if k != "mamba_dt_rank"}  # "auto": ceil(64 / 16)
+    assert hybrid_config_from_json(auto).mamba1_dt_rank == transformers.JambaConfig(
+        **{k: v for k, v in auto.items() if k != "model_type"}).mamba_dt_rank == 4
     moe = hybrid_config_from_json(_lfm2_moe().config.to_dict())
     assert (moe.experts_from_layer, moe.n_experts, moe.d_ff, moe.d_ff_expert, moe.expert_routing) == (1, 6, 96, 32, "sigmoid")
     assert hybrid_config_from_json({**moe.to_dict(), "family": "hybrid"}) == moe
@@ -499,7 +516,10 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
      "position_embedding_type"),
     ({"model_type": "nemotron_h", "layers_block_type": ["mamba2"]}, "layers_block_type"),
     ({"model_type": "nemotron_h", "layers_block_type": ["mlp"], "mlp_hidden_act": "silu"}, "mlp_hidden_act"),
-    ({"model_type": "jamba"}, "model_type"),
+    ({"model_type": "jamba"}, "num_experts=16: Jamba's mixture of experts is not supported"),
+    ({"model_type": "jamba", "num_experts": 1, "attn_layer_offset": 8}, "attn_layer_offset=8"),
+    ({"model_type": "jamba", "num_experts": 1, "hidden_act": "gelu"}, "hidden_act"),
+    ({"model_type": "zamba2"}, "model_type='zamba2'"),
     ({"model_type": "falcon_h1", "mamba_proj_bias": True}, "projectors_bias"),
     ({"model_type": "falcon_h1", "mamba_d_ssm": 1000}, "mamba_d_ssm"),
     ({"model_type": "falcon_h1", "lm_head_multiplier": 0}, "lm_head_multiplier"),

@@ -1022,11 +1022,19 @@ def _lfm2(transformers, vocab: int):
         block_auto_adjust_ff_dim=False, tie_word_embeddings=False, eos_token_id=None, pad_token_id=0))
 
 
-@pytest.mark.parametrize("name", ["falcon_h1", "lfm2"])
+def _jamba(transformers, vocab: int):
+    return transformers.JambaForCausalLM(transformers.JambaConfig(
+        hidden_size=64, num_hidden_layers=3, vocab_size=vocab, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=3, attn_layer_offset=1, num_experts=1, mamba_d_state=8,
+        mamba_dt_rank=6, eos_token_id=None, pad_token_id=0))
+
+
+@pytest.mark.parametrize("name", ["falcon_h1", "lfm2", "jamba"])
 def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, name):
     """Falcon-H1 (attention beside a Mamba-2 mixer in every layer, so each layer's state has both
-    kinds; μP multipliers) and LFM2 (short convolutions beside attention with per-head q/k norms):
-    the page's greedy tokens are transformers' own `generate`'s."""
+    kinds; μP multipliers), LFM2 (short convolutions beside attention with per-head q/k norms) and
+    Jamba (Mamba-1 mixers, their scan one ONNX Scan, beside attention): the page's greedy tokens
+    are transformers' own `generate`'s."""
     import torch
     import transformers
 
@@ -1035,7 +1043,8 @@ def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, nam
     need_page()
     tok = byte_level_bpe()
     torch.manual_seed(0)
-    hf = _randomize({"falcon_h1": _falcon_h1, "lfm2": _lfm2}[name](transformers, tok.get_vocab_size()), 0)
+    hf = _randomize({"falcon_h1": _falcon_h1, "lfm2": _lfm2, "jamba": _jamba}[name](transformers, tok.get_vocab_size()),
+                    0)
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
     runner, prompt = CliRunner(), "Friday, 5 March 2021"

@@ -1,5 +1,5 @@
 """Hybrid attention + Mamba-2 (or short convolution) language models (IBM Granite-4.0-H and Bamba,
-NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2 and LFM2-MoE): prefill.onnx + step.onnx over one state of two
+NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2 and LFM2-MoE, AI21 Jamba): prefill.onnx + step.onnx over one state of two
 kinds — an appended KV cache in the attention layers and replaced conv/SSM tensors in the
 Mamba-2 and short-conv layers. The declaration the registry reads
 (torch-free)."""
@@ -12,15 +12,19 @@ from seqexport.families.hybrid.presets import PRESETS
 from seqexport.families.recurrent import GRAPHS
 
 EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free here)
-MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe")  # transformers' layouts read here
+MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "jamba")  # transformers' layouts read here
 
 
 def _keep_float(config: dict) -> tuple[str, ...]:
     """A Mamba-2 mixer's in_proj makes Δ, B and C of the scan beside z and x: quantising it moves
     the state. A short conv's in_proj (LFM2) is quantised: its window of a few tokens forgets the
     error, as an attention layer's projections do."""
-    return tuple(f"*layers.{i}.mixer.in_proj" for i, kind in enumerate(config["layer_types"])
-                 if kind in ("mamba2", "parallel"))
+    mamba2 = tuple(f"*layers.{i}.mixer.in_proj" for i, kind in enumerate(config["layer_types"])
+                   if kind in ("mamba2", "parallel"))
+    # a Mamba-1 mixer's x_proj and dt_proj make Δ, B and C (Mamba's own rule)
+    mamba1 = tuple(f"*layers.{i}.mixer.{p}" for i, kind in enumerate(config["layer_types"]) if kind == "mamba"
+                   for p in ("x_proj", "dt_proj"))
+    return mamba2 + mamba1
 
 
 def _detect(config: dict) -> bool:

@@ -29,10 +29,13 @@ from seqexport.families.hybrid.experts import (
     translation_table,
 )
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
+from seqexport.families.mamba.export import _conv_state_at_ends as mamba1_conv_state_at_ends
+from seqexport.families.mamba.scan import custom_translation_table, scan_for
 from seqexport.families.mamba2.export import CHUNK
 from seqexport.families.mamba2.export import _conv_state_at_ends as mamba2_conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
 from seqexport.models.hybrid import HybridLM, ShortConv
+from seqexport.models.mamba import selective_scan_ref
 from seqexport.models.mamba2 import ssd_sequential
 from seqexport.parity.inputs import random_inputs
 from seqexport.specs import GraphSpec
@@ -63,10 +66,12 @@ def _flat(state) -> tuple:
 
 
 def _conv_state_at_ends(layer, projected, conv_state, lengths):
-    """A layer's new conv state per row, at the row's own end: a Mamba-2 mixer's (its x, B, C) or a
-    short conv's (B * x). projected: the mixer's in_proj output (b, l, .); conv_state (b, c, k)."""
+    """A layer's new conv state per row, at the row's own end: a Mamba-2 mixer's (its x, B, C), a
+    Mamba-1 mixer's (its x) or a short conv's (B * x). projected: the mixer's in_proj output (b, l, .); conv_state (b, c, k)."""
     if layer.kind == "conv":
         return ragged.conv_window_at_ends(conv_state, ShortConv.conv_input(projected), lengths)
+    if layer.kind == "mamba":
+        return mamba1_conv_state_at_ends(layer.mixer, projected, conv_state, lengths)
     return mamba2_conv_state_at_ends(layer.mixer, projected, conv_state, lengths)
 
 
@@ -74,9 +79,9 @@ class PrefillGraph(nn.Module):
     """(input_ids (b, l), attention_mask (b, l), past_lengths (b,), *state[, logits_to_keep (1,)])
     -> logits (b, l or the last kept, v), *new state (attention: the l new positions)."""
 
-    def __init__(self, model: HybridLM, scan=ssd_sequential):
+    def __init__(self, model: HybridLM, scan=ssd_sequential, selective_scan=selective_scan_ref):
         super().__init__()
-        self.model, self.scan = model, scan
+        self.model, self.scan, self.selective_scan = model, scan, selective_scan
 
     def forward(self, input_ids, attention_mask, past_lengths, *state):
         keep = None
@@ -88,11 +93,14 @@ class PrefillGraph(nn.Module):
         def scan(x, dt, A, B, C, D, h0):  # dt (b, l, h): 0 past a row's end keeps h
             return self.scan(x, dt * ragged.valid(attention_mask, dt), A, B, C, D, h0)
 
+        def selective_scan(u, delta, A, B, C, D, h0):  # delta (b, l, d_in): 0 past a row's end keeps h
+            return self.selective_scan(u, delta * ragged.valid(attention_mask, delta), A, B, C, D, h0)
+
         layers = layers_of(self.model, state)
         convs = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
         with ragged.outputs_of([layer.mixer.in_proj for _, layer in convs]) as seen, \
                 ragged.rotated_output(self.model.norm_f, lengths):
-            logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan)
+            logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan, selective_scan=selective_scan)
         for (i, layer), projected in zip(convs, seen, strict=True):
             at = layer.conv_index  # the conv state's place in the layer's tuple
             conv = _conv_state_at_ends(layer, projected, layers[i][at], lengths)  # (b, c, k)
@@ -119,6 +127,18 @@ class StepGraph(nn.Module):
 def wrapper(model: HybridLM, graph: str, scan=ssd_sequential) -> nn.Module:
     """The module each graph is traced from (validate compares with it, with the reference)."""
     return PrefillGraph(model, scan) if graph == "prefill" else StepGraph(model)
+
+
+MAMBA1_LOWERING = "loop"  # a "mamba" layer's selective scan in the prefill: one ONNX Scan (Mamba's default)
+
+
+def _tables(model: HybridLM, experts: dict | None) -> tuple[dict | None, dict | None]:
+    """The custom translation tables of the prefill and the step: the experts' kernel, and for
+    Mamba-1 ("mamba") layers the selective scan's lowering and softplus, as Mamba's export has them."""
+    if "mamba" not in model.config.layer_types:
+        return experts, experts
+    return ({**(experts or {}), **custom_translation_table(MAMBA1_LOWERING)},
+            {**(experts or {}), **custom_translation_table(None)})
 
 
 def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
@@ -156,14 +176,17 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
         options["experts"] = experts
         table = translation_table() if experts == "kernel" else None
 
+    prefill_table, step_table = _tables(model, table)
+    prefill = PrefillGraph(model, partial(ssd_grouped, chunk=chunk), scan_for(MAMBA1_LOWERING))
+
     def build(tmp):
         with torch.no_grad(), fused_attention(model, attention == "fused"), experts_as(model, experts):
             export_graphs([
-                GraphJob(f"prefill (chunked SSD, chunk {chunk})", wrapper(model, "prefill", partial(ssd_grouped, chunk=chunk)),
+                GraphJob(f"prefill (chunked SSD, chunk {chunk})", prefill,
                          prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
-                         dynamic_shapes_for(specs["prefill"], varargs_from=3), table),
+                         dynamic_shapes_for(specs["prefill"], varargs_from=3), prefill_table),
                 GraphJob("step", StepGraph(model, experts), step_args, specs["step"], tmp / "step.onnx", opset,
-                         dynamic_shapes_for(specs["step"], varargs_from=2), table),
+                         dynamic_shapes_for(specs["step"], varargs_from=2), step_table),
             ])
 
     return write_artifact(out, overwrite, ckpt, preset, specs, build, opset=opset, dtype=dtype,

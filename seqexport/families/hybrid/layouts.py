@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Seven config layouts, told apart by `family` / `model_type`:
+Eight config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -49,7 +49,12 @@ Seven config layouts, told apart by `family` / `model_type`:
   (not adjusted), the rest with `num_experts` experts of `moe_intermediate_size` instead, a token
   taking `num_experts_per_tok` of them by a sigmoid router whose choice adds `expert_bias`
   (`use_expert_bias`), weighted by their scores normalised (`norm_topk_prob`, + 1e-6) and times
-  `routed_scaling_factor`.
+  `routed_scaling_factor`;
+- transformers' `JambaConfig` (`model_type: "jamba"`, AI21's Jamba): attention (no positions,
+  head_dim^-0.5) where `i % attn_layer_period == attn_layer_offset`, Mamba-1 mixers elsewhere
+  (`mamba_expand * hidden_size` wide, `mamba_d_state`, `mamba_d_conv`, `mamba_dt_rank` ("auto":
+  ceil(hidden_size / 16)), their Δ input, B and C RMS-normed with weights), every layer ending
+  with its gated MLP. Dense only: a mixture of experts (`num_experts` > 1) is refused, naming it.
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -128,6 +133,13 @@ _LFM2_MOE_DEFAULTS = dict(
     conv_bias=False, conv_L_cache=3, num_dense_layers=2, num_experts_per_tok=4, num_experts=32, use_expert_bias=True,
     routed_scaling_factor=1.0, norm_topk_prob=True, layer_types=None, full_attn_idxs=None,
 )
+_JAMBA_DEFAULTS = dict(
+    vocab_size=65536, tie_word_embeddings=False, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, hidden_act="silu", rms_norm_eps=1e-6, num_experts_per_tok=2,
+    num_experts=16, expert_layer_period=2, expert_layer_offset=1, attn_layer_period=8, attn_layer_offset=4,
+    mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank="auto", mamba_conv_bias=True,
+    mamba_proj_bias=False,
+)
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -155,7 +167,7 @@ def is_hybrid_config(d: dict) -> bool:
 
 
 def hybrid_config_from_json(d: dict) -> HybridConfig:
-    """A `HybridConfig` from any of the seven config.json layouts (see the module docstring).
+    """A `HybridConfig` from any of the eight config.json layouts (see the module docstring).
 
     Raises ValueError for a dict of no known layout, for MoE variants, and for settings that
     select something `HybridLM` does not implement, naming the key and its value.
@@ -167,7 +179,7 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
             raise ValueError(f"config names family {d['family']!r}; expected 'hybrid'")
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
-               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe}
+               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "jamba": _from_jamba}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -453,6 +465,30 @@ def _from_lfm2_moe(d: dict) -> HybridConfig:
     )
 
 
+def _from_jamba(d: dict) -> HybridConfig:
+    d = {**_JAMBA_DEFAULTS, **d}
+    _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba conv both use it)")
+    n, period, offset = d["num_hidden_layers"], d["attn_layer_period"], d["attn_layer_offset"]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (period, offset)) or not 0 <= offset < period:
+        raise ValueError(f"attn_layer_period={period!r}, attn_layer_offset={offset!r}; expected integers with "
+                         "0 <= offset < period")
+    experts = d["num_experts"]
+    if experts != 1 and any(i % d["expert_layer_period"] == d["expert_layer_offset"] for i in range(n)):
+        raise ValueError(f"num_experts={experts!r}: Jamba's mixture of experts is not supported; expected "
+                         "num_experts 1 (a dense Jamba)")
+    rank = d["mamba_dt_rank"]
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"],
+        layer_types=["attention" if i % period == offset else "mamba" for i in range(n)],
+        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        **_attention_sizes(d), rope=False, attention_bias=False,
+        mamba1_expand=d["mamba_expand"], mamba1_dt_rank=math.ceil(d["hidden_size"] / 16) if rank == "auto" else rank,
+        mamba1_dt_norm=True, d_state=d["mamba_d_state"], d_conv=d["mamba_d_conv"], conv_bias=d["mamba_conv_bias"],
+        mamba_bias=d["mamba_proj_bias"], rms_norm_eps=d["rms_norm_eps"], tie_embeddings=d["tie_word_embeddings"],
+        pad_vocab_size_multiple=1,
+    )
+
+
 # ---- state dicts ----
 
 def _layout_of(state: dict[str, Tensor]) -> str:
@@ -658,8 +694,7 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
         _STACKERS[layout](out, config)
     _tie(out, config)
 
-    if parallel and layout == "bamba":
-        layout = "falcon_h1"  # as the errors below name it
+    layout = _label(layout, config)  # as the errors below name it
     with torch.device("meta"):
         want = set(HybridLM(config).state_dict())
     extra = sorted(set(out) - want)
@@ -673,6 +708,13 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
         raise ValueError(f"state dict ({layout} layout) lacks {named}{' ...' if len(missing) > 8 else ''} "
                          f"({len(missing)} keys) for this HybridConfig")
     return out
+
+
+def _label(layout: str, config: HybridConfig) -> str:
+    """The layout as errors name it: Bamba's key names are Falcon-H1's and Jamba's too."""
+    if layout == "bamba" and "parallel" in config.layer_types:
+        return "falcon_h1"
+    return "jamba" if layout == "bamba" and "mamba" in config.layer_types else layout
 
 
 def _as_theirs(missing: str, source: dict[str, str], layout: str, parallel: bool) -> str:

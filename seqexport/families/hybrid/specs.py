@@ -8,6 +8,8 @@ kinds (seqexport.state), per layer as the config's `layer_types` say:
                  (batch, nheads, headdim, d_state) float32: replaced whole each call
     "parallel"   both: the attention's key|value, then the mixer's conv|ssm (Falcon-H1)
     "conv"       past_conv_state.{i} (batch, d_model, short_conv_kernel): replaced whole (LFM2)
+    "mamba"      past_conv_state.{i} (batch, d_inner, d_conv), past_ssm_state.{i} (batch, d_inner,
+                 d_state) float32, d_inner = mamba1_expand * d_model: replaced whole (Jamba's Mamba-1)
     "mlp", "moe" no state
 
 Row r's new tokens take positions past_lengths[r] onwards: rows at different positions share a
@@ -52,7 +54,7 @@ def layer_inputs(kind: str, i: int) -> tuple[str, ...]:
     kv = tuple(past_kv(i, kv) for kv in KV) if kind in ("attention", "parallel") else ()
     if kind == "conv":
         return (past_conv(i),)
-    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel") else ())
+    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba") else ())
 
 
 def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
@@ -63,12 +65,17 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
     conv_dim = d_inner + 2 * config["ngroups"] * config["d_state"]
     nkv, hd = config["n_kv_heads"], config["head_dim"]
 
+    def mamba1_inner() -> int:  # a "mamba" layer's width (read only where there is one: older manifests lack the key)
+        return config["mamba1_expand"] * config["d_model"]
+
     def state(i: int, kind: str, past: bool, length) -> tuple[TensorSpec, ...]:
         role = "state" if past else ""
         dims = {past_kv(i, kv): (dtype, ("batch", nkv, "past_len" if past else length, hd)) for kv in KV}
         dims[past_conv(i)] = (dtype, ("batch", config["d_model"], config["short_conv_kernel"]) if kind == "conv"
+                              else ("batch", mamba1_inner(), config["d_conv"]) if kind == "mamba"
                               else ("batch", conv_dim, config["d_conv"]))
-        dims[past_ssm(i)] = ("float32", ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]))
+        dims[past_ssm(i)] = ("float32", ("batch", mamba1_inner(), config["d_state"]) if kind == "mamba"
+                             else ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]))
         return tuple(TensorSpec(n if past else _present(n), *dims[n], role) for n in layer_inputs(kind, i))
 
     def graph(name, length, prefill=False):
