@@ -48,17 +48,31 @@ def test_hf_mamba_checkpoint_exports_validates_and_generates(tmp_path, architect
 
 @pytest.mark.parametrize("command", ["mamba", "hybrid"])
 def test_a_layout_no_family_reads_is_refused_naming_it_and_the_layouts_read(tmp_path, command):
-    """A Jamba checkpoint (Mamba-1 + attention + experts; no family reads it): exit 2, its
-    model_type named, and every family's public layouts listed (not only Mamba's)."""
+    """A Zamba2 checkpoint (Mamba-2 beside shared attention blocks with LoRA; no family reads
+    it): exit 2, its model_type named, and every family's public layouts listed (not only Mamba's)."""
+    cfg = transformers.Zamba2Config(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, intermediate_size=64, mamba_d_state=8, mamba_headdim=8,
+                                    n_mamba_heads=8, layers_block_type=["mamba", "hybrid"])
+    transformers.Zamba2ForCausalLM(cfg).save_pretrained(tmp_path / "zamba2")
+    result = CliRunner().invoke(cli, ["export", command, "--checkpoint", str(tmp_path / "zamba2"),
+                                      "--out", str(tmp_path / "onnx")])
+    assert result.exit_code == 2, result.output
+    assert "model_type 'zamba2'" in result.output and "Traceback" not in result.output
+    for read in ("'falcon_mamba'", "'mamba2'", "'granitemoehybrid'", "'nemotron_h'", "'lfm2'", "'jamba'",
+                 "RWKV-7 weights file"):
+        assert read in result.output, read
+    assert not (tmp_path / "onnx").exists()
+
+
+def test_a_jamba_with_experts_is_refused_naming_them(tmp_path):
+    """Jamba's layout is read, its mixture of experts is not: exit 2 naming num_experts, nothing written."""
     cfg = transformers.JambaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=64, num_experts=2, mamba_d_state=8,
                                    attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                                    expert_layer_offset=1)
     transformers.JambaForCausalLM(cfg).save_pretrained(tmp_path / "jamba")
-    result = CliRunner().invoke(cli, ["export", command, "--checkpoint", str(tmp_path / "jamba"),
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "jamba"),
                                       "--out", str(tmp_path / "onnx")])
     assert result.exit_code == 2, result.output
-    assert "model_type 'jamba'" in result.output and "Traceback" not in result.output
-    for read in ("'falcon_mamba'", "'mamba2'", "'granitemoehybrid'", "'nemotron_h'", "RWKV-7 weights file"):
-        assert read in result.output, read
+    assert "num_experts=2" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "onnx").exists()
