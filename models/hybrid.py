@@ -44,8 +44,8 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
 Mixture of experts (`n_experts` > 0): a router and E experts of width fe (the MLP's kind: gated
 SiLU or squared ReLU); each token takes k = `experts_per_token` of them and gets their weighted
 sum. Where it sits: Granite-4.0-H Tiny / Small (`mlp_in_layer`) beside each mamba2/attention
-layer's MLP, the layer adding mlp(h) + experts(h); LFM2-MoE (`experts_from_layer` k) instead of
-the MLP in layers k onwards, the first k layers keeping a dense MLP; Nemotron-H ("moe" layers) as a layer of its
+layer's MLP, the layer adding mlp(h) + experts(h); LFM2-MoE and Jamba (`expert_layers`) instead
+of the MLP in the layers listed, the others keeping a dense MLP; Nemotron-H ("moe" layers) as a layer of its
 own, experts(h) + shared(h) with a shared expert MLP of width `d_ff_shared_expert`. Routing
 (`expert_routing`): "softmax" (Granite: the top k of the router's logits, weighted by the
 softmax over those k) or "sigmoid" (Nemotron-H, DeepSeek-V3: scores σ(logits) in float32; the
@@ -130,12 +130,14 @@ class HybridConfig(DictConfig):
     expert_routing: str = "softmax"  # "softmax" (Granite) | "sigmoid" (Nemotron-H): see the docstring
     n_expert_groups: int = 1  # sigmoid routing: groups of experts
     expert_groups_per_token: int = 1  # sigmoid routing: the groups a token's experts come from
-    normalize_expert_weights: bool = True  # sigmoid routing: a token's k weights scaled to sum 1
+    # a token's k weights scaled to sum 1 (softmax routing: False = the top k of the softmax over all E, Jamba)
+    normalize_expert_weights: bool = True
     routed_scaling_factor: float = 1.0  # sigmoid routing: the weights are then multiplied by it
     d_ff_shared_expert: int = 128  # "moe" layers: the shared expert MLP's width
-    # where experts sit with mlp_in_layer: None = beside every layer's MLP (Granite); k = instead of
-    # the MLP from layer k on, layers before k keeping their MLP (LFM2-MoE's num_dense_layers)
-    experts_from_layer: int | None = None
+    # where experts sit with mlp_in_layer: None = beside every layer's MLP (Granite); a list of layer
+    # indices = instead of the MLP in those layers, the others keeping their MLP (LFM2-MoE: from
+    # num_dense_layers on; Jamba: every expert_layer_period-th)
+    expert_layers: list[int] | None = None
     expert_weights_eps: float = 1e-20  # sigmoid routing: added to the k weights' sum before normalising
     # attention
     n_heads: int = 4  # query heads (nh)
@@ -288,11 +290,14 @@ class HybridConfig(DictConfig):
         eps = self.expert_weights_eps
         if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < math.inf:
             raise ValueError(f"{name}.expert_weights_eps must be a finite number >= 0, got {eps!r}")
-        start = self.experts_from_layer
-        if start is not None and (isinstance(start, bool) or not isinstance(start, int)
-                                  or not 0 <= start <= self.n_layer or not self.mlp_in_layer or not self.n_experts):
-            raise ValueError(f"{name}.experts_from_layer={start!r}; expected None, or a layer index in 0 .. "
-                             f"{self.n_layer} with mlp_in_layer and n_experts >= 1")
+        where = self.expert_layers
+        if where is not None and (not isinstance(where, list | tuple) or not self.mlp_in_layer or not self.n_experts
+                                  or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layer
+                                         for i in where)):
+            raise ValueError(f"{name}.expert_layers={where!r}; expected None, or a list of layer indices in 0 .. "
+                             f"{self.n_layer - 1} with mlp_in_layer and n_experts >= 1")
+        if where is not None:
+            self.expert_layers = sorted(set(where))
         self._check_expert_counts()
 
     def _check_expert_counts(self) -> None:
@@ -501,8 +506,11 @@ class Experts(nn.Module):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (n, d) -> weights (n, k) in x's dtype, experts (n, k) int64 (distinct in a row)."""
-        if not self.sigmoid:  # Granite: the logits in x's dtype, then float32
+        if not self.sigmoid and self.normalize:  # Granite: the logits in x's dtype, then float32
             weights, experts = softmax_top_k(self.router(x), self.k)
+            return weights.to(x.dtype), experts
+        if not self.sigmoid:  # Jamba: the top k of the softmax over all E, as they are
+            weights, experts = torch.softmax(self.router(x).float(), dim=-1).topk(self.k, dim=-1)  # (n, k) each
             return weights.to(x.dtype), experts
         scores = F.linear(x.float(), self.router.weight.float()).sigmoid()  # (n, E), in float32 (Nemotron-H)
         choice = scores + self.router_bias  # (n, E)
@@ -649,13 +657,13 @@ class HybridLayer(nn.Module):
             self.shared = MLP(config, config.d_ff_shared_expert)
         else:
             self.mixer = MLP(config)
-        # the layer's own feed-forward (mlp_in_layer): its MLP, its experts, or both (see experts_from_layer)
+        # the layer's own feed-forward (mlp_in_layer): its MLP, its experts, or both (see expert_layers)
         feed_forward = config.mlp_in_layer and kind != "mlp"
-        start = config.experts_from_layer
+        where = config.expert_layers
         if feed_forward:
             self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
-        self.mlp = MLP(config) if feed_forward and (start is None or index < start) else None
-        self.experts = Experts(config) if feed_forward and config.n_experts and (start is None or index >= start) \
+        self.mlp = MLP(config) if feed_forward and (where is None or index not in where) else None
+        self.experts = Experts(config) if feed_forward and config.n_experts and (where is None or index in where) \
             else None
 
     def _residual(self, x: Tensor, out: Tensor) -> Tensor:

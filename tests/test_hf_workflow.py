@@ -62,17 +62,3 @@ def test_a_layout_no_family_reads_is_refused_naming_it_and_the_layouts_read(tmp_
                  "RWKV-7 weights file"):
         assert read in result.output, read
     assert not (tmp_path / "onnx").exists()
-
-
-def test_a_jamba_with_experts_is_refused_naming_them(tmp_path):
-    """Jamba's layout is read, its mixture of experts is not: exit 2 naming num_experts, nothing written."""
-    cfg = transformers.JambaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=64, num_experts=2, mamba_d_state=8,
-                                   attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                                   expert_layer_offset=1)
-    transformers.JambaForCausalLM(cfg).save_pretrained(tmp_path / "jamba")
-    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "jamba"),
-                                      "--out", str(tmp_path / "onnx")])
-    assert result.exit_code == 2, result.output
-    assert "num_experts=2" in result.output and "Traceback" not in result.output
-    assert not (tmp_path / "onnx").exists()

@@ -277,17 +277,18 @@ def _expert_gathers(path) -> int:
     return sum(n.op_type in ("Gather", "GatherND") and n.input[0] in stacks for n in model.graph.node)
 
 
-def test_the_experts_dense_form_equals_transformers_with_standard_operators_only(exported, tmp_path):
+@pytest.mark.parametrize("name", ["granite-moe", "jamba-moe"])
+def test_the_experts_dense_form_equals_transformers_with_standard_operators_only(exported, tmp_path, name):
     """`--experts dense` (no com.microsoft node: the prefill runs every expert on every token, the
     step gathers each row's k experts) gives transformers' logits and state over a prefill and
-    20 steps, as the kernel form does, and validates; each form's manifest names it, and an
-    export without experts names none."""
-    hf, kernel, folder = exported("granite-moe")
+    20 steps, as the kernel form does (Granite's routing renormalised, Jamba's not), and validates;
+    each form's manifest names it, and an export without experts names none."""
+    hf, kernel, folder = exported(name)
     result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"),
                                       "--out", str(tmp_path / "dense"), "--experts", "dense"])
     assert result.exit_code == 0, result.output
     dense = rt.load(tmp_path / "dense", provider="cpu", threads=1)
-    n_layers = len(kinds_of(hf))
+    n_layers = sum(n > 1 for n in getattr(hf.config, "layers_num_experts", None) or [2] * len(kinds_of(hf)))
     for graph in ("prefill", "step"):
         assert _ops(folder / f"{graph}.onnx")[("com.microsoft", "MoE")] == n_layers
         assert not [op for op in _ops(tmp_path / "dense" / f"{graph}.onnx") if op[0]]  # standard ONNX only

@@ -148,10 +148,20 @@ def _jamba():
     ))
 
 
+def _jamba_moe():
+    # Jamba with experts in layers 1 and 3 (4 of them, 2 a token: the top 2 of the softmax over
+    # all 4, not renormalised), a dense MLP in 0 and 2; attention at layer 2
+    return transformers.JambaForCausalLM(transformers.JambaConfig(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=4, attn_layer_offset=2, num_experts=4, num_experts_per_tok=2,
+        expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=6,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
-             "lfm2-moe": _lfm2_moe, "jamba": _jamba}
+             "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe}
 
 
 def _hf(name: str, seed: int):
@@ -337,11 +347,13 @@ def test_layouts_read_what_transformers_means(tmp_path):
     jamba = hybrid_config_from_json(_jamba().config.to_dict())
     assert jamba.layer_types == ["mamba", "attention", "mamba", "mamba", "attention"] and not jamba.rope
     assert (jamba.mamba1_expand, jamba.mamba1_dt_rank, jamba.mamba1_dt_norm, jamba.d_state) == (2, 6, True, 8)
+    jmoe = hybrid_config_from_json(_jamba_moe().config.to_dict())
+    assert (jmoe.expert_layers, jmoe.n_experts, jmoe.d_ff_expert, jmoe.normalize_expert_weights) == ([1, 3], 4, 48, False)
     auto = {k: v for k, v in _jamba().config.to_dict().items() if k != "mamba_dt_rank"}  # "auto": ceil(64 / 16)
     assert hybrid_config_from_json(auto).mamba1_dt_rank == transformers.JambaConfig(
         **{k: v for k, v in auto.items() if k != "model_type"}).mamba_dt_rank == 4
     moe = hybrid_config_from_json(_lfm2_moe().config.to_dict())
-    assert (moe.experts_from_layer, moe.n_experts, moe.d_ff, moe.d_ff_expert, moe.expert_routing) == (1, 6, 96, 32, "sigmoid")
+    assert (moe.expert_layers, moe.n_experts, moe.d_ff, moe.d_ff_expert, moe.expert_routing) == ([1, 2, 3], 6, 96, 32, "sigmoid")
     assert hybrid_config_from_json({**moe.to_dict(), "family": "hybrid"}) == moe
     # Ours round-trips.
     assert hybrid_config_from_json({**lfm2.to_dict(), "family": "hybrid"}) == lfm2
@@ -516,7 +528,7 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
      "position_embedding_type"),
     ({"model_type": "nemotron_h", "layers_block_type": ["mamba2"]}, "layers_block_type"),
     ({"model_type": "nemotron_h", "layers_block_type": ["mlp"], "mlp_hidden_act": "silu"}, "mlp_hidden_act"),
-    ({"model_type": "jamba"}, "num_experts=16: Jamba's mixture of experts is not supported"),
+    ({"model_type": "jamba", "expert_layer_offset": 2}, "expert_layer_offset=2"),
     ({"model_type": "jamba", "num_experts": 1, "attn_layer_offset": 8}, "attn_layer_offset=8"),
     ({"model_type": "jamba", "num_experts": 1, "hidden_act": "gelu"}, "hidden_act"),
     ({"model_type": "zamba2"}, "model_type='zamba2'"),

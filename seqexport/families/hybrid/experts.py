@@ -46,16 +46,21 @@ def _gates(n: int, e: int, weights: Tensor, experts: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("seqexport::hybrid_moe", mutates_args=())
-def moe(x: Tensor, logits: Tensor, gate_up: Tensor, down: Tensor, k: int) -> Tensor:
+def moe(x: Tensor, logits: Tensor, gate_up: Tensor, down: Tensor, k: int, normalize: bool) -> Tensor:
     """x (n, d), the router's logits (n, E), gate_up (E, 2 fe, d) as gate and up rows
-    interleaved (g0, u0, g1, u1, ...), down (E, d, fe) -> (n, d): one `com.microsoft.MoE` node."""
-    weights, experts = softmax_top_k(logits, k)
+    interleaved (g0, u0, g1, u1, ...), down (E, d, fe) -> (n, d): one `com.microsoft.MoE` node.
+    normalize: the top k's weights renormalised (Granite: the softmax over the top k), or the
+    top k of the softmax over all E as they are (Jamba)."""
+    if normalize:
+        weights, experts = softmax_top_k(logits, k)
+    else:
+        weights, experts = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)  # (n, k) each
     gates = _gates(x.shape[0], logits.shape[1], weights.to(x.dtype), experts)
     return _all_experts(x, gates, gate_up, down, lambda h: F.silu(h[:, 0::2]) * h[:, 1::2])
 
 
 @moe.register_fake
-def _(x, logits, gate_up, down, k):
+def _(x, logits, gate_up, down, k, normalize):
     return torch.empty_like(x)
 
 
@@ -67,7 +72,8 @@ def interleaved(gate_up: Tensor) -> Tensor:
 
 def _kernel_forward(self: Experts, x: Tensor) -> Tensor:
     flat = x.reshape(-1, x.shape[-1])  # (n, d)
-    return moe(flat, self.router(flat), self._gate_up_interleaved, self.down_proj, self.k).reshape(x.shape)
+    return moe(flat, self.router(flat), self._gate_up_interleaved, self.down_proj, self.k,
+               self.normalize).reshape(x.shape)
 
 
 def _dense_forward(self: Experts, x: Tensor) -> Tensor:

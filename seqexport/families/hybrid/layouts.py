@@ -54,7 +54,9 @@ Eight config layouts, told apart by `family` / `model_type`:
   head_dim^-0.5) where `i % attn_layer_period == attn_layer_offset`, Mamba-1 mixers elsewhere
   (`mamba_expand * hidden_size` wide, `mamba_d_state`, `mamba_d_conv`, `mamba_dt_rank` ("auto":
   ceil(hidden_size / 16)), their Δ input, B and C RMS-normed with weights), every layer ending
-  with its gated MLP. Dense only: a mixture of experts (`num_experts` > 1) is refused, naming it.
+  with its gated MLP, or with `num_experts` experts instead where `i % expert_layer_period ==
+  expert_layer_offset` (`intermediate_size` wide, `num_experts_per_tok` a token: the top k of the
+  router's softmax over all experts, not renormalised).
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -75,6 +77,7 @@ checkpoint loaded as it is:
 
 import math
 from dataclasses import fields
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -458,7 +461,7 @@ def _from_lfm2_moe(d: dict) -> HybridConfig:
         n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"], d_ff_expert=d["moe_intermediate_size"],
         expert_routing="sigmoid", normalize_expert_weights=d["norm_topk_prob"],
         routed_scaling_factor=_number(d["routed_scaling_factor"], "routed_scaling_factor"),
-        expert_weights_eps=1e-6, experts_from_layer=dense,
+        expert_weights_eps=1e-6, expert_layers=list(range(dense, d["num_hidden_layers"])),
         **_attention_sizes(d), rope=True, **_rope(d, "lfm2_moe", default_factor=None, default_theta=1e6),
         attention_bias=False, qk_norm=True, short_conv_kernel=d["conv_L_cache"], short_conv_bias=d["conv_bias"],
         rms_norm_eps=d["norm_eps"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
@@ -472,15 +475,20 @@ def _from_jamba(d: dict) -> HybridConfig:
     if any(isinstance(v, bool) or not isinstance(v, int) for v in (period, offset)) or not 0 <= offset < period:
         raise ValueError(f"attn_layer_period={period!r}, attn_layer_offset={offset!r}; expected integers with "
                          "0 <= offset < period")
-    experts = d["num_experts"]
-    if experts != 1 and any(i % d["expert_layer_period"] == d["expert_layer_offset"] for i in range(n)):
-        raise ValueError(f"num_experts={experts!r}: Jamba's mixture of experts is not supported; expected "
-                         "num_experts 1 (a dense Jamba)")
+    experts, e_period, e_offset = d["num_experts"], d["expert_layer_period"], d["expert_layer_offset"]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (experts, e_period, e_offset)) or experts < 1 \
+            or not 0 <= e_offset < e_period:
+        raise ValueError(f"num_experts={experts!r}, expert_layer_period={e_period!r}, expert_layer_offset="
+                         f"{e_offset!r}; expected integers, num_experts >= 1, 0 <= offset < period")
+    expert_layers = [i for i in range(n) if i % e_period == e_offset] if experts > 1 else []
+    moe = dict(n_experts=experts, experts_per_token=d["num_experts_per_tok"], d_ff_expert=d["intermediate_size"],
+               expert_routing="softmax", normalize_expert_weights=False, expert_layers=expert_layers) \
+        if expert_layers else {}
     rank = d["mamba_dt_rank"]
     return HybridConfig(
         d_model=d["hidden_size"], vocab_size=d["vocab_size"],
         layer_types=["attention" if i % period == offset else "mamba" for i in range(n)],
-        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=False, **moe,
         **_attention_sizes(d), rope=False, attention_bias=False,
         mamba1_expand=d["mamba_expand"], mamba1_dt_rank=math.ceil(d["hidden_size"] / 16) if rank == "auto" else rank,
         mamba1_dt_norm=True, d_state=d["mamba_d_state"], d_conv=d["mamba_d_conv"], conv_bias=d["mamba_conv_bias"],
@@ -541,36 +549,39 @@ def _stack_experts(out: dict[str, Tensor], config: HybridConfig) -> None:
         out[f"{head}.mixer.{name}"] = torch.stack([experts[j] for j in range(config.n_experts)])
 
 
-def _stack_lfm2_experts(out: dict[str, Tensor], config: HybridConfig) -> None:
-    """LFM2-MoE as saved, `layers.{i}.experts.{j}.{w1,w3,w2}.weight` (gate, up (fe, d); down (d, fe))
-    -> `layers.{i}.experts.gate_up_proj` (E, 2 fe, d), gate rows then up rows, and `.down_proj`
-    (E, d, fe), in place; ValueError naming the first piece missing. With no expert_bias in any
-    layer (`use_expert_bias` false) the router's bias is zeros, which chooses as none."""
+def _stack_saved_experts(out: dict[str, Tensor], config: HybridConfig, names=("w1", "w3", "w2")) -> None:
+    """LFM2-MoE (Jamba) as saved, `layers.{i}.experts.{j}.{w1,w3,w2}.weight` (`{gate,up,down}_proj`):
+    gate, up (fe, d); down (d, fe) -> `layers.{i}.experts.gate_up_proj` (E, 2 fe, d), gate rows then
+    up rows, and `.down_proj` (E, d, fe), in place; ValueError naming the first piece missing. With
+    no expert_bias in any layer of a sigmoid router (LFM2-MoE's `use_expert_bias` false) its bias is
+    zeros, which chooses as none."""
+    gate, up, down = names
     if not config.n_experts:  # experts keys are left for the unknown-key check
         return
     pieces: dict[str, dict[tuple[int, str], Tensor]] = {}
     for key in [k for k in out if ".experts." in k]:
         head, tail = key.split(".experts.", 1)
         j, _, name = tail.partition(".")
-        if j.isdigit() and name in ("w1.weight", "w3.weight", "w2.weight"):
-            pieces.setdefault(head, {})[int(j), name[:2]] = out.pop(key)
+        if j.isdigit() and name.removesuffix(".weight") in names:
+            pieces.setdefault(head, {})[int(j), name.removesuffix(".weight")] = out.pop(key)
     for head, parts in pieces.items():
-        want = [(j, w) for j in range(config.n_experts) for w in ("w1", "w3", "w2")]
+        want = [(j, w) for j in range(config.n_experts) for w in names]
         missing = [f"{j}.{w}" for j, w in want if (j, w) not in parts]
         if missing or len(parts) != len(want):
             raise ValueError(f"model.{head}.feed_forward.experts holds {len(parts)} of the {len(want)} expert weights "
-                             f"w1 / w3 / w2 of experts 0 .. {config.n_experts - 1} (num_experts); missing "
+                             f"{' / '.join(names)} of experts 0 .. {config.n_experts - 1} (num_experts); missing "
                              f"{missing[:8]}")
         out[f"{head}.experts.gate_up_proj"] = torch.stack(
-            [torch.cat([parts[j, "w1"], parts[j, "w3"]]) for j in range(config.n_experts)])  # (E, 2 fe, d)
-        out[f"{head}.experts.down_proj"] = torch.stack([parts[j, "w2"] for j in range(config.n_experts)])  # (E, d, fe)
+            [torch.cat([parts[j, gate], parts[j, up]]) for j in range(config.n_experts)])  # (E, 2 fe, d)
+        out[f"{head}.experts.down_proj"] = torch.stack([parts[j, down] for j in range(config.n_experts)])  # (E, d, fe)
     routers = {k.removesuffix(".router.weight") for k in out if k.endswith(".experts.router.weight")}
-    if not any(f"{head}.router_bias" in out for head in routers):
+    if config.expert_routing == "sigmoid" and not any(f"{head}.router_bias" in out for head in routers):
         for head in routers:
             out[f"{head}.router_bias"] = torch.zeros(config.n_experts)
 
 
-_STACKERS = {"nemotron_h": _stack_experts, "lfm2": _stack_lfm2_experts}
+_STACKERS = {"nemotron_h": _stack_experts, "lfm2": _stack_saved_experts,
+             "bamba": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj"))}  # (Jamba's)
 
 
 def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
@@ -611,6 +622,8 @@ def _bamba_key(key: str, parallel: bool) -> str | None:
         return None
     if module == "shared_mlp":
         rest = {"output_linear.weight": "down_proj.weight"}.get(rest, rest)
+    if module == "feed_forward" and rest.split(".")[0] in ("router", "experts"):  # Jamba's mixture of experts
+        return f"layers.{i}.experts.{_GRANITE_EXPERTS.get(rest, rest.removeprefix('experts.'))}"
     if module == "block_sparse_moe":  # as saved, and as transformers 5 holds it in memory
         rest = _GRANITE_EXPERTS.get(rest, rest)
     return f"layers.{i}.{modules[module]}.{rest}"

@@ -71,7 +71,7 @@ PRESETS = {
     "lfm2-8b-a1b": dict(d_model=2048, vocab_size=65536,
                         layer_types=["attention" if i in LFM2_8B_A1B_ATTENTION else "conv" for i in range(24)],
                         d_ff=7168, n_experts=32, experts_per_token=4, d_ff_expert=1792, expert_routing="sigmoid",
-                        expert_weights_eps=1e-6, experts_from_layer=2, n_heads=32, n_kv_heads=8, head_dim=64,
+                        expert_weights_eps=1e-6, expert_layers=list(range(2, 24)), n_heads=32, n_kv_heads=8, head_dim=64,
                         rope=True, rope_theta=1e6, qk_norm=True, short_conv_kernel=3, short_conv_bias=False,
                         tie_embeddings=True),
 }
