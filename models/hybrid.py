@@ -4,9 +4,11 @@ The shape of IBM's Bamba and Granite-4.0-H (`mlp_in_layer=True`: every Mamba-2 o
 followed by its own gated MLP, two pre-norms in a layer), of NVIDIA's Nemotron-H
 (`mlp_in_layer=False`: each layer is one pre-norm block, the MLPs are layers of their own) and of
 TII's Falcon-H1 ("parallel" layers: attention and a Mamba-2 mixer side by side on one pre-norm,
-their outputs summed, then the MLP; μP multipliers on each branch) and of Liquid AI's LFM2 ("conv"
-layers: a gated short convolution, C * conv(B * x), beside attention layers whose queries and keys
-are RMS-normed per head). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`, reused as they are.
+their outputs summed, then the MLP; μP multipliers on each branch), of Liquid AI's LFM2 and
+LFM2-MoE ("conv" layers: a gated short convolution, C * conv(B * x), beside attention layers whose
+queries and keys are RMS-normed per head) and of AI21's Jamba ("mamba" layers: a Mamba-1 mixer
+beside attention without positions). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
+the Mamba-1 mixer that of `models.mamba`, reused as they are.
 
 Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> Experts -> the Mamba-2 mixer
 adapter -> HybridLayer -> HybridLM, and `append_kv` (the eager caller's KV bookkeeping).
@@ -48,7 +50,7 @@ layer's MLP, the layer adding mlp(h) + experts(h); LFM2-MoE and Jamba (`expert_l
 of the MLP in the layers listed, the others keeping a dense MLP; Nemotron-H ("moe" layers) as a layer of its
 own, experts(h) + shared(h) with a shared expert MLP of width `d_ff_shared_expert`. Routing
 (`expert_routing`): "softmax" (Granite: the top k of the router's logits, weighted by the
-softmax over those k) or "sigmoid" (Nemotron-H, DeepSeek-V3: scores σ(logits) in float32; the
+softmax over those k; Jamba, `normalize_expert_weights` false: by the softmax over all E) or "sigmoid" (Nemotron-H, DeepSeek-V3: scores σ(logits) in float32; the
 experts chosen by score + a learned bias, the top k within the best `expert_groups_per_token`
 of `n_expert_groups` groups, a group scored by its best two; weighted by their scores,
 normalised to sum 1 if `normalize_expert_weights`, times `routed_scaling_factor`). No state.
@@ -630,7 +632,8 @@ class HybridLayer(nn.Module):
     """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer, plus the experts' output
     when it has experts], r the residual multiplier; a "moe" layer's mixer is its experts plus its
     shared expert MLP; a "parallel" layer's, its Mamba-2 mixer's output plus its attention's; a
-    "conv" layer's, its gated short convolution.
+    "conv" layer's, its gated short convolution; a "mamba" layer's, its Mamba-1 mixer. With
+    `expert_layers`, a layer listed has its experts instead of its MLP.
     Each Mamba-2 / attention branch: out_multiplier * branch(in_multiplier * h)."""
 
     def __init__(self, config: HybridConfig, kind: str, index: int = 0):
@@ -639,7 +642,7 @@ class HybridLayer(nn.Module):
         self.residual_multiplier = config.residual_multiplier
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
-        # where the conv state sits in this layer's state tuple (None: no Mamba-2 mixer)
+        # where the conv state sits in this layer's state tuple (None: no conv state)
         self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0}.get(kind)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
         if kind in MAMBA_KINDS:
