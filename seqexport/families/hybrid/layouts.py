@@ -431,24 +431,29 @@ def _lfm2_ff_width(d: dict) -> int:
     return width
 
 
+def _lfm2_fields(d: dict, model: str) -> dict:
+    """What LFM2 and LFM2-MoE share: their layers, attention (per-head q/k norms, RoPE θ 1e6 by
+    default), short convs, one norm eps and the gated MLP's kind."""
+    return dict(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_lfm2_layer_types(d),
+        mlp_in_layer=True, mlp_act="silu_gated", mlp_bias=False,
+        **_attention_sizes(d), rope=True, **_rope(d, model, default_factor=None, default_theta=1e6),
+        attention_bias=False, qk_norm=True, short_conv_kernel=d["conv_L_cache"], short_conv_bias=d["conv_bias"],
+        rms_norm_eps=d["norm_eps"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 def _from_lfm2(d: dict) -> HybridConfig:
     d = {**_LFM2_DEFAULTS, **d}
     for old, new in _LFM2_ALIASES.items():
         if old in d:
             d[new] = d[old]
-    eps = d["norm_eps"]
-    return HybridConfig(
-        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_lfm2_layer_types(d),
-        mlp_in_layer=True, d_ff=_lfm2_ff_width(d), mlp_act="silu_gated", mlp_bias=False,
-        **_attention_sizes(d), rope=True, **_rope(d, "lfm2", default_factor=None, default_theta=1e6),
-        attention_bias=False, qk_norm=True, short_conv_kernel=d["conv_L_cache"], short_conv_bias=d["conv_bias"],
-        rms_norm_eps=eps, tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
-    )
+    return HybridConfig(**_lfm2_fields(d, "lfm2"), d_ff=_lfm2_ff_width(d))
 
 
 def _from_lfm2_moe(d: dict) -> HybridConfig:
     d = {**_LFM2_MOE_DEFAULTS, **d}
-    if "tie_embedding" in d:
+    if "tie_embedding" in d:  # (Lfm2MoeConfig reads no block_ff_dim)
         d["tie_word_embeddings"] = d["tie_embedding"]
     if d["layer_types"] is None:  # Lfm2MoeConfig derives none (its layers would not build)
         raise ValueError("lfm2_moe config has no 'layer_types'; expected a list of 'conv' / 'full_attention'")
@@ -456,15 +461,11 @@ def _from_lfm2_moe(d: dict) -> HybridConfig:
     if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= d["num_hidden_layers"]:
         raise ValueError(f"num_dense_layers={dense!r}; expected a layer count in 0 .. {d['num_hidden_layers']}")
     return HybridConfig(
-        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_lfm2_layer_types(d),
-        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        **_lfm2_fields(d, "lfm2_moe"), d_ff=d["intermediate_size"],
         n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"], d_ff_expert=d["moe_intermediate_size"],
         expert_routing="sigmoid", normalize_expert_weights=d["norm_topk_prob"],
         routed_scaling_factor=_number(d["routed_scaling_factor"], "routed_scaling_factor"),
         expert_weights_eps=1e-6, expert_layers=list(range(dense, d["num_hidden_layers"])),
-        **_attention_sizes(d), rope=True, **_rope(d, "lfm2_moe", default_factor=None, default_theta=1e6),
-        attention_bias=False, qk_norm=True, short_conv_kernel=d["conv_L_cache"], short_conv_bias=d["conv_bias"],
-        rms_norm_eps=d["norm_eps"], tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
     )
 
 
