@@ -606,16 +606,22 @@ def _nemotron_h_key(key: str) -> str | None:
     return key if key == "lm_head.weight" else None
 
 
-def _bamba_key(key: str, parallel: bool) -> str | None:
-    """Bamba / Granite / Falcon-H1 names -> ours (see `convert_state_dict`)."""
-    top = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
-           "model.final_layernorm.weight": "norm_f.weight", "model.norm.weight": "norm_f.weight"}
+def _split(key: str, top: dict[str, str]) -> str | tuple[str, str, str] | None:
+    """A transformers key: a top-level one's new name (`top`), a layer's (i, module, rest) from
+    `model.layers.{i}.{module}.{rest}`, or None."""
     if key in top:
         return top[key]
     parts = key.split(".", 4)  # model, layers, i, module, rest
-    if len(parts) != 5 or parts[:2] != ["model", "layers"]:
-        return None
-    i, module, rest = parts[2], parts[3], parts[4]
+    return (parts[2], parts[3], parts[4]) if len(parts) == 5 and parts[:2] == ["model", "layers"] else None
+
+
+def _bamba_key(key: str, parallel: bool) -> str | None:
+    """Bamba / Granite / Falcon-H1 / Jamba names -> ours (see `convert_state_dict`)."""
+    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+                         "model.final_layernorm.weight": "norm_f.weight", "model.norm.weight": "norm_f.weight"})
+    if not isinstance(split, tuple):
+        return split
+    i, module, rest = split
     modules = {"input_layernorm": "norm", "mamba": "mixer", "self_attn": "attention" if parallel else "mixer",
                "pre_ff_layernorm": "mlp_norm", "post_attention_layernorm": "mlp_norm",
                "feed_forward": "mlp", "shared_mlp": "mlp", "block_sparse_moe": "experts"}
@@ -634,14 +640,11 @@ def _lfm2_key(key: str) -> str | None:
     """LFM2's names -> ours: `operator_norm` / `ffn_norm` -> `norm` / `mlp_norm`, `self_attn` and
     `conv` -> `mixer` (`out_proj` and `{q,k}_layernorm` of attention -> `o_proj`, `{q,k}_norm`),
     `feed_forward.{w1,w3,w2}` -> `mlp.{gate,up,down}_proj`, `embedding_norm` (the final norm) -> `norm_f`."""
-    top = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
-           "model.embedding_norm.weight": "norm_f.weight"}
-    if key in top:
-        return top[key]
-    parts = key.split(".", 4)  # model, layers, i, module, rest
-    if len(parts) != 5 or parts[:2] != ["model", "layers"]:
-        return None
-    i, module, rest = parts[2], parts[3], parts[4]
+    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+                         "model.embedding_norm.weight": "norm_f.weight"})
+    if not isinstance(split, tuple):
+        return split
+    i, module, rest = split
     name, _, what = rest.rpartition(".")  # e.g. "q_layernorm", "weight"
     if module == "self_attn":
         name = _LFM2_ATTENTION.get(name)
