@@ -3,7 +3,8 @@ parameters equal, tensor for tensor, those of transformers' own model class of t
 config, and our reading of that config.json gives the preset. `bamba-9b` against
 `BambaForCausalLM` of Bamba-9B's config, `falcon-h1-tiny` against `FalconH1ForCausalLM` of
 Falcon-H1-Tiny-90M's, `lfm2-350m` against `Lfm2ForCausalLM` of LFM2-350M's, `lfm2-8b-a1b`
-against `Lfm2MoeForCausalLM` of LFM2-8B-A1B's (seqexport/families/hybrid/presets.py says where
+against `Lfm2MoeForCausalLM` of LFM2-8B-A1B's, `jamba-mini` against `JambaForCausalLM` of Jamba 1.5
+Mini's (seqexport/families/hybrid/presets.py says where
 each number comes from)."""
 
 from collections import Counter
@@ -35,12 +36,16 @@ LFM2_350M = dict(num_hidden_layers=16, hidden_size=1024, num_attention_heads=16,
 LFM2_8B_A1B = dict(num_hidden_layers=24,
                    layer_types=["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)])
 
+# ai21labs/AI21-Jamba-1.5-Mini: JambaConfig's defaults (Jamba-v0.1's), its dt rank as quoted
+JAMBA_MINI = dict(mamba_dt_rank=256)
+
 # preset -> (config class, model class, that config's fields, the parameter count: (low, high) bounds)
 PRESETS = {
     "bamba-9b": ("BambaConfig", "BambaForCausalLM", BAMBA_9B, (9.7e9, 9.9e9)),  # the "9.8b" of its name
     "falcon-h1-tiny": ("FalconH1Config", "FalconH1ForCausalLM", FALCON_H1_TINY, (89e6, 92e6)),  # "90M"
     "lfm2-350m": ("Lfm2Config", "Lfm2ForCausalLM", LFM2_350M, (354_483_968, 354_483_968)),  # its published count
     "lfm2-8b-a1b": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", LFM2_8B_A1B, (8.2e9, 8.5e9)),  # "8B"
+    "jamba-mini": ("JambaConfig", "JambaForCausalLM", JAMBA_MINI, (51.4e9, 51.8e9)),  # AI21's "52B total"
 }
 
 

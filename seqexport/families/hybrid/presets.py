@@ -1,7 +1,8 @@
 """Presets of the hybrid family: `tiny`; `bamba-9b`, the published shape of IBM's Bamba-9B
 (ibm-fms/Bamba-9.8b-2.2T-hf, ibm-ai-platform/Bamba-9B); and `falcon-h1-tiny`, the shape of TII's
 Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base); `lfm2-350m`, the shape of Liquid AI's LFM2-350M (LiquidAI/LFM2-350M); and
-`lfm2-8b-a1b`, the shape of its mixture of experts LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B).
+`lfm2-8b-a1b`, the shape of its mixture of experts LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B); and
+`jamba-mini`, the shape of AI21's Jamba 1.5 Mini (ai21labs/AI21-Jamba-1.5-Mini, Jamba-v0.1's shape).
 
 Where the numbers come from (no model hub here, so no config.json was read):
 - 32 layers, width 4096, 32 query heads, d_state 128, attention at layers 9, 18 and 27: the
@@ -44,6 +45,15 @@ its 24 layers with attention at 2, 6, 10, 14, 18 and 21 as another project's tes
 config.json (which agrees with those defaults). Checked by tests/test_hybrid_presets.py against
 transformers' `Lfm2MoeForCausalLM` of that config, tensor for tensor (8.34 B, the "8B" of the
 name); it needs ~33 GB to build in float32: not on a 24 GB machine.
+
+Jamba 1.5 Mini, from its config.json as another project quotes it (naming its address) and
+transformers' `JambaConfig` defaults, whose docstring names ai21labs/Jamba-v0.1 and which agree
+with it field for field: 32 layers of width 4096, attention (32 query, 8 KV heads, no positions)
+at every 8th layer from layer 4, Mamba-1 mixers elsewhere (expand 2, d_state 16, conv 4, dt rank
+256), a dense MLP of 14336 in even layers and 16 experts of 14336, 2 a token, in odd ones,
+vocabulary 65536, untied embeddings. Checked by tests/test_hybrid_presets.py against transformers'
+`JambaForCausalLM` of that config, tensor for tensor (51.6 B: the "52B total" AI21 gives); it
+needs ~206 GB to build in float32.
 """
 
 BAMBA_9B_ATTENTION = (9, 18, 27)
@@ -74,4 +84,9 @@ PRESETS = {
                         expert_weights_eps=1e-6, expert_layers=list(range(2, 24)), n_heads=32, n_kv_heads=8, head_dim=64,
                         rope=True, rope_theta=1e6, qk_norm=True, short_conv_kernel=3, short_conv_bias=False,
                         tie_embeddings=True),
+    "jamba-mini": dict(d_model=4096, vocab_size=65536, layer_types=["attention" if i % 8 == 4 else "mamba" for i in range(32)],
+                       d_ff=14336, n_experts=16, experts_per_token=2, d_ff_expert=14336, expert_routing="softmax",
+                       normalize_expert_weights=False, expert_layers=list(range(1, 32, 2)), n_heads=32, n_kv_heads=8,
+                       head_dim=128, rope=False, mamba1_expand=2, mamba1_dt_rank=256, mamba1_dt_norm=True, d_state=16,
+                       d_conv=4, conv_bias=True, mamba_bias=False, rms_norm_eps=1e-6, tie_embeddings=False),
 }
