@@ -1,7 +1,7 @@
-"""Hybrid attention + Mamba-2 (or short convolution) language models (IBM Granite-4.0-H and Bamba,
-NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2 and LFM2-MoE, AI21 Jamba): prefill.onnx + step.onnx over one state of two
-kinds — an appended KV cache in the attention layers and replaced conv/SSM tensors in the
-Mamba-2 and short-conv layers. The declaration the registry reads
+"""Hybrid attention + Mamba-2, Mamba-1 or short-convolution language models (IBM Granite-4.0-H and
+Bamba, NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2 and LFM2-MoE, AI21 Jamba): prefill.onnx +
+step.onnx over one state of two kinds — an appended KV cache in the attention layers and
+replaced conv/SSM tensors in the others. The declaration the registry reads
 (torch-free)."""
 
 import click

@@ -1,11 +1,12 @@
-"""Hybrid attention + Mamba-2 (or short conv) -> prefill.onnx (the Mamba-2 layers' chunked SSD,
-no per-token loop) + step.onnx, over one state of two kinds.
+"""Hybrid attention + Mamba-2, Mamba-1 or short conv -> prefill.onnx (the Mamba-2 layers' chunked
+SSD, no per-token loop; the Mamba-1 layers' selective scan as one ONNX Scan) + step.onnx, over one
+state of two kinds.
 
 Both graphs take `past_lengths` (each row's valid attention cache slots) and every layer's state
 in layer order; they return the attention layers' new K/V only (the runtime appends them in
 place) and the Mamba-2 layers' conv/SSM state whole. The prefill takes right-padded rows: a
-Mamba-2 layer gets Δ = 0 past a row's end (its state passes unchanged) and its conv state (a
-short-conv layer's too) is read at the row's own end; an attention layer's padded positions come after every real token
+Mamba-2 or Mamba-1 layer gets Δ = 0 past a row's end (its state passes unchanged) and its conv
+state (a short-conv layer's too) is read at the row's own end; an attention layer's padded positions come after every real token
 of the row, so no real token attends to them, and the runtime advances each row's length by its
 own tokens (the padded positions' K/V land in slots that stay invalid).
 """
