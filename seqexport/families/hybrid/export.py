@@ -11,6 +11,8 @@ of the row, so no real token attends to them, and the runtime advances each row'
 own tokens (the padded positions' K/V land in slots that stay invalid).
 """
 
+import types
+from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
@@ -32,6 +34,7 @@ from seqexport.families.hybrid.experts import (
 from seqexport.families.hybrid.specs import graph_specs, layer_inputs
 from seqexport.families.mamba.export import _conv_state_at_ends as mamba1_conv_state_at_ends
 from seqexport.families.mamba.scan import custom_translation_table, scan_for
+from seqexport.families.mamba.step_graph import mixer_step
 from seqexport.families.mamba2.export import CHUNK
 from seqexport.families.mamba2.export import _conv_state_at_ends as mamba2_conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
@@ -111,6 +114,27 @@ class PrefillGraph(nn.Module):
         return (logits, *_flat(new_state))
 
 
+def _mamba1_step(self, hidden, conv_state, ssm_state):
+    """`MambaMixer.step` as Mamba's own step graph writes it (`step_graph.mixer_step`: its outer
+    products and the sum over n as MatMuls, which ORT runs in one call where a broadcasting Mul
+    walks spans of n): hidden (b, 1, d) -> out (b, 1, d), new conv_state, new ssm_state."""
+    out, conv_state, ssm_state = mixer_step(self, hidden[:, 0], conv_state, ssm_state)  # out (b, d)
+    return out[:, None], conv_state, ssm_state
+
+
+@contextmanager
+def _mamba1_steps(model: HybridLM):
+    """Within (a step graph's trace): every "mamba" layer's mixer steps as `_mamba1_step`."""
+    mixers = [layer.mixer for layer in model.layers if layer.kind == "mamba"]
+    for m in mixers:
+        m.step = types.MethodType(_mamba1_step, m)
+    try:
+        yield
+    finally:
+        for m in mixers:
+            del m.step  # the class's own step again
+
+
 class StepGraph(nn.Module):
     """(input_ids (b, 1), past_lengths (b,), *state) -> logits (b, 1, v), *new state.
     experts: the export's form of the experts (the dense form's step runs them gathered)."""
@@ -120,7 +144,7 @@ class StepGraph(nn.Module):
         self.model, self.experts = model, experts
 
     def forward(self, input_ids, past_lengths, *state):
-        with experts_in_step(self.model, self.experts):
+        with experts_in_step(self.model, self.experts), _mamba1_steps(self.model):
             logits, new_state = self.model.step(input_ids, layers_of(self.model, state), past_lengths)
         return (logits[:, None], *_flat(new_state))
 
