@@ -84,14 +84,14 @@ import torch
 import torch.nn.functional as F
 from seqexport.models.config import DictConfig
 from seqexport.models.mamba import MambaConfig, MambaMixer, selective_scan_ref
-from seqexport.models.mamba2 import Mamba2Config, Mamba2Mixer, RMSNorm, ssd_sequential
+from seqexport.models.mamba2 import Mamba2Config, Mamba2Mixer, RMSNorm, RMSNormGated, ssd_sequential
 from torch import Tensor, nn
 
 # One layer's state (see the module docstring), and the list of them over layers.
 LayerState = tuple[Tensor, ...]
 Scan = Callable[..., tuple[Tensor, Tensor]]
 
-LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv", "mamba")
+LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv", "mamba", "deltanet")
 MAMBA_KINDS = ("mamba2", "parallel")  # layers with a Mamba-2 mixer (and conv/SSM state)
 ATTENTION_KINDS = ("attention", "parallel")  # layers with attention (and a KV cache)
 EXPERT_ROUTINGS = ("softmax", "sigmoid")
@@ -151,6 +151,7 @@ class HybridConfig(DictConfig):
     attention_bias: bool = False  # biases in q/k/v/o projections
     attention_multiplier: float | None = None  # softmax scale; None = head_dim ** -0.5 (Granite sets it)
     qk_norm: bool = False  # queries and keys RMS-normed per head (weights (hd,)) before RoPE (LFM2)
+    attention_output_gate: bool = False  # q_proj also gives a gate per head: out * sigmoid(gate) (Qwen3.5)
     # multipliers (Granite); neutral by default
     embedding_multiplier: float = 1.0  # the embedding is multiplied by it
     residual_multiplier: float = 1.0  # each branch's output is multiplied by it before the residual add
@@ -185,6 +186,11 @@ class HybridConfig(DictConfig):
     # "conv" layers (LFM2's gated short convolution)
     short_conv_kernel: int = 3  # the causal depthwise conv's width (ks)
     short_conv_bias: bool = False  # biases in its in_proj, conv and out_proj
+    # "deltanet" layers (Qwen3.5's Gated DeltaNet; conv width d_conv, no biases)
+    delta_k_heads: int = 2  # query / key heads (hk), must divide delta_v_heads
+    delta_v_heads: int = 4  # value heads (hv): one state (dk, dv) each
+    delta_k_dim: int = 16  # a query / key head's size (dk)
+    delta_v_dim: int = 16  # a value head's size (dv)
     # shared
     rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm (the mixer's gated one too)
     tie_embeddings: bool = False  # lm_head shares the embedding matrix
@@ -218,14 +224,14 @@ class HybridConfig(DictConfig):
         name = type(self).__name__
         ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
                 "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple", "short_conv_kernel",
-                "mamba1_expand")
+                "mamba1_expand", "delta_k_heads", "delta_v_heads", "delta_k_dim", "delta_v_dim")
         for key in ints:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}.{key} must be a positive int, got {value!r}")
         for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
                     "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
-                    "mamba1_dt_norm"):
+                    "mamba1_dt_norm", "attention_output_gate"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
@@ -264,6 +270,9 @@ class HybridConfig(DictConfig):
             raise ValueError(f"{name}.mamba1_dt_rank must be None or a positive int, got {r!r}")
         if self.mamba_nheads % self.ngroups:
             raise ValueError(f"{name}.ngroups={self.ngroups} must divide mamba_nheads={self.mamba_nheads}")
+        if self.delta_v_heads % self.delta_k_heads:
+            raise ValueError(f"{name}.delta_k_heads={self.delta_k_heads} must divide "
+                             f"delta_v_heads={self.delta_v_heads}")
 
     def _check_dt_limits(self) -> None:
         name = type(self).__name__
@@ -340,6 +349,11 @@ class HybridConfig(DictConfig):
         return self.mamba_nheads * self.headdim
 
     @property
+    def delta_conv_dim(self) -> int:
+        """A "deltanet" layer's conv channels: its queries, keys and values, 2 hk dk + hv dv."""
+        return 2 * self.delta_k_heads * self.delta_k_dim + self.delta_v_heads * self.delta_v_dim
+
+    @property
     def padded_vocab_size(self) -> int:
         m = self.pad_vocab_size_multiple
         return (self.vocab_size + m - 1) // m * m
@@ -374,7 +388,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = nh, nkv, hd
         self.scale = config.attention_multiplier if config.attention_multiplier is not None else hd ** -0.5
         bias = config.attention_bias
-        self.q_proj = nn.Linear(d, nh * hd, bias=bias)
+        self.gated = config.attention_output_gate
+        self.q_proj = nn.Linear(d, nh * hd * (2 if self.gated else 1), bias=bias)  # per head: q, then its gate
         self.k_proj = scaled_linear(d, nkv * hd, bias, config.key_multiplier)
         self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, d, bias=bias)
@@ -383,18 +398,26 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
 
-    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """x (b, l, d) -> q (b, nh, l, hd), k and v (b, nkv, l, hd): projected, per-head normed
-        (qk_norm), then rotated (rope)."""
+        (qk_norm), then rotated (rope); and the output gate (b, l, nh * hd), or None (not gated)."""
         b, length, _ = x.shape
-        q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)  # (b, nh, l, hd)
+        q, gate = self.q_proj(x).view(b, length, self.n_heads, -1), None  # (b, l, nh, hd; 2 hd where gated)
+        if self.gated:
+            q, gate = q.chunk(2, dim=-1)  # (b, l, nh, hd) each
+            gate = gate.reshape(b, length, -1)  # (b, l, nh * hd)
+        q = q.transpose(1, 2)  # (b, nh, l, hd)
         k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
         v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return q, k, v
+        return q, k, v, gate
+
+    def output(self, out: Tensor, gate: Tensor | None) -> Tensor:
+        """The heads' output (b, l, nh * hd), times sigmoid(gate) where gated, -> o_proj (b, l, d)."""
+        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
 
     def forward(
         self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -414,7 +437,7 @@ class Attention(nn.Module):
         P = past_key.shape[2]
         nkv, hd = self.n_kv_heads, self.head_dim
         rep = self.n_heads // nkv  # query heads per kv head: kv head j serves j*rep .. j*rep+rep-1
-        q, k, v = self.project(x, rope)
+        q, k, v, gate = self.project(x, rope)
 
         # Each kv head's query heads are rows of one product: K/V are not copied per query head.
         # A step (l = 1) also attends the past slots and its own position in two products whose
@@ -447,7 +470,7 @@ class Attention(nn.Module):
         else:
             out = torch.matmul(probs, torch.cat([past_value, v], dim=2))  # (b, nkv, rep * l, hd)
         out = out.view(b, self.n_heads, length, hd).transpose(1, 2).reshape(b, length, self.n_heads * hd)  # (b, l, nh * hd)
-        return self.o_proj(out), (k, v)
+        return self.output(out, gate), (k, v)
 
 
 class MLP(nn.Module):
@@ -609,6 +632,91 @@ class ShortConv(nn.Module):
         return (torch.zeros(batch, self.in_proj.in_features, self.kernel, dtype=dtype, device=device),)
 
 
+def delta_rule_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
+    """One token of the gated delta rule, per row and value head (float32):
+
+        S <- exp(g) S;  S <- S + k (β (v - Sᵀk))ᵀ;  y = Sᵀq
+
+    q, k (b, h, dk); v (b, h, dv); g, beta (b, h); s (b, h, dk, dv) -> y (b, h, dv), the new s."""
+    s = s * g.exp()[..., None, None]  # (b, h, dk, dv): decayed
+    recalled = torch.matmul(k[:, :, None], s)  # (b, h, 1, dv): what s gives for k
+    s = s + torch.matmul(k[..., None], (v[:, :, None] - recalled) * beta[..., None, None])  # (b, h, dk, dv)
+    return torch.matmul(q[:, :, None], s)[:, :, 0], s
+
+
+def gated_delta_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s0: Tensor) -> tuple[Tensor, Tensor]:
+    """The gated delta rule token by token (the reference a lowering must equal).
+
+    q, k (b, l, h, dk): L2-normed, q also scaled by dk^-0.5; v (b, l, h, dv); g (b, l, h) log
+    decays <= 0; beta (b, l, h) in (0, 1); s0 (b, h, dk, dv) -> y (b, l, h, dv), s (b, h, dk, dv),
+    both float32. A token with g = 0 and beta = 0 leaves s as it is."""
+    s, ys = s0.float(), []
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    for t in range(q.shape[1]):
+        y, s = delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], s)
+        ys.append(y)
+    y = torch.stack(ys, 1) if ys else v.new_zeros(v.shape)  # (b, l, h, dv)
+    return y, s
+
+
+def l2_normed(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x (..., n) / sqrt(sum x^2 + eps) over the last dim (FLA's and transformers' l2norm)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's Gated DeltaNet: in_proj -> q, k, v through a causal depthwise conv (d_conv wide, no
+    bias) and SiLU; q and k L2-normed (q scaled by dk^-0.5), each of hk heads serving hv / hk
+    value heads; per value head a decay exp(g), g = -exp(A_log) softplus(a_proj(h) + dt_bias), and
+    a write strength β = sigmoid(b_proj(h)); the gated delta rule over a (dk, dv) state per value
+    head; its output RMS-normed per head and gated by SiLU(z_proj(h)); -> out_proj."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        d, k = config.d_model, config.d_conv
+        self.hk, self.hv = config.delta_k_heads, config.delta_v_heads
+        self.dk, self.dv = config.delta_k_dim, config.delta_v_dim
+        c, width = config.delta_conv_dim, self.hv * self.dv
+        self.kernel = k
+        self.in_proj = nn.Linear(d, c, bias=False)  # q | k | v: the conv's inputs
+        self.z_proj = nn.Linear(d, width, bias=False)  # the output gate
+        self.b_proj = nn.Linear(d, self.hv, bias=False)  # β before its sigmoid
+        self.a_proj = nn.Linear(d, self.hv, bias=False)  # the decay's input
+        self.conv1d = nn.Conv1d(c, c, kernel_size=k, groups=c, padding=k - 1, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.hv).uniform_(1, 16)))
+        self.norm = RMSNormGated(width, self.dv, config.rms_norm_eps, norm_before_gate=True)
+        self.out_proj = nn.Linear(width, d, bias=False)
+
+    def forward(self, h: Tensor, conv_state: Tensor, state: Tensor, rule: Scan = gated_delta_ref,
+                step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """h (b, l, d), conv_state (b, c, k) the last k conv inputs, state (b, hv, dk, dv) float32
+        -> out (b, l, d), (new conv_state, new state). `rule`: the delta rule over l tokens
+        (`gated_delta_ref` or an exporter's lowering); `step`: l = 1, the conv as one product."""
+        b, length, _ = h.shape
+        x_cat = torch.cat([conv_state.to(h.dtype), self.in_proj(h).transpose(1, 2)], dim=-1)  # (b, c, k + l)
+        new_conv = x_cat[:, :, -self.kernel:]  # (b, c, k)
+        if step:  # the window is the new conv state itself
+            conv = (new_conv * self.conv1d.weight[:, 0, :]).sum(-1, keepdim=True)  # (b, c, 1)
+        else:  # a valid conv over the state's last k - 1 inputs and the l new ones: l outputs
+            conv = F.conv1d(x_cat[:, :, 1:], self.conv1d.weight, groups=self.conv1d.in_channels)  # (b, c, l)
+        q, k, v = F.silu(conv).transpose(1, 2).split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], -1)
+        q = l2_normed(q.reshape(b, length, self.hk, self.dk).float()) * self.dk ** -0.5  # (b, l, hk, dk)
+        k = l2_normed(k.reshape(b, length, self.hk, self.dk).float())  # (b, l, hk, dk)
+        if self.hv != self.hk:  # key head j serves value heads j * hv / hk .. (j + 1) * hv / hk - 1
+            q, k = (t.repeat_interleave(self.hv // self.hk, dim=2) for t in (q, k))  # (b, l, hv, dk)
+        beta = torch.sigmoid(self.b_proj(h).float())  # (b, l, hv)
+        g = -self.A_log.float().exp() * F.softplus(self.a_proj(h).float() + self.dt_bias.float())  # (b, l, hv)
+        y, state = rule(q, k, v.reshape(b, length, self.hv, self.dv), g, beta, state)  # (b, l, hv, dv)
+        y = self.norm(y.reshape(b, length, -1), self.z_proj(h))  # (b, l, hv * dv) float32
+        return self.out_proj(y.to(h.dtype)), (new_conv, state)
+
+    def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+        c = self.in_proj.out_features
+        return (torch.zeros(batch, c, self.kernel, dtype=dtype, device=device),
+                torch.zeros(batch, self.hv, self.dk, self.dv, dtype=torch.float32, device=device))
+
+
 def mamba1_mixer(config: HybridConfig) -> MambaMixer:
     """`models.mamba.MambaMixer` with the hybrid's sizes (Jamba's mixer: Mamba-1, its Δ input, B
     and C RMS-normed with weights when mamba1_dt_norm)."""
@@ -643,7 +751,7 @@ class HybridLayer(nn.Module):
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
         # where the conv state sits in this layer's state tuple (None: no conv state)
-        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0}.get(kind)
+        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0, "deltanet": 0}.get(kind)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
         if kind in MAMBA_KINDS:
             self.mixer = mamba2_mixer(config)
@@ -655,6 +763,8 @@ class HybridLayer(nn.Module):
             self.mixer = ShortConv(config)
         elif kind == "mamba":
             self.mixer = mamba1_mixer(config)
+        elif kind == "deltanet":
+            self.mixer = GatedDeltaNet(config)
         elif kind == "moe":
             self.mixer = Experts(config)
             self.shared = MLP(config, config.d_ff_shared_expert)
@@ -693,11 +803,11 @@ class HybridLayer(nn.Module):
 
     def forward(
         self, x: Tensor, state: LayerState, past_lengths: Tensor, rope: tuple[Tensor, Tensor] | None,
-        scan: Scan, step: bool, selective_scan: Scan = selective_scan_ref,
+        scan: Scan, step: bool, selective_scan: Scan = selective_scan_ref, delta_rule: Scan = gated_delta_ref,
     ) -> tuple[Tensor, LayerState]:
         """x (b, l, d) -> (b, l, d) and this layer's new state (the new positions' K/V for attention).
         `step`: l = 1 and the mamba2 mixer takes its single-token path. `scan`: the Mamba-2 mixers',
-        `selective_scan`: the Mamba-1 mixers'."""
+        `selective_scan`: the Mamba-1 mixers', `delta_rule`: the Gated DeltaNets'."""
         h = self.norm(x)
         if self.kind == "mamba2":
             out, new_state = self._mamba(h, state, scan, step)
@@ -711,6 +821,8 @@ class HybridLayer(nn.Module):
             out, new_state = self._attention(self.mixer, h, state, past_lengths, rope, step)
         elif self.kind == "conv":
             out, new_state = self.mixer(h, *state, step=step)
+        elif self.kind == "deltanet":
+            out, new_state = self.mixer(h, *state, rule=delta_rule, step=step)
         elif self.kind == "moe":
             out, new_state = self.mixer(h) + self.shared(h), ()
         else:
@@ -761,7 +873,8 @@ class HybridLM(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def _run(self, input_ids: Tensor, state: list[LayerState] | None, past_lengths: Tensor | None,
-             scan: Scan, step: bool, selective_scan: Scan = selective_scan_ref) -> tuple[Tensor, list[LayerState]]:
+             scan: Scan, step: bool, selective_scan: Scan = selective_scan_ref,
+             delta_rule: Scan = gated_delta_ref) -> tuple[Tensor, list[LayerState]]:
         b, length = input_ids.shape
         if state is None:
             state = self.allocate_inference_cache(b, device=input_ids.device)
@@ -776,7 +889,7 @@ class HybridLM(nn.Module):
             rope = self._rope(positions, x.dtype)
         new_state = []
         for layer, layer_state in zip(self.layers, state, strict=True):
-            x, layer_state = layer(x, layer_state, past_lengths, rope, scan, step, selective_scan)
+            x, layer_state = layer(x, layer_state, past_lengths, rope, scan, step, selective_scan, delta_rule)
             new_state.append(layer_state)
         logits = self.lm_head(self.norm_f(x)).float()[..., : self.config.vocab_size]  # (b, l, v)
         if self.config.logits_scaling != 1:
@@ -785,7 +898,7 @@ class HybridLM(nn.Module):
 
     def forward(
         self, input_ids: Tensor, state: list[LayerState] | None = None, past_lengths: Tensor | None = None,
-        scan: Scan = ssd_sequential, selective_scan: Scan = selective_scan_ref,
+        scan: Scan = ssd_sequential, selective_scan: Scan = selective_scan_ref, delta_rule: Scan = gated_delta_ref,
     ) -> tuple[Tensor, list[LayerState]]:
         """Run l >= 1 tokens on from `state` (None: a fresh sequence).
 
@@ -797,11 +910,14 @@ class HybridLM(nn.Module):
                           `partial(ssd_chunked, chunk=...)`, or an exporter's wrapper)
             selective_scan: the selective scan of the "mamba" (Mamba-1) layers (`selective_scan_ref`,
                           or an exporter's lowering)
+            delta_rule:   the gated delta rule of the "deltanet" layers (`gated_delta_ref`, or an
+                          exporter's lowering)
         Returns:
             logits (b, l, vocab_size) float32 and the new state: mamba2 layers' whole, attention
             layers' new positions only, (key, value) each (b, nkv, l, hd); "mlp" layers ().
         """
-        return self._run(input_ids, state, past_lengths, scan, step=False, selective_scan=selective_scan)
+        return self._run(input_ids, state, past_lengths, scan, step=False, selective_scan=selective_scan,
+                         delta_rule=delta_rule)
 
     def step(
         self, token_ids: Tensor, state: list[LayerState], past_lengths: Tensor | None = None

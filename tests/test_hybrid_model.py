@@ -158,10 +158,23 @@ def _jamba_moe():
     ))
 
 
+def _qwen3_5():
+    # Qwen3.5's text model: Gated DeltaNets (2 query/key heads of 24 serving 4 value heads of 16)
+    # around gated attention (q and k RMS-normed per head, RoPE on half of each head), GQA 4:2;
+    # every RMSNorm but the DeltaNet's zero-centred (x̂ * (1 + w))
+    return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=24,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
-             "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe}
+             "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5}
 
 
 def _hf(name: str, seed: int):
@@ -175,6 +188,7 @@ def _randomize(model, seed: int):
     """Weights that make every part count: linears ~ N(0, 1/fan_in) (peaked attention, logits of
     order 1), random biases and norm weights, Δ ≈ 0.5-2 and decays exp(ΔA) over a wide range."""
     gen = torch.Generator().manual_seed(seed)
+    zero_centred = model.config.model_type.startswith("qwen3_5")
     for name, p in model.named_parameters():
         if name.endswith("dt_bias"):
             dt = torch.rand(p.shape, generator=gen) * 1.5 + 0.5
@@ -183,12 +197,15 @@ def _randomize(model, seed: int):
             p.copy_(torch.log(torch.rand(p.shape, generator=gen) * 0.5 + 0.05))
         elif name.endswith(".D"):
             p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
-        elif p.dim() == 1 and "norm" in name:
-            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+        elif p.dim() == 1 and "norm" in name:  # scales near 1 (Qwen3.5's zero-centred norms: x̂ * (1 + w))
+            centre = 0.0 if zero_centred and "linear_attn.norm" not in name else 1.0
+            p.copy_(centre + 0.2 * torch.randn(p.shape, generator=gen))
         elif p.dim() == 1:  # biases
             p.copy_(0.1 * torch.randn(p.shape, generator=gen))
         elif p.dim() == 2 and "embed" not in name:
             p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+        elif name.endswith("linear_attn.conv1d.weight"):  # a Gated DeltaNet's q / k of order 1 before their
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))  # L2 norm, as trained ones
         elif "experts" in name:  # (E, out, in) stacks of linears
             p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[2]))
     for name, b in model.named_buffers():

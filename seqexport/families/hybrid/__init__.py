@@ -1,5 +1,6 @@
-"""Hybrid attention + Mamba-2, Mamba-1 or short-convolution language models (IBM Granite-4.0-H and
-Bamba, NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2 and LFM2-MoE, AI21 Jamba): prefill.onnx +
+"""Hybrid attention + Mamba-2, Mamba-1, short-convolution or Gated DeltaNet language models (IBM
+Granite-4.0-H and Bamba, NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2 and LFM2-MoE, AI21 Jamba,
+Qwen3.5): prefill.onnx +
 step.onnx over one state of two kinds — an appended KV cache in the attention layers and
 replaced conv/SSM tensors in the others. The declaration the registry reads
 (torch-free)."""
@@ -12,7 +13,8 @@ from seqexport.families.hybrid.presets import PRESETS
 from seqexport.families.recurrent import GRAPHS
 
 EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free here)
-MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "jamba")  # transformers' layouts read here
+MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "jamba", "qwen3_5",
+               "qwen3_5_text")  # transformers' layouts read here
 
 
 def _keep_float(config: dict) -> tuple[str, ...]:
@@ -24,7 +26,11 @@ def _keep_float(config: dict) -> tuple[str, ...]:
     # a Mamba-1 mixer's x_proj and dt_proj make Δ, B and C (Mamba's own rule)
     mamba1 = tuple(f"*layers.{i}.mixer.{p}" for i, kind in enumerate(config["layer_types"]) if kind == "mamba"
                    for p in ("x_proj", "dt_proj"))
-    return mamba2 + mamba1
+    # a Gated DeltaNet's in_proj makes the delta rule's keys and queries (its B and C: where the
+    # state is written, erased and read), a_proj and b_proj its decay and write strength
+    deltanet = tuple(f"*layers.{i}.mixer.{p}" for i, kind in enumerate(config["layer_types"]) if kind == "deltanet"
+                     for p in ("in_proj", "a_proj", "b_proj"))
+    return mamba2 + mamba1 + deltanet
 
 
 def _detect(config: dict) -> bool:

@@ -26,7 +26,7 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
     step as for a prefill)."""
     b, length, _ = x.shape
     P = past_key.shape[2]
-    q, k, v = self.project(x, rope)  # (b, nh, l, hd), (b, nkv, l, hd) x2
+    q, k, v, gate = self.project(x, rope)  # (b, nh, l, hd), (b, nkv, l, hd) x2, the gate or None
     keys = torch.cat([past_key.to(k.dtype), k], dim=2)  # (b, nkv, P + l, hd)
     values = torch.cat([past_value.to(v.dtype), v], dim=2)  # (b, nkv, P + l, hd)
     # visible: the valid past slots, and the new positions up to and including the query's own
@@ -38,7 +38,7 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale,
                                          enable_gqa=True)  # (b, nh, l, hd)
     out = out.transpose(1, 2).reshape(b, length, self.n_heads * self.head_dim)  # (b, l, nh * hd)
-    return self.o_proj(out), (k, v)
+    return self.output(out, gate), (k, v)
 
 
 @contextmanager

@@ -1,11 +1,12 @@
-"""Hybrid attention + Mamba-2, Mamba-1 or short conv -> prefill.onnx (the Mamba-2 layers' chunked
-SSD, no per-token loop; the Mamba-1 layers' selective scan as one ONNX Scan) + step.onnx, over one
-state of two kinds.
+"""Hybrid attention + Mamba-2, Mamba-1, short conv or Gated DeltaNet -> prefill.onnx (the Mamba-2
+layers' chunked SSD, no per-token loop; the Mamba-1 layers' selective scan as one ONNX Scan; the
+Gated DeltaNets' delta rule chunked, one Scan over chunks) + step.onnx, over one state of two kinds.
 
 Both graphs take `past_lengths` (each row's valid attention cache slots) and every layer's state
 in layer order; they return the attention layers' new K/V only (the runtime appends them in
 place) and the Mamba-2 layers' conv/SSM state whole. The prefill takes right-padded rows: a
-Mamba-2 or Mamba-1 layer gets Δ = 0 past a row's end (its state passes unchanged) and its conv
+Mamba-2 or Mamba-1 layer gets Δ = 0 past a row's end (a Gated DeltaNet g = 0 and β = 0: its
+state passes unchanged) and its conv
 state (a short-conv layer's too) is read at the row's own end; an attention layer's padded positions come after every real token
 of the row, so no real token attends to them, and the runtime advances each row's length by its
 own tokens (the padded positions' K/V land in slots that stay invalid).
@@ -25,6 +26,8 @@ from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_ar
 from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.attention import check_attention
 from seqexport.families.hybrid.attention import fused_attention
+from seqexport.families.hybrid.delta_rule import gated_delta_chunked
+from seqexport.families.hybrid.delta_rule import translation_table as delta_translation_table
 from seqexport.families.hybrid.experts import (
     experts_as,
     experts_in_step,
@@ -38,7 +41,7 @@ from seqexport.families.mamba.step_graph import mixer_step
 from seqexport.families.mamba2.export import CHUNK
 from seqexport.families.mamba2.export import _conv_state_at_ends as mamba2_conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
-from seqexport.models.hybrid import HybridLM, ShortConv
+from seqexport.models.hybrid import HybridLM, ShortConv, gated_delta_ref
 from seqexport.models.mamba import selective_scan_ref
 from seqexport.models.mamba2 import ssd_sequential
 from seqexport.parity.inputs import random_inputs
@@ -71,11 +74,13 @@ def _flat(state) -> tuple:
 
 def _conv_state_at_ends(layer, projected, conv_state, lengths):
     """A layer's new conv state per row, at the row's own end: a Mamba-2 mixer's (its x, B, C), a
-    Mamba-1 mixer's (its x) or a short conv's (B * x). projected: the mixer's in_proj output (b, l, .); conv_state (b, c, k)."""
+    Mamba-1 mixer's (its x), a short conv's (B * x) or a Gated DeltaNet's (its q, k, v). projected: the mixer's in_proj output (b, l, .); conv_state (b, c, k)."""
     if layer.kind == "conv":
         return ragged.conv_window_at_ends(conv_state, ShortConv.conv_input(projected), lengths)
     if layer.kind == "mamba":
         return mamba1_conv_state_at_ends(layer.mixer, projected, conv_state, lengths)
+    if layer.kind == "deltanet":
+        return ragged.conv_window_at_ends(conv_state, projected.transpose(1, 2), lengths)
     return mamba2_conv_state_at_ends(layer.mixer, projected, conv_state, lengths)
 
 
@@ -83,9 +88,10 @@ class PrefillGraph(nn.Module):
     """(input_ids (b, l), attention_mask (b, l), past_lengths (b,), *state[, logits_to_keep (1,)])
     -> logits (b, l or the last kept, v), *new state (attention: the l new positions)."""
 
-    def __init__(self, model: HybridLM, scan=ssd_sequential, selective_scan=selective_scan_ref):
+    def __init__(self, model: HybridLM, scan=ssd_sequential, selective_scan=selective_scan_ref,
+                 delta_rule=gated_delta_ref):
         super().__init__()
-        self.model, self.scan, self.selective_scan = model, scan, selective_scan
+        self.model, self.scan, self.selective_scan, self.delta_rule = model, scan, selective_scan, delta_rule
 
     def forward(self, input_ids, attention_mask, past_lengths, *state):
         keep = None
@@ -100,11 +106,16 @@ class PrefillGraph(nn.Module):
         def selective_scan(u, delta, A, B, C, D, h0):  # delta (b, l, d_in): 0 past a row's end keeps h
             return self.selective_scan(u, delta * ragged.valid(attention_mask, delta), A, B, C, D, h0)
 
+        def delta_rule(q, k, v, g, beta, s0):  # g, beta (b, l, h): 0 past a row's end keeps s
+            keep = ragged.valid(attention_mask, g)
+            return self.delta_rule(q, k, v, g * keep, beta * keep, s0)
+
         layers = layers_of(self.model, state)
         convs = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
         with ragged.outputs_of([layer.mixer.in_proj for _, layer in convs]) as seen, \
                 ragged.rotated_output(self.model.norm_f, lengths):
-            logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan, selective_scan=selective_scan)
+            logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan, selective_scan=selective_scan,
+                                           delta_rule=delta_rule)
         for (i, layer), projected in zip(convs, seen, strict=True):
             at = layer.conv_index  # the conv state's place in the layer's tuple
             conv = _conv_state_at_ends(layer, projected, layers[i][at], lengths)  # (b, c, k)
@@ -158,12 +169,17 @@ MAMBA1_LOWERING = "loop"  # a "mamba" layer's selective scan in the prefill: one
 
 
 def _tables(model: HybridLM, experts: dict | None) -> tuple[dict | None, dict | None]:
-    """The custom translation tables of the prefill and the step: the experts' kernel, and for
-    Mamba-1 ("mamba") layers the selective scan's lowering and softplus, as Mamba's export has them."""
-    if "mamba" not in model.config.layer_types:
-        return experts, experts
-    return ({**(experts or {}), **custom_translation_table(MAMBA1_LOWERING)},
-            {**(experts or {}), **custom_translation_table(None)})
+    """The custom translation tables of the prefill and the step: the experts' kernel, for Mamba-1
+    ("mamba") layers the selective scan's lowering and softplus, as Mamba's export has them, and
+    for Gated DeltaNets the delta rule's lowering."""
+    kinds = model.config.layer_types
+    prefill, step = dict(experts or {}), dict(experts or {})
+    if "mamba" in kinds:
+        prefill.update(custom_translation_table(MAMBA1_LOWERING))
+        step.update(custom_translation_table(None))
+    if "deltanet" in kinds:
+        prefill.update(delta_translation_table())
+    return prefill or None, step or None
 
 
 def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
@@ -202,7 +218,7 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
         table = translation_table() if experts == "kernel" else None
 
     prefill_table, step_table = _tables(model, table)
-    prefill = PrefillGraph(model, partial(ssd_grouped, chunk=chunk), scan_for(MAMBA1_LOWERING))
+    prefill = PrefillGraph(model, partial(ssd_grouped, chunk=chunk), scan_for(MAMBA1_LOWERING), gated_delta_chunked)
 
     def build(tmp):
         with torch.no_grad(), fused_attention(model, attention == "fused"), experts_as(model, experts):

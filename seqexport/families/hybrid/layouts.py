@@ -143,6 +143,12 @@ _JAMBA_DEFAULTS = dict(
     mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank="auto", mamba_conv_bias=True,
     mamba_proj_bias=False,
 )
+_QWEN3_5_DEFAULTS = dict(
+    vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
+    num_key_value_heads=4, hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=None,
+    attention_bias=False, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_num_key_heads=16, linear_num_value_heads=32, layer_types=None, full_attention_interval=4,
+)
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -161,6 +167,9 @@ _LFM2_ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "
 _LFM2_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _LFM2_MOE = {"gate.weight": "router.weight", "expert_bias": "router_bias", "experts.gate_up_proj": "gate_up_proj",
              "experts.down_proj": "down_proj"}
+_QWEN3_5_DELTANET = {"in_proj_qkv": "in_proj", "in_proj_z": "z_proj", "in_proj_b": "b_proj", "in_proj_a": "a_proj"}
+_QWEN3_5_MODULES = {"input_layernorm": "norm", "post_attention_layernorm": "mlp_norm", "linear_attn": "mixer",
+                    "self_attn": "mixer", "mlp": "mlp"}
 _OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
 
 
@@ -182,7 +191,8 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
             raise ValueError(f"config names family {d['family']!r}; expected 'hybrid'")
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
-               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "jamba": _from_jamba}
+               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "jamba": _from_jamba,
+               "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -498,11 +508,54 @@ def _from_jamba(d: dict) -> HybridConfig:
     )
 
 
+def _qwen3_5_text(d: dict) -> dict:
+    """Qwen3.5's text model config: `Qwen3_5TextConfig` itself, or the `text_config` of the
+    image-text `Qwen3_5Config` its checkpoints ship (whose vision tower is not read: text in, text
+    out), tied as transformers ties it: by the top-level `tie_word_embeddings`."""
+    if d["model_type"] == "qwen3_5_text":
+        return d
+    text = d.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"qwen3_5 config's text_config={text!r}; expected a dict (Qwen3_5TextConfig's keys)")
+    return {**text, "model_type": "qwen3_5_text", "tie_word_embeddings": d.get("tie_word_embeddings", False)}
+
+
+def _qwen3_5_layer_types(d: dict) -> list[str]:
+    n, types = d["num_hidden_layers"], d["layer_types"]
+    if types is None:  # as Qwen3_5TextConfig derives them: every full_attention_interval-th layer attends
+        every = d["full_attention_interval"]
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"full_attention_interval={every!r}; expected a positive integer")
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or set(types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types={types!r}; expected num_hidden_layers={n} entries, each 'linear_attention' "
+                         "or 'full_attention'")
+    return ["deltanet" if t == "linear_attention" else "attention" for t in types]
+
+
+def _from_qwen3_5(d: dict) -> HybridConfig:
+    d = {**_QWEN3_5_DEFAULTS, **_qwen3_5_text(d)}
+    _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Gated DeltaNet's conv both use it)")
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_qwen3_5_layer_types(d),
+        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        **_attention_sizes(d), rope=True, **_rope(d, "qwen3_5", default_factor=0.25),
+        attention_bias=d["attention_bias"], qk_norm=True, attention_output_gate=True,
+        d_conv=d["linear_conv_kernel_dim"], delta_k_heads=d["linear_num_key_heads"],
+        delta_v_heads=d["linear_num_value_heads"], delta_k_dim=d["linear_key_head_dim"],
+        delta_v_dim=d["linear_value_head_dim"], rms_norm_eps=d["rms_norm_eps"],
+        tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 # ---- state dicts ----
 
 def _layout_of(state: dict[str, Tensor]) -> str:
     if "embed_tokens.weight" in state:
         return "ours"
+    if "model.language_model.embed_tokens.weight" in state or any(
+            ".linear_attn." in k or k.endswith(".self_attn.q_norm.weight") for k in state):
+        return "qwen3_5"  # (the image-text checkpoint's text model, or the text model's own)
     if "model.embed_tokens.weight" in state:
         if "model.embedding_norm.weight" in state:
             return "lfm2"  # (and lfm2_moe: the same names, and the experts')
@@ -594,6 +647,8 @@ def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
         return _nemotron_h_key(key)
     if layout == "lfm2":
         return _lfm2_key(key)
+    if layout == "qwen3_5":
+        return _qwen3_5_key(key)
     return _bamba_key(key, parallel)
 
 
@@ -663,6 +718,39 @@ def _lfm2_key(key: str) -> str | None:
     return f"layers.{i}.{'mlp' if module == 'feed_forward' else 'mixer'}.{name}.{what}"
 
 
+def _qwen3_5_key(key: str) -> str | None:
+    """Qwen3.5's names (the image-text checkpoint's under `model.language_model.`) -> ours:
+    `linear_attn` and `self_attn` -> `mixer` (`in_proj_{qkv,z,b,a}` -> `in_proj`, `{z,b,a}_proj`),
+    `input_layernorm` / `post_attention_layernorm` -> `norm` / `mlp_norm`, `model.norm` -> `norm_f`."""
+    if key.startswith("model.language_model."):
+        key = "model." + key.removeprefix("model.language_model.")
+    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+                         "model.norm.weight": "norm_f.weight"})
+    if not isinstance(split, tuple):
+        return split
+    i, module, rest = split
+    if module not in _QWEN3_5_MODULES:
+        return None
+    name, dot, tail = rest.partition(".")
+    if module == "linear_attn":
+        name = _QWEN3_5_DELTANET.get(name, name)
+    return f"layers.{i}.{_QWEN3_5_MODULES[module]}.{name}{dot}{tail}"
+
+
+def _qwen3_5_weights(out: dict[str, Tensor], config: HybridConfig) -> None:
+    """In place: Qwen3.5's zero-centred RMSNorm weights (x̂ * (1 + w)) as ours (x̂ * w'): w' = 1 + w,
+    the same float32 sum theirs computes; a Gated DeltaNet's norm weight (dv,), shared by its value
+    heads, as ours (hv * dv,)."""
+    for key in list(out):
+        if key == "norm_f.weight" or key.endswith((".norm.weight", ".mlp_norm.weight", ".q_norm.weight",
+                                                   ".k_norm.weight")):
+            i = key.split(".")[1] if key.startswith("layers.") else None
+            if i is not None and key.endswith(".mixer.norm.weight") and config.layer_types[int(i)] == "deltanet":
+                out[key] = out[key].repeat(config.delta_v_heads)  # (hv * dv,)
+            else:
+                out[key] = 1.0 + out[key]
+
+
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:
     """A tied model's lm_head is its embedding (a saved lm_head must equal it)."""
     if config.tie_embeddings and "embed_tokens.weight" in out:
@@ -692,8 +780,9 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
     parallel = "parallel" in config.layer_types  # Falcon-H1: Bamba's names, attention beside the mixer
     out, unknown, source = {}, [], {}  # source: our key -> the key it came from
     for key, value in state.items():
-        if layout == "nemotron_h" and key.startswith("mtp."):
-            continue
+        if layout in ("nemotron_h", "qwen3_5") and key.startswith("mtp.") or \
+                layout == "qwen3_5" and key.startswith("model.visual."):
+            continue  # multi-token prediction and the vision tower: not the text model's
         new = _rename(key, layout, parallel)
         if new is None:
             unknown.append(key)
@@ -709,6 +798,8 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
             source[new] = key
     if layout in _STACKERS:  # experts saved one tensor each -> our stacks
         _STACKERS[layout](out, config)
+    if layout == "qwen3_5":
+        _qwen3_5_weights(out, config)
     _tie(out, config)
 
     layout = _label(layout, config)  # as the errors below name it
@@ -757,5 +848,6 @@ def _as_theirs(missing: str, source: dict[str, str], layout: str, parallel: bool
 
 
 # our module name -> the names a layout gives it where they differ (for `_as_theirs`)
-_THEIR_NAMES = {ours: [theirs for theirs, o in {**_LFM2_MLP, **_LFM2_ATTENTION}.items() if o == ours != theirs]
-                for ours in {**_LFM2_MLP, **_LFM2_ATTENTION}.values()}
+_THEIR_NAMES = {ours: [theirs for theirs, o in {**_LFM2_MLP, **_LFM2_ATTENTION, **_QWEN3_5_DELTANET}.items()
+                       if o == ours != theirs]
+                for ours in {**_LFM2_MLP, **_LFM2_ATTENTION, **_QWEN3_5_DELTANET}.values()}

@@ -10,6 +10,9 @@ kinds (seqexport.state), per layer as the config's `layer_types` say:
     "conv"       past_conv_state.{i} (batch, d_model, short_conv_kernel): replaced whole (LFM2)
     "mamba"      past_conv_state.{i} (batch, d_inner, d_conv), past_ssm_state.{i} (batch, d_inner,
                  d_state) float32, d_inner = mamba1_expand * d_model: replaced whole (Jamba's Mamba-1)
+    "deltanet"   past_conv_state.{i} (batch, 2 hk dk + hv dv, d_conv), past_ssm_state.{i} (batch, hv,
+                 dk, dv) float32, the delta rule's state per value head: replaced whole (Qwen3.5's
+                 Gated DeltaNet; hk, hv, dk, dv = delta_k_heads, delta_v_heads, delta_k_dim, delta_v_dim)
     "mlp", "moe" no state
 
 Row r's new tokens take positions past_lengths[r] onwards: rows at different positions share a
@@ -54,7 +57,7 @@ def layer_inputs(kind: str, i: int) -> tuple[str, ...]:
     kv = tuple(past_kv(i, kv) for kv in KV) if kind in ("attention", "parallel") else ()
     if kind == "conv":
         return (past_conv(i),)
-    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba") else ())
+    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba", "deltanet") else ())
 
 
 def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
@@ -68,13 +71,19 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
     def mamba1_inner() -> int:  # a "mamba" layer's width (read only where there is one: older manifests lack the key)
         return config["mamba1_expand"] * config["d_model"]
 
+    def delta_conv_dim() -> int:  # a "deltanet" layer's conv channels (read only where there is one)
+        return 2 * config["delta_k_heads"] * config["delta_k_dim"] + config["delta_v_heads"] * config["delta_v_dim"]
+
     def state(i: int, kind: str, past: bool, length) -> tuple[TensorSpec, ...]:
         role = "state" if past else ""
         dims = {past_kv(i, kv): (dtype, ("batch", nkv, "past_len" if past else length, hd)) for kv in KV}
         dims[past_conv(i)] = (dtype, ("batch", config["d_model"], config["short_conv_kernel"]) if kind == "conv"
                               else ("batch", mamba1_inner(), config["d_conv"]) if kind == "mamba"
+                              else ("batch", delta_conv_dim(), config["d_conv"]) if kind == "deltanet"
                               else ("batch", conv_dim, config["d_conv"]))
         dims[past_ssm(i)] = ("float32", ("batch", mamba1_inner(), config["d_state"]) if kind == "mamba"
+                             else ("batch", config["delta_v_heads"], config["delta_k_dim"], config["delta_v_dim"])
+                             if kind == "deltanet"
                              else ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]))
         return tuple(TensorSpec(n if past else _present(n), *dims[n], role) for n in layer_inputs(kind, i))
 

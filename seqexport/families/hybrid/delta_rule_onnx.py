@@ -1,0 +1,131 @@
+"""ONNX translation of `seqexport::gated_delta_chunked` (see `delta_rule`): the gated delta rule
+in closed form within each chunk of CHUNK tokens, and one `Scan` over the chunks whose body is a
+single MatMul and Add over the state.
+
+Dimension letters: b batch, l length, lp l padded to a multiple of CHUNK, c = lp / CHUNK chunks,
+C = CHUNK tokens of a chunk, h value heads, dk / dv key / value head sizes.
+
+Per row and head the state S (dk, dv) follows, token by token (`models.hybrid.delta_rule_step`),
+S_t = e^{g_t} S_{t-1} + k_t (β_t (v_t - e^{g_t} S_{t-1}ᵀ k_t))ᵀ, y_t = S_tᵀ q_t. Within a chunk,
+with G_t = g_1 + … + g_t (log decay so far), D_ij = e^{G_i - G_j} for i >= j and 0 above, and the
+chunk's vectors as the rows of (C, .) matrices (transformers' and FLA's chunked form, the WY
+representation of the products of Householder-like factors):
+
+    L = strict_lower((βk)·kᵀ ⊙ D),  T = (I + L)⁻¹
+    U = T·(βv),  W = T·(βk ⊙ e^G),  A = (q·kᵀ) ⊙ D (diagonal included)
+    Y    = (q ⊙ e^G)·S0 + A·(U - W·S0)
+    S_C  = e^{G_C} S0 + (k ⊙ e^{G_C - G})ᵀ·(U - W·S0)
+
+so S_C = Gm·S0 + Hm and Y = Qm·S0 + Pm with Gm = e^{G_C} I - K̃ᵀW (dk, dk), Hm = K̃ᵀU (dk, dv),
+Qm = Q̃ - A·W (C, dk), Pm = A·U (C, dv): every term but S0 is known before the scan, so all
+chunks' coefficients are computed at once (batched GEMMs), and the scan body is one MatMul of
+[Gm; Qm] by S0 plus [Hm; Pm]. No decay is ever divided by (D is masked before its exponential),
+so a decay near 0 is safe. T = (I - L)(I + L²)(I + L⁴)(I + L⁸) for C = 16 (L is nilpotent).
+Padding (to lp) has g = 0 and β = 0: the state passes through unchanged.
+"""
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript import FLOAT
+from onnxscript import opset18 as op
+
+from seqexport.export.ir_nodes import check_float32, emit, subgraph, typed_input
+from seqexport.families.hybrid.delta_rule import CHUNK
+
+if CHUNK & (CHUNK - 1):
+    raise ValueError(f"CHUNK must be a power of two (the inverse by doublings), got {CHUNK}")
+
+
+def _chunk_body(dk: int, dv: int) -> ir.Graph:
+    """Scan body: state S (b, h, dk, dv); a chunk's [Gm; Qm] (b, h, dk + C, dk) and [Hm; Pm]
+    (b, h, dk + C, dv). Returns Gm·S + Hm (the state after the chunk) and Qm·S + Pm (its y, (b, h, C, dv))."""
+    s_in = typed_input(ir.DataType.FLOAT, [None, None, dk, dv])
+    gq = typed_input(ir.DataType.FLOAT, [None, None, dk + CHUNK, dk])
+    hp = typed_input(ir.DataType.FLOAT, [None, None, dk + CHUNK, dv])
+    t = ir.tape.Tape()
+    z = t.op("Add", [t.op("MatMul", [gq, s_in]), hp])  # (b, h, dk + C, dv)
+    sizes = t.op("Constant", [], {"value": ir.tensor([dk, CHUNK], dtype=ir.DataType.INT64)})
+    s_out, y = t.op_multi_out("Split", [z, sizes], {"axis": 2}, num_outputs=2)
+    return subgraph("delta_rule", [s_in, gq, hp], [s_out, y], t)
+
+
+def _t(x):
+    """A 5-D value with its last two axes swapped."""
+    return op.Transpose(x, perm=[0, 1, 2, 4, 3])
+
+
+def _split(x, first: int, axis: int):
+    """x cut along `axis` into its first `first` entries and the rest (two Slices: onnxscript's
+    Split needs its output count, which a sizes input does not give it)."""
+    return op.Slice(x, [0], [first], [axis]), op.Slice(x, [first], [2 ** 62], [axis])
+
+
+def _static(value: FLOAT, axis: int, what: str) -> int:
+    n = value.shape[axis] if value.shape is not None else None
+    if not isinstance(n, int):
+        raise TypeError(f"the gated delta rule's lowering needs a static {what}, got the shape {value.shape}")
+    return n
+
+
+def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0: FLOAT) -> tuple[FLOAT, FLOAT]:
+    """seqexport::gated_delta_chunked -> the chunks' coefficients, then one Scan over the chunks."""
+    check_float32(q, k, v, g, beta, s0)
+    dk, dv = _static(q, 3, "key head size"), _static(v, 3, "value head size")
+    length = op.Shape(q, start=1, end=2)  # [l]
+    pad = op.Mod(op.Sub(CHUNK, op.Mod(length, CHUNK)), CHUNK)  # [lp - l]
+    zero = op.Constant(value_ints=[0])
+    heads = op.Shape(q, start=2, end=3)  # [h]
+
+    def chunks(x, n: int | None = None):  # (b, l, h[, n]) -> (b, c, h, C[, n]): a chunk's tokens as rows
+        rank = 3 if n is None else 4
+        pads = op.Concat(op.Constant(value_ints=[0] * (rank + 1)), pad, op.Constant(value_ints=[0] * (rank - 2)),
+                         axis=0)  # nothing before; lp - l after the tokens
+        shape = op.Concat(op.Constant(value_ints=[0, -1, CHUNK]), heads,
+                          *([] if n is None else [op.Constant(value_ints=[n])]), axis=0)
+        x = op.Reshape(op.Pad(x, pads, op.Constant(value_float=0.0)), shape)  # (b, c, C, h[, n])
+        return op.Transpose(x, perm=[0, 1, 3, 2] if n is None else [0, 1, 3, 2, 4])
+
+    q, k, v = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # (b, c, h, C, dk | dv)
+    g, beta = chunks(g), chunks(beta)  # (b, c, h, C)
+    cum = op.CumSum(g, op.Constant(value_int=3))  # (b, c, h, C): G_t, t inclusive
+    growth = op.Exp(cum)  # e^{G_t}
+    last = op.Slice(cum, [CHUNK - 1], [CHUNK], [3])  # (b, c, h, 1): G_C
+    lower = np.tril(np.ones((CHUNK, CHUNK), bool))
+    diff = op.Sub(op.Unsqueeze(cum, [4]), op.Unsqueeze(cum, [3]))  # (b, c, h, C, C): G_i - G_j
+    decay = op.Exp(op.Where(op.Constant(value=ir.tensor(lower)), diff,
+                            op.Constant(value_float=-math.inf)))  # D: 0 above the diagonal
+
+    k_beta = op.Mul(k, op.Unsqueeze(beta, [4]))  # (b, c, h, C, dk)
+    strict = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32), -1)))
+    l_mat = op.Mul(op.Mul(op.MatMul(k_beta, _t(k)), decay), strict)  # (b, c, h, C, C): L
+    eye = op.Constant(value=ir.tensor(np.eye(CHUNK, dtype=np.float32)))
+    inverse, power = op.Sub(eye, l_mat), l_mat  # T = (I - L)(I + L²)(I + L⁴)…
+    for _ in range(int(math.log2(CHUNK)) - 1):
+        power = op.MatMul(power, power)  # L², L⁴, L⁸, …
+        inverse = op.MatMul(inverse, op.Add(eye, power))
+    # U = T·(βv) (C, dv) and W = T·(βk ⊙ e^G) (C, dk), in one product
+    rhs = op.Concat(op.Mul(v, op.Unsqueeze(beta, [4])), op.Mul(k_beta, op.Unsqueeze(growth, [4])), axis=4)
+    u, w = _split(op.MatMul(inverse, rhs), dv, axis=4)
+    attend = op.Mul(op.MatMul(q, _t(k)), decay)  # (b, c, h, C, C): A
+    q_decayed = op.Mul(q, op.Unsqueeze(growth, [4]))  # Q̃
+    k_decayed = op.Mul(k, op.Unsqueeze(op.Exp(op.Sub(last, cum)), [4]))  # K̃ = k ⊙ e^{G_C - G}
+    # Qm = Q̃ - A·W, Pm = A·U; Gm = e^{G_C} I - K̃ᵀW, Hm = K̃ᵀU
+    a_uw = op.MatMul(attend, op.Concat(u, w, axis=4))  # (b, c, h, C, dv + dk)
+    a_u, a_w = _split(a_uw, dv, axis=4)
+    k_uw = op.MatMul(_t(k_decayed), op.Concat(u, w, axis=4))  # (b, c, h, dk, dv + dk)
+    k_u, k_w = _split(k_uw, dv, axis=4)
+    eye_k = op.Constant(value=ir.tensor(np.eye(dk, dtype=np.float32)))
+    g_m = op.Sub(op.Mul(op.Unsqueeze(op.Exp(last), [4]), eye_k), k_w)  # (b, c, h, dk, dk)
+    q_m = op.Sub(q_decayed, a_w)  # (b, c, h, C, dk)
+
+    s_last, y = emit(
+        "Scan",
+        [s0, op.Concat(g_m, q_m, axis=3), op.Concat(k_u, a_u, axis=3)],  # (b, c, h, dk + C, dk | dv)
+        {"body": _chunk_body(dk, dv), "num_scan_inputs": 2, "scan_input_axes": [1, 1], "scan_output_axes": [1]},
+        num_outputs=2,
+    )  # (b, h, dk, dv), (b, c, h, C, dv)
+    y = op.Transpose(y, perm=[0, 1, 3, 2, 4])  # (b, c, C, h, dv)
+    y = op.Reshape(y, op.Concat(op.Constant(value_ints=[0, -1]), heads, op.Constant(value_ints=[dv]), axis=0))
+    return op.Slice(y, zero, length, op.Constant(value_ints=[1])), s_last  # (b, l, h, dv), (b, h, dk, dv)
