@@ -685,7 +685,7 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(c, c, kernel_size=k, groups=c, padding=k - 1, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.log(torch.empty(self.hv).uniform_(1, 16)))
-        self.norm = RMSNormGated(width, self.dv, config.rms_norm_eps, norm_before_gate=True)
+        self.norm = RMSNormGated(self.dv, self.dv, config.rms_norm_eps, norm_before_gate=True)  # per head, shared
         self.out_proj = nn.Linear(width, d, bias=False)
 
     def forward(self, h: Tensor, conv_state: Tensor, state: Tensor, rule: Scan = gated_delta_ref,
@@ -708,8 +708,8 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.b_proj(h).float())  # (b, l, hv)
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(h).float() + self.dt_bias.float())  # (b, l, hv)
         y, state = rule(q, k, v.reshape(b, length, self.hv, self.dv), g, beta, state)  # (b, l, hv, dv)
-        y = self.norm(y.reshape(b, length, -1), self.z_proj(h))  # (b, l, hv * dv) float32
-        return self.out_proj(y.to(h.dtype)), (new_conv, state)
+        y = self.norm(y, self.z_proj(h).reshape(b, length, self.hv, self.dv))  # (b, l, hv, dv) float32
+        return self.out_proj(y.reshape(b, length, -1).to(h.dtype)), (new_conv, state)
 
     def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         c = self.in_proj.out_features

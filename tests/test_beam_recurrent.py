@@ -100,10 +100,10 @@ def test_beam_search_equals_transformers_generate(tmp_path, family):
     _check(_runtime_beams(tmp_path / "export", PROMPTS, BEAMS), reference, greedy)
 
 
-@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba"])
+@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5"])
 def test_a_hybrid_beam_search_equals_transformers_generate(tmp_path, name):
-    """Bamba (attention beside Mamba-2 layers), LFM2 (beside short convolutions) and Jamba (beside
-    Mamba-1 layers):
+    """Bamba (attention beside Mamba-2 layers), LFM2 (beside short convolutions), Jamba (beside
+    Mamba-1 layers) and Qwen3.5 (gated attention beside Gated DeltaNets):
     each beam's KV cache rows are reordered with its conv / SSM state rows."""
     from tests.test_hybrid_model import _hf
 

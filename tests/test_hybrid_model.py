@@ -188,7 +188,7 @@ def _randomize(model, seed: int):
     """Weights that make every part count: linears ~ N(0, 1/fan_in) (peaked attention, logits of
     order 1), random biases and norm weights, Δ ≈ 0.5-2 and decays exp(ΔA) over a wide range."""
     gen = torch.Generator().manual_seed(seed)
-    zero_centred = model.config.model_type.startswith("qwen3_5")
+    zero_centred = getattr(model.config, "model_type", "").startswith("qwen3_5")
     for name, p in model.named_parameters():
         if name.endswith("dt_bias"):
             dt = torch.rand(p.shape, generator=gen) * 1.5 + 0.5
@@ -562,6 +562,14 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "lfm2_moe"}, "no 'layer_types'"),
     ({"model_type": "lfm2_moe", "num_hidden_layers": 2, "layer_types": ["conv"] * 2, "num_dense_layers": 3},
      "num_dense_layers"),
+    ({"model_type": "qwen3_5_text", "num_hidden_layers": 2, "layer_types": ["linear_attention", "sliding_attention"]},
+     "layer_types"),
+    ({"model_type": "qwen3_5_text", "full_attention_interval": 0}, "full_attention_interval"),
+    ({"model_type": "qwen3_5_text", "hidden_act": "gelu"}, "hidden_act"),
+    ({"model_type": "qwen3_5_text", "linear_num_key_heads": 3}, "delta_k_heads=3"),
+    ({"model_type": "qwen3_5_text", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}}, "rope_type='yarn'"),
+    ({"model_type": "qwen3_5", "text_config": None}, "text_config"),
+    ({"model_type": "qwen3_5_moe"}, "model_type='qwen3_5_moe'"),
     ({"family": "hybrid", "d_modle": 64}, "d_modle"),
 ])
 def test_config_refusals_name_the_key(config, key):
@@ -574,6 +582,7 @@ def test_config_refusals_name_the_key(config, key):
     ("partial_rotary_factor", 0.1), ("ngroups", 3), ("dt_max_limit", math.inf), ("logits_scaling", 0),
     ("attention_multiplier", -1.0), ("d_model", 0), ("rope", 1), ("layer_types", ["hybrid"]),
     ("ssm_multipliers", [1.0] * 4), ("key_multiplier", math.nan), ("mamba_gated_norm", "yes"),
+    ("delta_k_heads", 3), ("delta_v_dim", 0), ("attention_output_gate", 1),
 ])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -592,7 +601,9 @@ def test_convert_state_dict_refusals(tmp_path):
                                ("falcon_h1", "model.layers.0.self_attn.k_proj.weight", "layers.0.attention.k_proj.weight"),
                                ("lfm2", "model.layers.1.conv.conv.bias", "layers.1.mixer.conv.bias"),
                                ("lfm2", "model.layers.2.feed_forward.w3.weight", "layers.2.mlp.up_proj.weight"),
-                               ("lfm2", "model.layers.0.self_attn.q_layernorm.weight", "layers.0.mixer.q_norm.weight")):
+                               ("lfm2", "model.layers.0.self_attn.q_layernorm.weight", "layers.0.mixer.q_norm.weight"),
+                               ("qwen3_5", "model.layers.2.linear_attn.in_proj_qkv.weight", "layers.2.mixer.in_proj.weight"),
+                               ("qwen3_5", "model.layers.0.linear_attn.A_log", "layers.0.mixer.A_log")):
         model = HF_MODELS[name]()
         state = {k: v for k, v in model.state_dict().items() if k != theirs}
         with pytest.raises(ValueError, match=rf"lacks \['{re.escape(theirs)} \({re.escape(ours)}\)'\]"):
@@ -674,3 +685,24 @@ def test_a_steps_weight_floor_counts_only_the_experts_a_token_takes(tmp_path):
             else:
                 used += p.numel()
         assert step_weight_bytes(ours, "float32") == 4 * used, name
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_qwen3_5_image_text_checkpoint_gives_its_text_model(tmp_path, tied):
+    """Qwen3.5's checkpoints are `Qwen3_5ForConditionalGeneration`: the text model under
+    `model.language_model.`, a vision tower (not read: text in, text out) and the head tied by
+    the top-level `tie_word_embeddings` (the text_config's says otherwise here). On text alone its
+    logits are ours."""
+    text = _qwen3_5().config.to_dict()
+    torch.manual_seed(0)
+    vl = _randomize(transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(
+        text_config={**text, "tie_word_embeddings": not tied}, tie_word_embeddings=tied,
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64))), 3)
+    vl.save_pretrained(tmp_path)
+    ours = _load_ours(tmp_path)
+    assert ours.config.tie_embeddings == tied and ours.config.layer_types == hybrid_config_from_json(text).layer_types
+    ids = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = vl(input_ids=ids).logits.float()
+        got, _ = ours(ids)
+    assert _max_err(got, want) <= 1e-4

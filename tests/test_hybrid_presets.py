@@ -4,7 +4,7 @@ config, and our reading of that config.json gives the preset. `bamba-9b` against
 `BambaForCausalLM` of Bamba-9B's config, `falcon-h1-tiny` against `FalconH1ForCausalLM` of
 Falcon-H1-Tiny-90M's, `lfm2-350m` against `Lfm2ForCausalLM` of LFM2-350M's, `lfm2-8b-a1b`
 against `Lfm2MoeForCausalLM` of LFM2-8B-A1B's, `jamba-mini` against `JambaForCausalLM` of Jamba 1.5
-Mini's (seqexport/families/hybrid/presets.py says where
+Mini's, `qwen3.5-0.8b` against `Qwen3_5ForCausalLM` of Qwen3.5-0.8B's text model (seqexport/families/hybrid/presets.py says where
 each number comes from)."""
 
 from collections import Counter
@@ -39,6 +39,11 @@ LFM2_8B_A1B = dict(num_hidden_layers=24,
 # ai21labs/AI21-Jamba-1.5-Mini: JambaConfig's defaults (Jamba-v0.1's), its dt rank as quoted
 JAMBA_MINI = dict(mamba_dt_rank=256)
 
+# Qwen/Qwen3.5-0.8B's text model (presets.py says which numbers are quoted where)
+QWEN3_5_0_8B = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=8, num_key_value_heads=2,
+                    intermediate_size=3584, linear_num_key_heads=16, linear_num_value_heads=16, tie_word_embeddings=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+
 # preset -> (config class, model class, that config's fields, the parameter count: (low, high) bounds)
 PRESETS = {
     "bamba-9b": ("BambaConfig", "BambaForCausalLM", BAMBA_9B, (9.7e9, 9.9e9)),  # the "9.8b" of its name
@@ -46,6 +51,7 @@ PRESETS = {
     "lfm2-350m": ("Lfm2Config", "Lfm2ForCausalLM", LFM2_350M, (354_483_968, 354_483_968)),  # its published count
     "lfm2-8b-a1b": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", LFM2_8B_A1B, (8.2e9, 8.5e9)),  # "8B"
     "jamba-mini": ("JambaConfig", "JambaForCausalLM", JAMBA_MINI, (51.4e9, 51.8e9)),  # AI21's "52B total"
+    "qwen3.5-0.8b": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN3_5_0_8B, (0.7e9, 0.9e9)),  # "0.8B"
 }
 
 

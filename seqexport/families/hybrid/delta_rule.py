@@ -8,25 +8,10 @@ Usage: `model(..., delta_rule=gated_delta_chunked)` inside the exported forward,
 """
 
 import torch
-from torch import Tensor
 
-from seqexport.models.hybrid import gated_delta_ref
-
-CHUNK = 16  # tokens per chunk (a power of two: the triangular inverse by doublings)
+from seqexport.families.hybrid.delta_rule_lowering import CHUNK, gated_delta_chunked
 
 __all__ = ["CHUNK", "gated_delta_chunked", "translation_table"]
-
-
-@torch.library.custom_op("seqexport::gated_delta_chunked", mutates_args=())
-def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s0: Tensor) -> tuple[Tensor, Tensor]:
-    """The gated delta rule (see `gated_delta_ref`): exported as one ONNX Scan over chunks of CHUNK."""
-    y, s = gated_delta_ref(q, k, v, g, beta, s0)
-    return y, s.clone() if q.shape[1] == 0 else s  # a custom op may not return its input
-
-
-@gated_delta_chunked.register_fake
-def _(q, k, v, g, beta, s0):
-    return torch.empty(v.shape, dtype=torch.float32), torch.empty(s0.shape, dtype=torch.float32)
 
 
 def translation_table() -> dict:

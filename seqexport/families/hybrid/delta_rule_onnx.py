@@ -1,4 +1,4 @@
-"""ONNX translation of `seqexport::gated_delta_chunked` (see `delta_rule`): the gated delta rule
+"""ONNX translation of `seqexport::gated_delta_chunked` (see `delta_rule_lowering`): the gated delta rule
 in closed form within each chunk of CHUNK tokens, and one `Scan` over the chunks whose body is a
 single MatMul and Add over the state.
 
@@ -32,7 +32,7 @@ from onnxscript import FLOAT
 from onnxscript import opset18 as op
 
 from seqexport.export.ir_nodes import check_float32, emit, subgraph, typed_input
-from seqexport.families.hybrid.delta_rule import CHUNK
+from seqexport.families.hybrid.delta_rule_lowering import CHUNK
 
 if CHUNK & (CHUNK - 1):
     raise ValueError(f"CHUNK must be a power of two (the inverse by doublings), got {CHUNK}")

@@ -739,15 +739,12 @@ def _qwen3_5_key(key: str) -> str | None:
 
 def _qwen3_5_weights(out: dict[str, Tensor], config: HybridConfig) -> None:
     """In place: Qwen3.5's zero-centred RMSNorm weights (x̂ * (1 + w)) as ours (x̂ * w'): w' = 1 + w,
-    the same float32 sum theirs computes; a Gated DeltaNet's norm weight (dv,), shared by its value
-    heads, as ours (hv * dv,)."""
+    the same float32 sum theirs computes. Not a Gated DeltaNet's own gated norm (x̂ * w)."""
     for key in list(out):
         if key == "norm_f.weight" or key.endswith((".norm.weight", ".mlp_norm.weight", ".q_norm.weight",
                                                    ".k_norm.weight")):
             i = key.split(".")[1] if key.startswith("layers.") else None
-            if i is not None and key.endswith(".mixer.norm.weight") and config.layer_types[int(i)] == "deltanet":
-                out[key] = out[key].repeat(config.delta_v_heads)  # (hv * dv,)
-            else:
+            if i is None or not key.endswith(".mixer.norm.weight") or config.layer_types[int(i)] != "deltanet":
                 out[key] = 1.0 + out[key]
 
 

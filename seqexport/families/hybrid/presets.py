@@ -2,7 +2,8 @@
 (ibm-fms/Bamba-9.8b-2.2T-hf, ibm-ai-platform/Bamba-9B); and `falcon-h1-tiny`, the shape of TII's
 Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base); `lfm2-350m`, the shape of Liquid AI's LFM2-350M (LiquidAI/LFM2-350M); and
 `lfm2-8b-a1b`, the shape of its mixture of experts LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B); and
-`jamba-mini`, the shape of AI21's Jamba 1.5 Mini (ai21labs/AI21-Jamba-1.5-Mini, Jamba-v0.1's shape).
+`jamba-mini`, the shape of AI21's Jamba 1.5 Mini (ai21labs/AI21-Jamba-1.5-Mini, Jamba-v0.1's shape);
+and `qwen3.5-0.8b`, the shape of Qwen3.5-0.8B's text model (Qwen/Qwen3.5-0.8B).
 
 Where the numbers come from (no model hub here, so no config.json was read):
 - 32 layers, width 4096, 32 query heads, d_state 128, attention at layers 9, 18 and 27: the
@@ -54,6 +55,17 @@ at every 8th layer from layer 4, Mamba-1 mixers elsewhere (expand 2, d_state 16,
 vocabulary 65536, untied embeddings. Checked by tests/test_hybrid_presets.py against transformers'
 `JambaForCausalLM` of that config, tensor for tensor (51.6 B: the "52B total" AI21 gives); it
 needs ~206 GB to build in float32.
+
+Qwen3.5-0.8B's text model: 24 layers of width 1024, attention (8 query and 2 KV heads) in 6 of
+them, as a model-sizing page quotes its config; every 4th layer (Qwen3_5TextConfig's
+`full_attention_interval` 4, which gives those 6); Gated DeltaNets of 16 heads with keys and
+values of 128, as a study's benchmark of that checkpoint's DeltaNet layer quotes them; vocabulary
+248320 and head 256 (transformers' `Qwen3_5TextConfig` defaults, as another project quotes for
+Qwen3.5-9B); RoPE θ 1e7 on a quarter of each head (as a training framework's Qwen3.5-27B recipe
+gives); tied embeddings. `intermediate_size` 3584 is not quoted by any source here: it is as
+recalled, and the parameter count it gives (about 0.75 B without the vision tower) fits the
+published "0.8B". Checked by tests/test_hybrid_presets.py against transformers'
+`Qwen3_5ForCausalLM` of that config, tensor for tensor.
 """
 
 BAMBA_9B_ATTENTION = (9, 18, 27)
@@ -89,4 +101,10 @@ PRESETS = {
                        normalize_expert_weights=False, expert_layers=list(range(1, 32, 2)), n_heads=32, n_kv_heads=8,
                        head_dim=128, rope=False, mamba1_expand=2, mamba1_dt_rank=256, mamba1_dt_norm=True, d_state=16,
                        d_conv=4, conv_bias=True, mamba_bias=False, rms_norm_eps=1e-6, tie_embeddings=False),
+    "qwen3.5-0.8b": dict(d_model=1024, vocab_size=248320,
+                         layer_types=["attention" if i % 4 == 3 else "deltanet" for i in range(24)],
+                         d_ff=3584, n_heads=8, n_kv_heads=2, head_dim=256, rope=True, rope_theta=1e7,
+                         partial_rotary_factor=0.25, qk_norm=True, attention_output_gate=True, d_conv=4,
+                         delta_k_heads=16, delta_v_heads=16, delta_k_dim=128, delta_v_dim=128, rms_norm_eps=1e-6,
+                         tie_embeddings=True),
 }
