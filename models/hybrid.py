@@ -6,12 +6,15 @@ followed by its own gated MLP, two pre-norms in a layer), of NVIDIA's Nemotron-H
 TII's Falcon-H1 ("parallel" layers: attention and a Mamba-2 mixer side by side on one pre-norm,
 their outputs summed, then the MLP; μP multipliers on each branch), of Liquid AI's LFM2 and
 LFM2-MoE ("conv" layers: a gated short convolution, C * conv(B * x), beside attention layers whose
-queries and keys are RMS-normed per head) and of AI21's Jamba ("mamba" layers: a Mamba-1 mixer
-beside attention without positions). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
+queries and keys are RMS-normed per head), of AI21's Jamba ("mamba" layers: a Mamba-1 mixer
+beside attention without positions) and of Qwen3.5 ("deltanet" layers: a Gated DeltaNet, the
+gated delta rule over a (dk, dv) state per value head, beside attention whose output is gated
+by a sigmoid of a second half of q_proj). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
 the Mamba-1 mixer that of `models.mamba`, reused as they are.
 
 Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> Experts -> the Mamba-2 mixer
-adapter -> HybridLayer -> HybridLM, and `append_kv` (the eager caller's KV bookkeeping).
+adapter -> ShortConv -> the gated delta rule and GatedDeltaNet -> HybridLayer -> HybridLM, and
+`append_kv` (the eager caller's KV bookkeeping).
 
 Dimension letters (reused as ONNX dim names and runtime names):
     b     batch
@@ -29,6 +32,8 @@ Dimension letters (reused as ONNX dim names and runtime names):
     h     Mamba-2 heads; p channels per head; g groups sharing B, C; n state size;
     k     conv width; c = d_in + 2 g n conv channels (see models/mamba2.py)
     ks    a "conv" layer's short conv width (short_conv_kernel); it has d channels
+    hk, hv  a "deltanet" layer's query/key and value heads; dk, dv their sizes (delta_*);
+          its conv has 2 hk dk + hv dv channels, d_conv wide
 
 State, per layer, a tuple (returned new, never written in place, so every entry point exports):
     "mamba2"     (conv_state (b, c, k), ssm_state (b, h, p, n) float32)   replaced whole each call
@@ -36,6 +41,8 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
     "conv"       (conv_state (b, d, ks),): the last ks inputs of the short conv     replaced whole each call
     "mamba"      (conv_state (b, d_in1, k), ssm_state (b, d_in1, n) float32): Jamba's Mamba-1 mixer,
                  d_in1 = mamba1_expand * d (see models/mamba.py)                  replaced whole each call
+    "deltanet"   (conv_state (b, 2 hk dk + hv dv, d_conv), state (b, hv, dk, dv) float32): Qwen3.5's
+                 Gated DeltaNet, the delta rule's state per value head          replaced whole each call
     "attention"  (key, value), each (b, nkv, P, hd): an APPENDED buffer. Row r's slots
                  0 .. past_lengths[r] - 1 are valid; the rest are ignored, whatever they hold.
                  Keys are stored after RoPE (as transformers' caches hold them). A call returns
@@ -66,6 +73,9 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.mixer.{in_proj,conv,out_proj}.*                                          "conv"
     layers.{i}.mixer.{in_proj,conv1d,x_proj,dt_proj,out_proj}.*, .A_log, .D,
         .{dt,b,c}_layernorm.weight (mamba1_dt_norm)                                      "mamba"
+    layers.{i}.mixer.{in_proj,z_proj,b_proj,a_proj,conv1d,out_proj}.*, .dt_bias, .A_log,
+        .norm.weight (dv,)                                                              "deltanet"
+    layers.{i}.mixer.q_proj (nh * 2 hd, d): each head's query rows, then its gate's   attention_output_gate
     layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
     layers.{i}.experts.router.weight (E, d), .gate_up_proj (E, 2 fe, d) gate rows then up rows

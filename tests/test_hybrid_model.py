@@ -706,3 +706,14 @@ def test_qwen3_5_image_text_checkpoint_gives_its_text_model(tmp_path, tied):
         want = vl(input_ids=ids).logits.float()
         got, _ = ours(ids)
     assert _max_err(got, want) <= 1e-4
+
+
+def test_qwen3_5_layers_without_layer_types_are_those_transformers_derives():
+    """A config.json without `layer_types` (every `full_attention_interval`-th layer attends, 4
+    unless given): read as transformers' Qwen3_5TextConfig derives them."""
+    for interval in (None, 3):
+        fields = {"num_hidden_layers": 7, **({"full_attention_interval": interval} if interval else {})}
+        theirs = transformers.Qwen3_5TextConfig(**fields).layer_types
+        ours = hybrid_config_from_json({"model_type": "qwen3_5_text", **fields}).layer_types
+        assert ours == ["attention" if t == "full_attention" else "deltanet" for t in theirs]
+        assert ours.count("attention") == 7 // (interval or 4)

@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Eight config layouts, told apart by `family` / `model_type`:
+Ten config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -56,7 +56,15 @@ Eight config layouts, told apart by `family` / `model_type`:
   ceil(hidden_size / 16)), their Δ input, B and C RMS-normed with weights), every layer ending
   with its gated MLP, or with `num_experts` experts instead where `i % expert_layer_period ==
   expert_layer_offset` (`intermediate_size` wide, `num_experts_per_tok` a token: the top k of the
-  router's softmax over all experts, not renormalised).
+  router's softmax over all experts, not renormalised);
+- transformers' `Qwen3_5TextConfig` (`model_type: "qwen3_5_text"`), and the `text_config` of
+  Qwen3.5's image-text `Qwen3_5Config` (`model_type: "qwen3_5"`: its vision tower is not read,
+  its head tied by the top-level `tie_word_embeddings`): `layer_types` ("linear_attention" /
+  "full_attention", or every `full_attention_interval`-th layer attention); a linear-attention
+  layer is a Gated DeltaNet (`linear_num_key_heads` / `linear_num_value_heads` heads of
+  `linear_key_head_dim` / `linear_value_head_dim`, conv `linear_conv_kernel_dim`); attention has
+  an output gate and per-head q/k norms, RoPE on `partial_rotary_factor` (0.25) of each head; every
+  RMSNorm but the DeltaNet's is zero-centred (x̂ * (1 + w)), read as ours with w' = 1 + w.
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -179,7 +187,7 @@ def is_hybrid_config(d: dict) -> bool:
 
 
 def hybrid_config_from_json(d: dict) -> HybridConfig:
-    """A `HybridConfig` from any of the eight config.json layouts (see the module docstring).
+    """A `HybridConfig` from any of the config.json layouts (see the module docstring).
 
     Raises ValueError for a dict of no known layout, for MoE variants, and for settings that
     select something `HybridLM` does not implement, naming the key and its value.
