@@ -54,8 +54,10 @@ Mixture of experts (`n_experts` > 0): a router and E experts of width fe (the ML
 SiLU or squared ReLU); each token takes k = `experts_per_token` of them and gets their weighted
 sum. Where it sits: Granite-4.0-H Tiny / Small (`mlp_in_layer`) beside each mamba2/attention
 layer's MLP, the layer adding mlp(h) + experts(h); LFM2-MoE and Jamba (`expert_layers`) instead
-of the MLP in the layers listed, the others keeping a dense MLP; Nemotron-H ("moe" layers) as a layer of its
-own, experts(h) + shared(h) with a shared expert MLP of width `d_ff_shared_expert`. Routing
+of the MLP in the layers listed, the others keeping a dense MLP (Qwen3.5-MoE: in every layer, with
+a shared expert MLP beside them gated by sigmoid(shared_gate(h)), `gated_shared_expert`);
+Nemotron-H ("moe" layers) as a layer of its own, experts(h) + shared(h) with a shared expert MLP
+of width `d_ff_shared_expert`. Routing
 (`expert_routing`): "softmax" (Granite: the top k of the router's logits, weighted by the
 softmax over those k; Jamba, `normalize_expert_weights` false: by the softmax over all E) or "sigmoid" (Nemotron-H, DeepSeek-V3: scores σ(logits) in float32; the
 experts chosen by score + a learned bias, the top k within the best `expert_groups_per_token`
@@ -82,6 +84,8 @@ onto them in `seqexport.families.hybrid.layouts`):
     (squared ReLU: .up_proj (E, fe, d)), .down_proj (E, d, fe), .router_bias (E,) (sigmoid
     routing)                                      mlp_in_layer with n_experts > 0 ("experts")
     layers.{i}.mixer.* (the same), layers.{i}.shared.{up_proj,down_proj}.*     "moe" layers
+    layers.{i}.shared.{gate_proj,up_proj,down_proj}.*, layers.{i}.shared_gate.weight (1, d)
+                                                  beside the experts with gated_shared_expert
     norm_f.weight, lm_head.weight                         (lm_head tied to embed_tokens if asked)
 (`gate_proj` exists only for the gated MLP, `mlp_act="silu_gated"`.)
 """
@@ -146,6 +150,9 @@ class HybridConfig(DictConfig):
     normalize_expert_weights: bool = True
     routed_scaling_factor: float = 1.0  # sigmoid routing: the weights are then multiplied by it
     d_ff_shared_expert: int = 128  # "moe" layers: the shared expert MLP's width
+    # a shared expert MLP (d_ff_shared_expert wide) beside the experts of each layer that has them,
+    # its output times sigmoid(shared_gate(h)) (Qwen3.5-MoE, Qwen3-Next); needs mlp_in_layer
+    gated_shared_expert: bool = False
     # where experts sit with mlp_in_layer: None = beside every layer's MLP (Granite); a list of layer
     # indices = instead of the MLP in those layers, the others keeping their MLP (LFM2-MoE: from
     # num_dense_layers on; Jamba: every expert_layer_period-th)
@@ -241,7 +248,7 @@ class HybridConfig(DictConfig):
                 raise ValueError(f"{name}.{key} must be a positive int, got {value!r}")
         for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
                     "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
-                    "mamba1_dt_norm", "attention_output_gate"):
+                    "mamba1_dt_norm", "attention_output_gate", "gated_shared_expert"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
@@ -319,6 +326,9 @@ class HybridConfig(DictConfig):
                              f"{self.n_layer - 1} with mlp_in_layer and n_experts >= 1")
         if where is not None:
             self.expert_layers = sorted(set(where))
+        if self.gated_shared_expert and not (self.mlp_in_layer and self.n_experts):
+            raise ValueError(f"{name}.gated_shared_expert sits beside a layer's experts; expected mlp_in_layer and "
+                             f"n_experts >= 1, got mlp_in_layer={self.mlp_in_layer}, n_experts={self.n_experts}")
         self._check_expert_counts()
 
     def _check_expert_counts(self) -> None:
@@ -788,6 +798,9 @@ class HybridLayer(nn.Module):
         self.mlp = MLP(config) if feed_forward and (where is None or index not in where) else None
         self.experts = Experts(config) if feed_forward and config.n_experts and (where is None or index in where) \
             else None
+        if self.experts is not None and config.gated_shared_expert:  # beside the experts, gated per token
+            self.shared = MLP(config, config.d_ff_shared_expert)
+            self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
 
     def _residual(self, x: Tensor, out: Tensor) -> Tensor:
         return x + (out if self.residual_multiplier == 1 else out * self.residual_multiplier)
@@ -839,10 +852,19 @@ class HybridLayer(nn.Module):
             out, new_state = self.mixer(h), ()
         x = self._residual(x, out)
         if self.mlp is not None or self.experts is not None:
-            h = self.mlp_norm(x)
-            parts = [f(h) for f in (self.experts, self.mlp) if f is not None]
-            x = self._residual(x, parts[0] if len(parts) == 1 else parts[0] + parts[1])
+            x = self._residual(x, self._feed_forward(self.mlp_norm(x)))
         return x, new_state
+
+    def _feed_forward(self, h: Tensor) -> Tensor:
+        """The layer's own feed-forward (mlp_in_layer) on h (b, l, d): its experts, its MLP, and the
+        gated shared expert, summed -> (b, l, d)."""
+        parts = [f(h) for f in (self.experts, self.mlp) if f is not None]
+        if hasattr(self, "shared_gate"):  # the gated shared expert (a "moe" layer's shared is its mixer's)
+            parts.append(torch.sigmoid(self.shared_gate(h)) * self.shared(h))
+        out = parts[0]
+        for part in parts[1:]:
+            out = out + part
+        return out
 
 
 class HybridLM(nn.Module):

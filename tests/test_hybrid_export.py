@@ -279,11 +279,12 @@ def _expert_gathers(path) -> int:
     return sum(n.op_type in ("Gather", "GatherND") and n.input[0] in stacks for n in model.graph.node)
 
 
-@pytest.mark.parametrize("name", ["granite-moe", "jamba-moe"])
+@pytest.mark.parametrize("name", ["granite-moe", "jamba-moe", "qwen3_5-moe"])
 def test_the_experts_dense_form_equals_transformers_with_standard_operators_only(exported, tmp_path, name):
     """`--experts dense` (no com.microsoft node: the prefill runs every expert on every token, the
     step gathers each row's k experts) gives transformers' logits and state over a prefill and
-    20 steps, as the kernel form does (Granite's routing renormalised, Jamba's not), and validates;
+    20 steps, as the kernel form does (Granite's and Qwen3.5-MoE's routing renormalised, Jamba's
+    not; Qwen3.5-MoE's gated shared expert beside the kernel), and validates;
     each form's manifest names it, and an export without experts names none."""
     hf, kernel, folder = exported(name)
     result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"),

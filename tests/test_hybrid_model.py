@@ -171,10 +171,23 @@ def _qwen3_5():
     ))
 
 
+def _qwen3_5_moe():
+    # Qwen3.5-MoE: the same layers, 6 experts in every layer (2 a token, the softmax over the top 2)
+    # beside a shared expert MLP gated by sigmoid(shared_expert_gate(h))
+    return transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=24, linear_value_head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], num_experts=6,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
-             "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5}
+             "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5,
+             "qwen3_5-moe": _qwen3_5_moe}
 
 
 def _hf(name: str, seed: int):
@@ -569,7 +582,8 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "qwen3_5_text", "linear_num_key_heads": 3}, "delta_k_heads=3"),
     ({"model_type": "qwen3_5_text", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}}, "rope_type='yarn'"),
     ({"model_type": "qwen3_5", "text_config": None}, "text_config"),
-    ({"model_type": "qwen3_5_moe"}, "model_type='qwen3_5_moe'"),
+    ({"model_type": "qwen3_next"}, "model_type='qwen3_next'"),
+    ({"model_type": "qwen3_5_moe", "text_config": [1]}, "qwen3_5_moe config's text_config"),
     ({"family": "hybrid", "d_modle": 64}, "d_modle"),
 ])
 def test_config_refusals_name_the_key(config, key):

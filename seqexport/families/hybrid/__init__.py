@@ -14,7 +14,7 @@ from seqexport.families.recurrent import GRAPHS
 
 EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free here)
 MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "jamba", "qwen3_5",
-               "qwen3_5_text")  # transformers' layouts read here
+               "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")  # transformers' layouts read here
 
 
 def _keep_float(config: dict) -> tuple[str, ...]:

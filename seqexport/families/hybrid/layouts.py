@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Ten config layouts, told apart by `family` / `model_type`:
+Twelve config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -64,7 +64,11 @@ Ten config layouts, told apart by `family` / `model_type`:
   layer is a Gated DeltaNet (`linear_num_key_heads` / `linear_num_value_heads` heads of
   `linear_key_head_dim` / `linear_value_head_dim`, conv `linear_conv_kernel_dim`); attention has
   an output gate and per-head q/k norms, RoPE on `partial_rotary_factor` (0.25) of each head; every
-  RMSNorm but the DeltaNet's is zero-centred (x̂ * (1 + w)), read as ours with w' = 1 + w.
+  RMSNorm but the DeltaNet's is zero-centred (x̂ * (1 + w)), read as ours with w' = 1 + w;
+  and Qwen3.5-MoE's (`qwen3_5_moe_text`, `qwen3_5_moe`): the same layers with `num_experts`
+  experts of `moe_intermediate_size` instead of the MLP in every layer (`num_experts_per_tok` a
+  token, the router's softmax over them renormalised) beside a shared expert MLP of
+  `shared_expert_intermediate_size` gated by sigmoid(shared_expert_gate(h)).
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -157,6 +161,10 @@ _QWEN3_5_DEFAULTS = dict(
     attention_bias=False, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
     linear_num_key_heads=16, linear_num_value_heads=32, layer_types=None, full_attention_interval=4,
 )
+_QWEN3_5_MOE_DEFAULTS = dict(
+    _QWEN3_5_DEFAULTS, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+    moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts_per_tok=8, num_experts=256,
+)
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -176,6 +184,8 @@ _LFM2_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _LFM2_MOE = {"gate.weight": "router.weight", "expert_bias": "router_bias", "experts.gate_up_proj": "gate_up_proj",
              "experts.down_proj": "down_proj"}
 _QWEN3_5_DELTANET = {"in_proj_qkv": "in_proj", "in_proj_z": "z_proj", "in_proj_b": "b_proj", "in_proj_a": "a_proj"}
+_QWEN3_5_MOE = {"gate": "experts.router", "experts": "experts", "shared_expert": "shared",
+                "shared_expert_gate": "shared_gate"}  # mlp.<name> -> ours (as held, or each expert as saved)
 _QWEN3_5_MODULES = {"input_layernorm": "norm", "post_attention_layernorm": "mlp_norm", "linear_attn": "mixer",
                     "self_attn": "mixer", "mlp": "mlp"}
 _OUR_KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
@@ -200,7 +210,8 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
                "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "jamba": _from_jamba,
-               "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5}
+               "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5, "qwen3_5_moe": _from_qwen3_5,
+               "qwen3_5_moe_text": _from_qwen3_5}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -520,12 +531,12 @@ def _qwen3_5_text(d: dict) -> dict:
     """Qwen3.5's text model config: `Qwen3_5TextConfig` itself, or the `text_config` of the
     image-text `Qwen3_5Config` its checkpoints ship (whose vision tower is not read: text in, text
     out), tied as transformers ties it: by the top-level `tie_word_embeddings`."""
-    if d["model_type"] == "qwen3_5_text":
+    if d["model_type"].endswith("_text"):
         return d
     text = d.get("text_config")
     if not isinstance(text, dict):
-        raise ValueError(f"qwen3_5 config's text_config={text!r}; expected a dict (Qwen3_5TextConfig's keys)")
-    return {**text, "model_type": "qwen3_5_text", "tie_word_embeddings": d.get("tie_word_embeddings", False)}
+        raise ValueError(f"{d['model_type']} config's text_config={text!r}; expected a dict (the text config's keys)")
+    return {**text, "model_type": d["model_type"] + "_text", "tie_word_embeddings": d.get("tie_word_embeddings", False)}
 
 
 def _qwen3_5_layer_types(d: dict) -> list[str]:
@@ -541,12 +552,26 @@ def _qwen3_5_layer_types(d: dict) -> list[str]:
     return ["deltanet" if t == "linear_attention" else "attention" for t in types]
 
 
+def _qwen3_5_experts(d: dict, n: int) -> dict:
+    """Qwen3.5-MoE: in every layer, instead of the MLP, `num_experts` experts of
+    `moe_intermediate_size`, `num_experts_per_tok` a token by the softmax over the router's top
+    k (the top k of the softmax over all, renormalised), and a shared expert MLP of
+    `shared_expert_intermediate_size` gated by sigmoid(shared_expert_gate(h))."""
+    if not d["model_type"].startswith("qwen3_5_moe"):
+        return dict(d_ff=d["intermediate_size"])
+    return dict(n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"],
+                d_ff_expert=d["moe_intermediate_size"], expert_routing="softmax", normalize_expert_weights=True,
+                expert_layers=list(range(n)), gated_shared_expert=True,
+                d_ff_shared_expert=d["shared_expert_intermediate_size"])
+
+
 def _from_qwen3_5(d: dict) -> HybridConfig:
-    d = {**_QWEN3_5_DEFAULTS, **_qwen3_5_text(d)}
+    d = _qwen3_5_text(d)
+    d = {**(_QWEN3_5_MOE_DEFAULTS if d["model_type"] == "qwen3_5_moe_text" else _QWEN3_5_DEFAULTS), **d}
     _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Gated DeltaNet's conv both use it)")
     return HybridConfig(
         d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_qwen3_5_layer_types(d),
-        mlp_in_layer=True, d_ff=d["intermediate_size"], mlp_act="silu_gated", mlp_bias=False,
+        mlp_in_layer=True, mlp_act="silu_gated", mlp_bias=False, **_qwen3_5_experts(d, d["num_hidden_layers"]),
         **_attention_sizes(d), rope=True, **_rope(d, "qwen3_5", default_factor=0.25),
         attention_bias=d["attention_bias"], qk_norm=True, attention_output_gate=True,
         d_conv=d["linear_conv_kernel_dim"], delta_k_heads=d["linear_num_key_heads"],
@@ -643,7 +668,8 @@ def _stack_saved_experts(out: dict[str, Tensor], config: HybridConfig, names=("w
 
 
 _STACKERS = {"nemotron_h": _stack_experts, "lfm2": _stack_saved_experts,
-             "bamba": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj"))}  # (Jamba's)
+             "bamba": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj")),  # (Jamba's)
+             "qwen3_5": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj"))}
 
 
 def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
@@ -742,6 +768,8 @@ def _qwen3_5_key(key: str) -> str | None:
     name, dot, tail = rest.partition(".")
     if module == "linear_attn":
         name = _QWEN3_5_DELTANET.get(name, name)
+    if module == "mlp" and name in _QWEN3_5_MOE:  # Qwen3.5-MoE's block: router, experts, shared expert
+        return f"layers.{i}.{_QWEN3_5_MOE[name]}{dot}{tail}"
     return f"layers.{i}.{_QWEN3_5_MODULES[module]}.{name}{dot}{tail}"
 
 
