@@ -41,7 +41,7 @@ def profile(folder: Path, graph: str, length: int, keep: int | None, threads: in
         feeds = {k: np.asarray(v) for k, v in _step_feeds(model, 1, length, rng, PROMPT_LEN[False]).items()}
         keeps = []
     else:
-        feeds = random_inputs(g.spec, dict(batch=1, seq_len=length), rng, zero_state=True)
+        feeds = random_inputs(g.spec, dict(batch=1, seq_len=length, past_len=0), rng, zero_state=True)  # (a hybrid: no cache yet)
         keeps = [t.name for t in g.spec.inputs if t.role == "keep"]
     if keep is not None:
         feeds |= {name: np.array([keep], np.int64) for name in keeps}

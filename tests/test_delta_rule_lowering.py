@@ -36,14 +36,21 @@ def sequential(q, k, v, g, beta, s0):
 
 def make_inputs(batch: int, length: int, seed: int, decay: str = "spread"):
     """As a Gated DeltaNet hands them over: q and k L2-normed (q scaled by dk^-0.5), β in (0, 1),
-    g = -A·softplus(x) <= 0 (from none, "none", to e^-60 a token, "total")."""
+    g = -A·softplus(x) <= 0 (from none, "none", to e^-60 a token, "total"); "repeated": one key
+    over and over, written whole (β = 1) and never decayed, as a prompt that repeats a token
+    gives (a chunk's triangular system at its least well-conditioned: a Neumann-series inverse
+    loses three digits there)."""
     gen = torch.Generator().manual_seed(seed)
     q, k = (torch.nn.functional.normalize(torch.randn(batch, length, H, DK, generator=gen), dim=-1) for _ in range(2))
+    if decay == "repeated":
+        k = k[:, :1].expand(k.shape).clone()
     q = q * DK ** -0.5
     v = torch.randn(batch, length, H, DV, generator=gen)
     beta = torch.rand(batch, length, H, generator=gen)
+    if decay == "repeated":
+        beta = torch.ones(batch, length, H)
     g = {"spread": -torch.rand(batch, length, H, generator=gen) * 3, "none": torch.zeros(batch, length, H),
-         "total": torch.full((batch, length, H), -60.0)}[decay]
+         "total": torch.full((batch, length, H), -60.0), "repeated": torch.zeros(batch, length, H)}[decay]
     s0 = torch.randn(batch, H, DK, DV, generator=gen)
     return q, k, v, g, beta, s0
 
@@ -64,7 +71,7 @@ def session():
     return ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("decay", ["spread", "none", "total"])
+@pytest.mark.parametrize("decay", ["spread", "none", "total", "repeated"])
 def test_ort_matches_the_sequential_rule(session, decay):
     for length in LENGTHS:
         for batch in (1, 3):

@@ -15,6 +15,7 @@ the float32 linears once read slower than the whole float32 step.)
 """
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,17 @@ def linears_of(path: Path) -> tuple[onnx.ModelProto, dict]:
                                      for t in used.values()) / 1e6}
 
 
+def _session(alone: onnx.ModelProto, options: ort.SessionOptions) -> tuple[ort.InferenceSession, object]:
+    """A session of the linears alone, read from a temporary folder with its weights in a file
+    beside it (a graph holding over 2 GB of weights, Qwen3.5-0.8B's float32 linears, cannot be
+    serialised whole), and that folder, to be kept while the session lives."""
+    folder = tempfile.TemporaryDirectory(prefix="seqexport-linears-")
+    path = Path(folder.name) / "linears.onnx"
+    onnx.save_model(alone, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="linears.onnx.data", size_threshold=1024)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), folder
+
+
 def linears_sessions(folder: Path, baseline: Path, threads: int) -> tuple[dict, dict]:
     """The step's linears alone as two callables, the float32 source's and the int4 copy's (to
     be timed beside the steps themselves, in one `time_paired`), and what they hold."""
@@ -91,10 +103,11 @@ def linears_sessions(folder: Path, baseline: Path, threads: int) -> tuple[dict, 
     meta, calls = {"graph": graph}, {}
     for name, f in (("float32", baseline), ("int4", folder)):
         alone, held = linears_of(one_token_graph(Path(f))[1])
-        session = ort.InferenceSession(alone.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session, kept = _session(alone, options)
+        del alone  # (its weights are in the session now)
         rng = np.random.default_rng(1)
         feeds = {i.name: rng.standard_normal((1, i.shape[1])).astype(np.float32) for i in session.get_inputs()}
-        calls[name] = lambda s=session, feeds=feeds: s.run(None, feeds)
+        calls[name] = lambda s=session, feeds=feeds, kept=kept: s.run(None, feeds)
         meta[f"{name}_linears"], meta[f"{name}_weights_mb"] = held["linears"], held["weights_mb"]
         if name == "int4":
             meta["linears"], meta["int4_linears"] = held["linears"], held["ops"].get(int4.NBITS, 0)

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from seqexport.models.hybrid import gated_delta_ref
 
-CHUNK = 16  # tokens per chunk (a power of two: the triangular inverse by doublings)
+CHUNK = 16  # tokens per chunk (a power of two: the triangular inverse by blocks of doubling size)
 
 
 @torch.library.custom_op("seqexport::gated_delta_chunked", mutates_args=())

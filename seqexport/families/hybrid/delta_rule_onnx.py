@@ -20,7 +20,7 @@ so S_C = Gm·S0 + Hm and Y = Qm·S0 + Pm with Gm = e^{G_C} I - K̃ᵀW (dk, dk),
 Qm = Q̃ - A·W (C, dk), Pm = A·U (C, dv): every term but S0 is known before the scan, so all
 chunks' coefficients are computed at once (batched GEMMs), and the scan body is one MatMul of
 [Gm; Qm] by S0 plus [Hm; Pm]. No decay is ever divided by (D is masked before its exponential),
-so a decay near 0 is safe. T = (I - L)(I + L²)(I + L⁴)(I + L⁸) for C = 16 (L is nilpotent).
+so a decay near 0 is safe. T is inverted by blocks (`_unit_lower_inverse`).
 Padding (to lp) has g = 0 and β = 0: the state passes through unchanged.
 """
 
@@ -35,7 +35,7 @@ from seqexport.export.ir_nodes import check_float32, emit, subgraph, typed_input
 from seqexport.families.hybrid.delta_rule_lowering import CHUNK
 
 if CHUNK & (CHUNK - 1):
-    raise ValueError(f"CHUNK must be a power of two (the inverse by doublings), got {CHUNK}")
+    raise ValueError(f"CHUNK must be a power of two (the inverse by blocks of doubling size), got {CHUNK}")
 
 
 def _chunk_body(dk: int, dv: int) -> ir.Graph:
@@ -54,6 +54,37 @@ def _chunk_body(dk: int, dv: int) -> ir.Graph:
 def _t(x):
     """A 5-D value with its last two axes swapped."""
     return op.Transpose(x, perm=[0, 1, 2, 4, 3])
+
+
+def _diagonal_blocks(x, size: int):
+    """x (b, c, h, C, C) -> its C / size diagonal blocks (b, c, h, C / size, size, size)."""
+    n = CHUNK // size
+    x = op.Reshape(x, op.Constant(value_ints=[0, 0, 0, n, size, n, size]))  # (b, c, h, n, size, n, size)
+    on_diagonal = np.eye(n, dtype=np.float32).reshape(n, 1, n, 1)
+    return op.ReduceSum(op.Mul(x, op.Constant(value=ir.tensor(on_diagonal))), op.Constant(value_ints=[5]),
+                        keepdims=0)
+
+
+def _unit_lower_inverse(l_mat):
+    """(I + L)⁻¹ of a strictly lower-triangular L (b, c, h, C, C), by blocks: the inverses of
+    the diagonal blocks of size m give those of size 2m as [[Tₐ, 0], [-T_d·L₂₁·Tₐ, T_d]],
+    from m = 1 (each 1) to m = C, every block of a level in one product. Backward stable like
+    forward substitution (a Neumann product (I - L)(I + L²)… is not: where a chunk's keys
+    repeat, L's powers grow to binomial sizes and cancel)."""
+    # the 1 x 1 blocks' inverses, 1 each, shaped as L's blocks (b, c, h, C, 1, 1): L's diagonal (0) + 1
+    inverse = op.Add(_diagonal_blocks(l_mat, 1), op.Constant(value_float=1.0))
+    size = 1
+    while size < CHUNK:
+        n = CHUNK // (2 * size)
+        lower_left = op.Slice(_diagonal_blocks(l_mat, 2 * size), [size, 0], [2 * size, size], [4, 5])  # (…, n, m, m)
+        pairs = op.Reshape(inverse, op.Constant(value_ints=[0, 0, 0, n, 2, size, size]))  # (…, n, 2, m, m)
+        first = op.Squeeze(op.Slice(pairs, [0], [1], [4]), [4])  # Tₐ (…, n, m, m)
+        second = op.Squeeze(op.Slice(pairs, [1], [2], [4]), [4])  # T_d
+        below = op.Neg(op.MatMul(op.MatMul(second, lower_left), first))  # (…, n, m, m)
+        inverse = op.Concat(op.Concat(first, op.Mul(first, op.Constant(value_float=0.0)), axis=5),
+                            op.Concat(below, second, axis=5), axis=4)  # (…, n, 2m, 2m)
+        size *= 2
+    return op.Reshape(inverse, op.Constant(value_ints=[0, 0, 0, CHUNK, CHUNK]))  # (b, c, h, C, C)
 
 
 def _split(x, first: int, axis: int):
@@ -100,11 +131,7 @@ def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0:
     k_beta = op.Mul(k, op.Unsqueeze(beta, [4]))  # (b, c, h, C, dk)
     strict = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32), -1)))
     l_mat = op.Mul(op.Mul(op.MatMul(k_beta, _t(k)), decay), strict)  # (b, c, h, C, C): L
-    eye = op.Constant(value=ir.tensor(np.eye(CHUNK, dtype=np.float32)))
-    inverse, power = op.Sub(eye, l_mat), l_mat  # T = (I - L)(I + L²)(I + L⁴)…
-    for _ in range(int(math.log2(CHUNK)) - 1):
-        power = op.MatMul(power, power)  # L², L⁴, L⁸, …
-        inverse = op.MatMul(inverse, op.Add(eye, power))
+    inverse = _unit_lower_inverse(l_mat)  # T (b, c, h, C, C)
     # U = T·(βv) (C, dv) and W = T·(βk ⊙ e^G) (C, dk), in one product
     rhs = op.Concat(op.Mul(v, op.Unsqueeze(beta, [4])), op.Mul(k_beta, op.Unsqueeze(growth, [4])), axis=4)
     u, w = _split(op.MatMul(inverse, rhs), dv, axis=4)
