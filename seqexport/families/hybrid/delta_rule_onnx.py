@@ -149,10 +149,11 @@ def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0:
 
     s_last, y = emit(
         "Scan",
-        [s0, op.Concat(g_m, q_m, axis=3), op.Concat(k_u, a_u, axis=3)],  # (b, c, h, dk + C, dk | dv)
-        {"body": _chunk_body(dk, dv), "num_scan_inputs": 2, "scan_input_axes": [1, 1], "scan_output_axes": [1]},
+        [s0, op.Transpose(op.Concat(g_m, q_m, axis=3), perm=[1, 0, 2, 3, 4]),
+         op.Transpose(op.Concat(k_u, a_u, axis=3), perm=[1, 0, 2, 3, 4])],  # (c, b, h, dk + C, dk | dv)
+        {"body": _chunk_body(dk, dv), "num_scan_inputs": 2},
         num_outputs=2,
-    )  # (b, h, dk, dv), (b, c, h, C, dv)
-    y = op.Transpose(y, perm=[0, 1, 3, 2, 4])  # (b, c, C, h, dv)
+    )  # (b, h, dk, dv), (c, b, h, C, dv)
+    y = op.Transpose(y, perm=[1, 0, 3, 2, 4])  # (b, c, C, h, dv)
     y = op.Reshape(y, op.Concat(op.Constant(value_ints=[0, -1]), heads, op.Constant(value_ints=[dv]), axis=0))
     return op.Slice(y, zero, length, op.Constant(value_ints=[1])), s_last  # (b, l, h, dv), (b, h, dk, dv)

@@ -4,12 +4,12 @@ Gated DeltaNets' delta rule chunked, one Scan over chunks) + step.onnx, over one
 
 Both graphs take `past_lengths` (each row's valid attention cache slots) and every layer's state
 in layer order; they return the attention layers' new K/V only (the runtime appends them in
-place) and the Mamba-2 layers' conv/SSM state whole. The prefill takes right-padded rows: a
-Mamba-2 or Mamba-1 layer gets Δ = 0 past a row's end (a Gated DeltaNet g = 0 and β = 0: its
-state passes unchanged) and its conv
-state (a short-conv layer's too) is read at the row's own end; an attention layer's padded positions come after every real token
-of the row, so no real token attends to them, and the runtime advances each row's length by its
-own tokens (the padded positions' K/V land in slots that stay invalid).
+place) and the other layers' state whole. The prefill takes right-padded rows: past a row's
+end a Mamba-2 or Mamba-1 layer gets Δ = 0 and a Gated DeltaNet g = 0 and β = 0 (the state
+passes unchanged), and every conv state (a short conv's too) is read at the row's own end; an
+attention layer's padded positions come after every real token of the row, so no real token
+attends to them, and the runtime advances each row's length by its own tokens (the padded
+positions' K/V land in slots that stay invalid).
 """
 
 import types
@@ -26,6 +26,7 @@ from seqexport.export.common import dynamic_shapes_for, model_in_dtype, write_ar
 from seqexport.export.parallel import GraphJob, export_graphs
 from seqexport.families.attention import check_attention
 from seqexport.families.hybrid.attention import fused_attention
+from seqexport.families.hybrid.delta_rule import CHUNK as DELTA_CHUNK
 from seqexport.families.hybrid.delta_rule import gated_delta_chunked
 from seqexport.families.hybrid.delta_rule import translation_table as delta_translation_table
 from seqexport.families.hybrid.experts import (
@@ -74,7 +75,8 @@ def _flat(state) -> tuple:
 
 def _conv_state_at_ends(layer, projected, conv_state, lengths):
     """A layer's new conv state per row, at the row's own end: a Mamba-2 mixer's (its x, B, C), a
-    Mamba-1 mixer's (its x), a short conv's (B * x) or a Gated DeltaNet's (its q, k, v). projected: the mixer's in_proj output (b, l, .); conv_state (b, c, k)."""
+    Mamba-1 mixer's (its x), a short conv's (B * x) or a Gated DeltaNet's (its q, k, v).
+    projected: the mixer's in_proj output (b, l, .); conv_state (b, c, k)."""
     if layer.kind == "conv":
         return ragged.conv_window_at_ends(conv_state, ShortConv.conv_input(projected), lengths)
     if layer.kind == "mamba":
@@ -107,8 +109,8 @@ class PrefillGraph(nn.Module):
             return self.selective_scan(u, delta * ragged.valid(attention_mask, delta), A, B, C, D, h0)
 
         def delta_rule(q, k, v, g, beta, s0):  # g, beta (b, l, h): 0 past a row's end keeps s
-            keep = ragged.valid(attention_mask, g)
-            return self.delta_rule(q, k, v, g * keep, beta * keep, s0)
+            live = ragged.valid(attention_mask, g)
+            return self.delta_rule(q, k, v, g * live, beta * live, s0)
 
         layers = layers_of(self.model, state)
         convs = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
@@ -182,6 +184,14 @@ def _tables(model: HybridLM, experts: dict | None) -> tuple[dict | None, dict | 
     return prefill or None, step or None
 
 
+def _scans(kinds: list[str], chunk: int) -> str:
+    """What the prefill's recurrences are lowered to, as the export's progress line names them."""
+    parts = [f"chunked SSD, chunk {chunk}" if {"mamba2", "parallel"} & set(kinds) else "",
+             "selective scan as one Scan" if "mamba" in kinds else "",
+             f"delta rule in chunks of {DELTA_CHUNK}" if "deltanet" in kinds else ""]
+    return "; ".join(p for p in parts if p) or "no scan"
+
+
 def example_inputs(spec: GraphSpec, dtype: torch.dtype, length: int) -> tuple:
     """Inputs for tracing; sizes >= 2 and different from each other so no dim is specialised."""
     arrays = random_inputs(spec, dict(batch=2, seq_len=length, past_len=length + 4), np.random.default_rng(0),
@@ -223,7 +233,7 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     def build(tmp):
         with torch.no_grad(), fused_attention(model, attention == "fused"), experts_as(model, experts):
             export_graphs([
-                GraphJob(f"prefill (chunked SSD, chunk {chunk})", prefill,
+                GraphJob(f"prefill ({_scans(model.config.layer_types, chunk)})", prefill,
                          prefill_args, specs["prefill"], tmp / "prefill.onnx", opset,
                          dynamic_shapes_for(specs["prefill"], varargs_from=3), prefill_table),
                 GraphJob("step", StepGraph(model, experts), step_args, specs["step"], tmp / "step.onnx", opset,
