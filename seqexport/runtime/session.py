@@ -158,11 +158,6 @@ def session_options(threads: int | None = None, shared: dict | None = None,
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
     opts.log_severity_level = 3  # ORT's own warnings go to stderr otherwise
-    # Denormal floats (below 1.2e-38) flushed to zero: a strong decay's e^G products reach them,
-    # and x86 runs arithmetic on them many times slower (Qwen3.5-0.8B's shape: its Gated
-    # DeltaNets' prefill of 1024 tokens took twice as long); nothing of that size is a logit.
-    # (ORT sets the flag on the thread creating the session as well: docs/runtime.md says so.)
-    opts.add_session_config_entry("session.set_denormal_as_zero", "1")
     if shared:  # name -> OrtValue over the shared weights file (see SharedWeights.for_graph)
         for name, value in shared.items():
             opts.add_initializer(name, value)
