@@ -15,6 +15,7 @@ from seqexport.models.hybrid import gated_delta_ref
 from torch import nn
 
 from seqexport.families.hybrid.delta_rule import CHUNK, gated_delta_chunked, translation_table
+from tests.lowering import assert_near_float64, assert_op_is_sequential
 
 H, DK, DV = 3, 8, 12  # value heads, key and value head sizes
 LENGTHS = (1, 5, CHUNK, CHUNK + 1, 3 * CHUNK - 1, 200)
@@ -75,18 +76,8 @@ def session():
 def test_ort_matches_the_sequential_rule(session, decay):
     for length in LENGTHS:
         for batch in (1, 3):
-            inputs = make_inputs(batch, length, seed=length + batch, decay=decay)
-            got = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs, strict=True)})
-            truth = sequential(*(x.double() for x in inputs))
-            plain = sequential(*inputs)  # the float32 rule: the error a float32 export may have
-            for name, g, t, p in zip(("y", "state"), got, truth, plain, strict=True):
-                t, p = t.numpy(), p.numpy()
-                assert g.shape == t.shape, f"{name} shape {g.shape}, expected {t.shape}"
-                scale = float(np.abs(t).max())
-                err, err32 = float(np.abs(g - t).max()), float(np.abs(p - t).max())
-                assert err <= max(4 * err32, 1e-6 * scale), (
-                    f"{decay} decays, b={batch} l={length}: {name} max |diff| {err:.2e} from float64 "
-                    f"(the float32 sequential rule: {err32:.2e}; values up to {scale:.1f})")
+            assert_near_float64(session, make_inputs(batch, length, seed=length + batch, decay=decay), sequential,
+                                f"{decay} decays, b={batch} l={length}")
 
 
 def test_a_padded_token_leaves_the_state_as_it_is(session):
@@ -96,17 +87,11 @@ def test_a_padded_token_leaves_the_state_as_it_is(session):
     g[:, 9:], beta[:, 9:] = 0.0, 0.0
     _, state = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), (q, k, v, g, beta, s0),
                                                                       strict=True)})
-    _, at_end = sequential(*(x[:, :9].double() if x.dim() > 3 or x is g or x is beta else x.double()
-                             for x in (q, k, v, g, beta)), s0.double())
+    _, at_end = sequential(*(x[:, :9].double() for x in (q, k, v, g, beta)), s0.double())
     np.testing.assert_allclose(state, at_end.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_eager_op_is_the_model_reference_and_the_reference_is_the_rule():
     inputs = make_inputs(2, 21, seed=3)
-    y, s = gated_delta_chunked(*inputs)
-    want_y, want_s = sequential(*inputs)
-    torch.testing.assert_close(y, want_y, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(s, want_s, rtol=1e-5, atol=1e-5)
-    ref_y, ref_s = gated_delta_ref(*inputs)
-    torch.testing.assert_close(ref_y, want_y, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ref_s, want_s, rtol=1e-5, atol=1e-5)
+    assert_op_is_sequential(gated_delta_chunked, inputs, sequential)
+    assert_op_is_sequential(gated_delta_ref, inputs, sequential)

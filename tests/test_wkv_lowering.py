@@ -8,7 +8,6 @@ largest 1/γ a chunk divides by), and a non-zero starting state.
 
 import math
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
@@ -16,6 +15,7 @@ from seqexport.models.rwkv import DECAY_SCALE
 from torch import nn
 
 from seqexport.families.rwkv.wkv import CHUNK, wkv7_chunked, wkv_translation_table
+from tests.lowering import assert_near_float64, assert_op_is_sequential
 
 H, N = 2, 16  # heads, head size
 LENGTHS = (1, 5, CHUNK, CHUNK + 1, 3 * CHUNK - 1, 300)
@@ -67,19 +67,8 @@ def session():
 def test_ort_matches_the_sequential_recurrence(session, decay):
     for length in LENGTHS:
         for batch in (1, 3):
-            inputs = make_inputs(batch, length, seed=length + batch, decay=decay)
-            got = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs, strict=True)})
-            truth = sequential(*(x.double() for x in inputs))
-            plain = sequential(*inputs)  # the float32 recurrence: the error a float32 export may have
-            for name, g, t, p in zip(("y", "state"), got, truth, plain, strict=True):
-                t, p = t.numpy(), p.numpy()
-                assert g.shape == t.shape, f"{name} shape {g.shape}, expected {t.shape}"
-                scale = float(np.abs(t).max())
-                err, err32 = float(np.abs(g - t).max()), float(np.abs(p - t).max())
-                # within float32 rounding of the values, and of the order of the sequential float32 error
-                assert err <= max(4 * err32, 1e-6 * scale), (
-                    f"{decay} decays, b={batch} l={length}: {name} max |diff| {err:.2e} from float64 "
-                    f"(the float32 sequential recurrence: {err32:.2e}; values up to {scale:.1f})")
+            assert_near_float64(session, make_inputs(batch, length, seed=length + batch, decay=decay), sequential,
+                                f"{decay} decays, b={batch} l={length}")
 
 
 def test_the_bound_decays_over_a_chunk_stay_in_float32_range():
@@ -89,8 +78,4 @@ def test_the_bound_decays_over_a_chunk_stay_in_float32_range():
 
 
 def test_eager_op_is_the_reference():
-    inputs = make_inputs(2, 21, seed=3)
-    y, s = wkv7_chunked(*inputs)
-    want_y, want_s = sequential(*inputs)
-    torch.testing.assert_close(y, want_y, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(s, want_s, rtol=1e-5, atol=1e-5)
+    assert_op_is_sequential(wkv7_chunked, make_inputs(2, 21, seed=3), sequential)
