@@ -16,12 +16,25 @@ representation of the products of Householder-like factors):
     Y    = (q ⊙ e^G)·S0 + A·(U - W·S0)
     S_C  = e^{G_C} S0 + (k ⊙ e^{G_C - G})ᵀ·(U - W·S0)
 
-so S_C = Gm·S0 + Hm and Y = Qm·S0 + Pm with Gm = e^{G_C} I - K̃ᵀW (dk, dk), Hm = K̃ᵀU (dk, dv),
-Qm = Q̃ - A·W (C, dk), Pm = A·U (C, dv): every term but S0 is known before the scan, so all
+so S_C = Gm·S0 + Hm and Y = Qm·S0 + Pm, with every term but S0 known before the scan: all
 chunks' coefficients are computed at once (batched GEMMs), and the scan body is one MatMul of
-[Gm; Qm] by S0 plus [Hm; Pm]. No decay is ever divided by (D is masked before its exponential),
-so a decay near 0 is safe. T is inverted by blocks (`_unit_lower_inverse`).
-Padding (to lp) has g = 0 and β = 0: the state passes through unchanged.
+[Gm; Qm] by S0 plus [Hm; Pm].
+
+The decays are taken out of the products before they are formed. With E = diag(e^G), L = E·L'·E⁻¹
+where L' = strict_lower((βk)·kᵀ) has no decay, so T = T' ⊙ D with T' = (I + L')⁻¹, A = A' ⊙ D with
+A' = lower(q·kᵀ), and W = e^G ⊙ W' with W' = T'·(βk); then
+
+    Gm = e^{G_C} (I - kᵀ·W'),  Qm = e^G ⊙ (q - A'·W')                (rows scaled)
+    Hm = (kᵀ·T' ⊙ e^{G_C - G})·(βv),  Pm = (A'·T' ⊙ D)·(βv)           (columns decayed)
+
+Every product of the chunk is of undecayed terms (order 1), and each decay, an exponential of at
+most 0, multiplies once: no product of two small decays is ever formed. Such products (e^-50
+times e^-50) are subnormal floats, which x86 multiplies many times slower: the form that built T
+and W with the decays inside made Qwen3.5-0.8B's Scans, fed with them, ten times slower on Intel
+(tests/test_delta_rule_lowering.py checks that no tensor holds one). No decay is ever divided by
+(e^{G_C - G} and D are exponentials of differences), so a decay near 0 is safe. T' is inverted by
+blocks (`_unit_lower_inverse`). Padding (to lp) has g = 0 and β = 0: the state passes through
+unchanged.
 """
 
 import math
@@ -91,9 +104,9 @@ def _unit_lower_inverse(l_mat):
 
 def _exp(x):
     """e^x, exactly 0 where x < FLUSH_BELOW: a decay of e^-40 (4e-18) or less is nothing beside
-    the terms of order 1 it is summed with (float32 keeps 7 digits), and products of such decays
-    reach denormal floats (below 1.2e-38), which x86 multiplies many times slower. One delta-rule
-    op of Qwen3.5-0.8B's shape with strong decays, 1024 tokens: 298 -> 212 ms."""
+    the terms of order 1 it is summed with (float32 keeps 7 digits), and its product with a term
+    of order 1e-21 would be a subnormal float (below 1.2e-38), which x86 multiplies many times
+    slower."""
     return op.Exp(op.Where(op.Less(x, op.Constant(value_float=FLUSH_BELOW)), op.Constant(value_float=-math.inf), x))
 
 
@@ -130,37 +143,38 @@ def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0:
 
     q, k, v = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # (b, c, h, C, dk | dv)
     g, beta = chunks(g), chunks(beta)  # (b, c, h, C)
+    # the decays, each an exponential of at most 0 taken once (see the module's docstring)
     cum = op.CumSum(g, op.Constant(value_int=3))  # (b, c, h, C): G_t, t inclusive
-    growth = _exp(cum)  # e^{G_t}
     last = op.Slice(cum, [CHUNK - 1], [CHUNK], [3])  # (b, c, h, 1): G_C
     lower = np.tril(np.ones((CHUNK, CHUNK), bool))
     diff = op.Sub(op.Unsqueeze(cum, [4]), op.Unsqueeze(cum, [3]))  # (b, c, h, C, C): G_i - G_j
     decay = _exp(op.Where(op.Constant(value=ir.tensor(lower)), diff,
                           op.Constant(value_float=-math.inf)))  # D: 0 above the diagonal
+    to_end = op.Unsqueeze(_exp(op.Sub(last, cum)), [3])  # (b, c, h, 1, C): e^{G_C - G_j}
+    rows = op.Concat(op.Expand(_exp(last), op.Constant(value_ints=[1, 1, 1, dk])), _exp(cum),
+                     axis=3)  # (b, c, h, dk + C): e^{G_C} for Gm's rows, e^{G_t} for Qm's
 
+    # the undecayed products: T' = (I + L')⁻¹, A', W' = T'·βk, and [kᵀ; A']·[W' | T']
     k_beta = op.Mul(k, op.Unsqueeze(beta, [4]))  # (b, c, h, C, dk)
     strict = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32), -1)))
-    l_mat = op.Mul(op.Mul(op.MatMul(k_beta, _t(k)), decay), strict)  # (b, c, h, C, C): L
-    inverse = _unit_lower_inverse(l_mat)  # T (b, c, h, C, C)
-    # U = T·(βv) (C, dv) and W = T·(βk ⊙ e^G) (C, dk), in one product
-    rhs = op.Concat(op.Mul(v, op.Unsqueeze(beta, [4])), op.Mul(k_beta, op.Unsqueeze(growth, [4])), axis=4)
-    u, w = _split(op.MatMul(inverse, rhs), dv, axis=4)
-    attend = op.Mul(op.MatMul(q, _t(k)), decay)  # (b, c, h, C, C): A
-    q_decayed = op.Mul(q, op.Unsqueeze(growth, [4]))  # Q̃
-    k_decayed = op.Mul(k, op.Unsqueeze(_exp(op.Sub(last, cum)), [4]))  # K̃ = k ⊙ e^{G_C - G}
-    # Qm = Q̃ - A·W, Pm = A·U; Gm = e^{G_C} I - K̃ᵀW, Hm = K̃ᵀU
-    a_uw = op.MatMul(attend, op.Concat(u, w, axis=4))  # (b, c, h, C, dv + dk)
-    a_u, a_w = _split(a_uw, dv, axis=4)
-    k_uw = op.MatMul(_t(k_decayed), op.Concat(u, w, axis=4))  # (b, c, h, dk, dv + dk)
-    k_u, k_w = _split(k_uw, dv, axis=4)
-    eye_k = op.Constant(value=ir.tensor(np.eye(dk, dtype=np.float32)))
-    g_m = op.Sub(op.Mul(op.Unsqueeze(_exp(last), [4]), eye_k), k_w)  # (b, c, h, dk, dk)
-    q_m = op.Sub(q_decayed, a_w)  # (b, c, h, C, dk)
+    t_prime = _unit_lower_inverse(op.Mul(op.MatMul(k_beta, _t(k)), strict))  # (b, c, h, C, C)
+    a_prime = op.Mul(op.MatMul(q, _t(k)), op.Constant(value=ir.tensor(lower.astype(np.float32))))  # (…, C, C)
+    w_prime = op.MatMul(t_prime, k_beta)  # (b, c, h, C, dk)
+    products = op.MatMul(op.Concat(_t(k), a_prime, axis=3),
+                         op.Concat(w_prime, t_prime, axis=4))  # (b, c, h, dk + C, dk + C)
+    with_w, with_t = _split(products, dk, axis=4)  # [kᵀW'; A'W'] (…, dk + C, dk), [kᵀT'; A'T'] (…, dk + C, C)
+
+    # [Gm; Qm] = rows ⊙ ([I; q] - [kᵀW'; A'W']);  [Hm; Pm] = ([kᵀT' ⊙ e^{G_C - G}; A'T' ⊙ D])·(βv)
+    eye_over_q = op.Add(op.Pad(q, op.Constant(value_ints=[0, 0, 0, dk, 0] + [0] * 5)),
+                        op.Constant(value=ir.tensor(np.eye(dk + CHUNK, dk, dtype=np.float32))))  # [I; q]
+    g_q = op.Mul(op.Sub(eye_over_q, with_w), op.Unsqueeze(rows, [4]))  # (b, c, h, dk + C, dk)
+    decays = op.Concat(op.Expand(to_end, op.Constant(value_ints=[1, 1, 1, dk, 1])), decay,
+                       axis=3)  # (b, c, h, dk + C, C)
+    h_p = op.MatMul(op.Mul(with_t, decays), op.Mul(v, op.Unsqueeze(beta, [4])))  # (b, c, h, dk + C, dv)
 
     s_last, y = emit(
         "Scan",
-        [s0, op.Transpose(op.Concat(g_m, q_m, axis=3), perm=[1, 0, 2, 3, 4]),
-         op.Transpose(op.Concat(k_u, a_u, axis=3), perm=[1, 0, 2, 3, 4])],  # (c, b, h, dk + C, dk | dv)
+        [s0, op.Transpose(g_q, perm=[1, 0, 2, 3, 4]), op.Transpose(h_p, perm=[1, 0, 2, 3, 4])],  # (c, b, h, …)
         {"body": _chunk_body(dk, dv), "num_scan_inputs": 2},
         num_outputs=2,
     )  # (b, h, dk, dv), (c, b, h, C, dv)
