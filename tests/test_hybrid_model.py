@@ -674,7 +674,8 @@ def test_lfm2_moe_experts_read_as_saved_and_as_held(tmp_path, expert_bias):
     weights, experts = ours.layers[1].experts.route(h)
     assert torch.equal(experts, want_experts)
     torch.testing.assert_close(weights, want_weights, atol=2e-7, rtol=0)
-    with pytest.raises(ValueError, match=r"missing \['4.w2'\]"):
+    with pytest.raises(ValueError, match=r"layer 2's MoE block holds 17 of the 18 expert weights w1 / w3 / w2 "
+                                         r"of experts 0 \.\. 5 \(num_experts\); missing \['experts.4.w2.weight'\]"):
         convert_state_dict({k: v for k, v in saved.items() if k != "model.layers.2.feed_forward.experts.4.w2.weight"},
                            config)
 

@@ -653,11 +653,11 @@ def _stack_saved_experts(out: dict[str, Tensor], config: HybridConfig, names=("w
             pieces.setdefault(head, {})[int(j), name.removesuffix(".weight")] = out.pop(key)
     for head, parts in pieces.items():
         want = [(j, w) for j in range(config.n_experts) for w in names]
-        missing = [f"{j}.{w}" for j, w in want if (j, w) not in parts]
-        if missing or len(parts) != len(want):
-            raise ValueError(f"model.{head}.feed_forward.experts holds {len(parts)} of the {len(want)} expert weights "
-                             f"{' / '.join(names)} of experts 0 .. {config.n_experts - 1} (num_experts); missing "
-                             f"{missing[:8]}")
+        missing = [f"experts.{j}.{w}.weight" for j, w in want if (j, w) not in parts]
+        if missing or len(parts) != len(want):  # named as saved, under the layer's MoE block (its path varies)
+            raise ValueError(f"layer {head.removeprefix('layers.')}'s MoE block holds {len(parts)} of the {len(want)} "
+                             f"expert weights {' / '.join(names)} of experts 0 .. {config.n_experts - 1} "
+                             f"(num_experts); missing {missing[:8]}")
         out[f"{head}.experts.gate_up_proj"] = torch.stack(
             [torch.cat([parts[j, gate], parts[j, up]]) for j in range(config.n_experts)])  # (E, 2 fe, d)
         out[f"{head}.experts.down_proj"] = torch.stack([parts[j, down] for j in range(config.n_experts)])  # (E, d, fe)
