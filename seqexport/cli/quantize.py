@@ -27,9 +27,13 @@ from seqexport.errors import UsageError
 @click.option("--dense-experts", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
               help="The expert stacks of a dense-form export (Nemotron-H's, or --experts dense): float32, or int8 "
                    "dequantised as read (about 3x smaller, slower: docs/quantization.md).")
+@click.option("--quantize-sensitive", is_flag=True,
+              help="Quantise the family's sensitive projections too (Mamba's x_proj/dt_proj, a Mamba-2 mixer's or "
+                   "Gated DeltaNet's in_proj, RWKV-7's decay LoRA): faster, less precise; validate's state drift "
+                   "judges it.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accuracy_level, exclude, include_head,
-             dense_experts, overwrite):
+             dense_experts, quantize_sensitive, overwrite):
     """Write an int8 or int4 copy of an exported FOLDER (ONNX Runtime's quantisation tools).
 
     Norms, softmax, embeddings, the scans and their state and the family's sensitive
@@ -45,7 +49,8 @@ def quantize(folder, out, bits, mode, calibration, per_channel, block_size, accu
     texts = _calibration_texts(calibration) if calibration else None
     run_quantize(folder, out, bits=bits, mode=mode, per_channel=per_channel, block_size=block_size,
                  accuracy_level=accuracy_level, exclude=exclude, include_head=include_head, overwrite=overwrite,
-                 calibration=texts, dense_experts=dense_experts, log=lambda msg: click.echo(msg, err=True))
+                 calibration=texts, dense_experts=dense_experts, keep_sensitive=not quantize_sensitive,
+                 log=lambda msg: click.echo(msg, err=True))
 
 
 def _calibration_texts(path: str) -> list[str]:

@@ -269,13 +269,15 @@ def check_options(bits: int, mode: str, per_channel: bool, calibration, block_si
 def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: bool = False, exclude=(),
              include_head: bool | None = None, block_size: int | None = None, accuracy_level: int | None = None,
              overwrite: bool = False, calibration: list[str] | None = None, dense_experts: str = "float32",
-             log=None) -> Path:
+             keep_sensitive: bool = True, log=None) -> Path:
     """Write an int8 (`bits` 8) or weight-only int4 (`bits` 4) copy of the exported `folder` to
     `out` (atomically). `include_head`: True, the output head at `bits` too; False, float32;
     None (default): int8 float32, int4 8-bit (`export.int4.HEAD_BITS`).
     `block_size`, `accuracy_level`: int4's MatMulNBits options [32, 4]. `calibration`: static
     int8's prompts (text; default: seeded random token ids). `dense_experts`: "int8" stores a
-    dense-form export's expert stacks in int8 (`export.dense_experts`), "float32" keeps them."""
+    dense-form export's expert stacks in int8 (`export.dense_experts`), "float32" keeps them.
+    `keep_sensitive` False: the family's sensitive projections (`Family.int8_keep_float`) are
+    quantised like every other weight (faster, less precise: validate's state drift judges it)."""
     log = log or (lambda msg: None)
     folder, out = Path(folder), Path(out)
     if dense_experts not in ("float32", "int8"):
@@ -293,7 +295,8 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
     # the graphs' structure (what stays float, their I/O); each graph's weights are read in the
     # loop below, one graph at a time
     models = {name: _structure(folder, g["file"]) for name, g in manifest["graphs"].items()}
-    family_keep = family.keep_float(manifest["config"])
+    family_rule = family.keep_float(manifest["config"])
+    family_keep = family_rule if keep_sensitive else ()
     keep, kept = _kept_float(models, [*exclude, *family_keep], exclude, head_bits, bits)
     started = time.perf_counter()
     feeds = calibration_feeds(folder, calibration) if mode == "static" else {}
@@ -354,6 +357,7 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
             "include_head": bool(head_bits), "head": f"int{head_bits}" if head_bits else "float32",
             "excluded_patterns": list(exclude),
             "family_kept_float": list(family_keep), "kept_float": kept,
+            **({} if keep_sensitive else {"sensitive_quantized": list(family_rule)}),
             "source": {"folder": str(folder.resolve()), "manifest_sha256": sha256_file(folder / MANIFEST)},
             **({"experts": experts} if experts else {}),
             "seconds": round(time.perf_counter() - started, 2)}}
