@@ -2025,6 +2025,13 @@ FAULTS = (
           '    rows = op.Concat(op.Expand(_exp(last), op.Constant(value_ints=[1, 1, 1, dk])), _exp(cum),',
           '    rows = op.Concat(op.Expand(_exp(last), op.Constant(value_ints=[1, 1, 1, dk])), op.Expand(_exp(last), op.Constant(value_ints=[1, 1, 1, CHUNK])),',
           ('tests/test_delta_rule_lowering.py',)),
+    Fault('M542', 'quantize: --quantize-sensitive ignored (the family rule always kept)',
+          'seqexport/export/quantize.py', '    family_keep = family_rule if keep_sensitive else ()',
+          '    family_keep = family_rule',
+          ('tests/test_hybrid_export.py::test_quantize_sensitive_takes_the_familys_kept_projections_to_int4_too',)),
+    Fault('M543', 'quantize CLI: --quantize-sensitive read the wrong way round',
+          'seqexport/cli/quantize.py', 'keep_sensitive=not quantize_sensitive,', 'keep_sensitive=quantize_sensitive,',
+          ('tests/test_hybrid_export.py::test_quantize_sensitive_takes_the_familys_kept_projections_to_int4_too',)),
 )
 
 
