@@ -72,21 +72,21 @@ def _t(x):
 
 
 def _diagonal_blocks(x, size: int):
-    """x (b, c, h, C, C) -> its C / size diagonal blocks (b, c, h, C / size, size, size)."""
+    """x (c, b, h, C, C) -> its C / size diagonal blocks (c, b, h, C / size, size, size)."""
     n = CHUNK // size
-    x = op.Reshape(x, op.Constant(value_ints=[0, 0, 0, n, size, n, size]))  # (b, c, h, n, size, n, size)
+    x = op.Reshape(x, op.Constant(value_ints=[0, 0, 0, n, size, n, size]))  # (c, b, h, n, size, n, size)
     on_diagonal = np.eye(n, dtype=np.float32).reshape(n, 1, n, 1)
     return op.ReduceSum(op.Mul(x, op.Constant(value=ir.tensor(on_diagonal))), op.Constant(value_ints=[5]),
                         keepdims=0)
 
 
 def _unit_lower_inverse(l_mat):
-    """(I + L)⁻¹ of a strictly lower-triangular L (b, c, h, C, C), by blocks: the inverses of
+    """(I + L)⁻¹ of a strictly lower-triangular L (c, b, h, C, C), by blocks: the inverses of
     the diagonal blocks of size m give those of size 2m as [[Tₐ, 0], [-T_d·L₂₁·Tₐ, T_d]],
     from m = 1 (each 1) to m = C, every block of a level in one product. Backward stable like
     forward substitution (a Neumann product (I - L)(I + L²)… is not: where a chunk's keys
     repeat, L's powers grow to binomial sizes and cancel)."""
-    # the 1 x 1 blocks' inverses, 1 each, shaped as L's blocks (b, c, h, C, 1, 1): L's diagonal (0) + 1
+    # the 1 x 1 blocks' inverses, 1 each, shaped as L's blocks (c, b, h, C, 1, 1): L's diagonal (0) + 1
     inverse = op.Add(_diagonal_blocks(l_mat, 1), op.Constant(value_float=1.0))
     size = 1
     while size < CHUNK:
@@ -99,7 +99,7 @@ def _unit_lower_inverse(l_mat):
         inverse = op.Concat(op.Concat(first, op.Mul(first, op.Constant(value_float=0.0)), axis=5),
                             op.Concat(below, second, axis=5), axis=4)  # (…, n, 2m, 2m)
         size *= 2
-    return op.Reshape(inverse, op.Constant(value_ints=[0, 0, 0, CHUNK, CHUNK]))  # (b, c, h, C, C)
+    return op.Reshape(inverse, op.Constant(value_ints=[0, 0, 0, CHUNK, CHUNK]))  # (c, b, h, C, C)
 
 
 def _exp(x):
@@ -132,49 +132,51 @@ def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0:
     zero = op.Constant(value_ints=[0])
     heads = op.Shape(q, start=2, end=3)  # [h]
 
-    def chunks(x, n: int | None = None):  # (b, l, h[, n]) -> (b, c, h, C[, n]): a chunk's tokens as rows
+    # chunk-major from the start: the Scan runs over axis 0, and every batched product below
+    # takes (c, b, h) as its batch axes alike (no transpose of the coefficients before the Scan)
+    def chunks(x, n: int | None = None):  # (b, l, h[, n]) -> (c, b, h, C[, n]): a chunk's tokens as rows
         rank = 3 if n is None else 4
         pads = op.Concat(op.Constant(value_ints=[0] * (rank + 1)), pad, op.Constant(value_ints=[0] * (rank - 2)),
                          axis=0)  # nothing before; lp - l after the tokens
         shape = op.Concat(op.Constant(value_ints=[0, -1, CHUNK]), heads,
                           *([] if n is None else [op.Constant(value_ints=[n])]), axis=0)
         x = op.Reshape(op.Pad(x, pads, op.Constant(value_float=0.0)), shape)  # (b, c, C, h[, n])
-        return op.Transpose(x, perm=[0, 1, 3, 2] if n is None else [0, 1, 3, 2, 4])
+        return op.Transpose(x, perm=[1, 0, 3, 2] if n is None else [1, 0, 3, 2, 4])
 
-    q, k, v = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # (b, c, h, C, dk | dv)
-    g, beta = chunks(g), chunks(beta)  # (b, c, h, C)
+    q, k, v = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # (c, b, h, C, dk | dv)
+    g, beta = chunks(g), chunks(beta)  # (c, b, h, C)
     # the decays, each an exponential of at most 0 taken once (see the module's docstring)
-    cum = op.CumSum(g, op.Constant(value_int=3))  # (b, c, h, C): G_t, t inclusive
-    last = op.Slice(cum, [CHUNK - 1], [CHUNK], [3])  # (b, c, h, 1): G_C
+    cum = op.CumSum(g, op.Constant(value_int=3))  # (c, b, h, C): G_t, t inclusive
+    last = op.Slice(cum, [CHUNK - 1], [CHUNK], [3])  # (c, b, h, 1): G_C
     lower = np.tril(np.ones((CHUNK, CHUNK), bool))
-    diff = op.Sub(op.Unsqueeze(cum, [4]), op.Unsqueeze(cum, [3]))  # (b, c, h, C, C): G_i - G_j
+    diff = op.Sub(op.Unsqueeze(cum, [4]), op.Unsqueeze(cum, [3]))  # (c, b, h, C, C): G_i - G_j
     decay = _exp(op.Where(op.Constant(value=ir.tensor(lower)), diff,
                           op.Constant(value_float=-math.inf)))  # D: 0 above the diagonal
-    to_end = op.Unsqueeze(_exp(op.Sub(last, cum)), [3])  # (b, c, h, 1, C): e^{G_C - G_j}
+    to_end = op.Unsqueeze(_exp(op.Sub(last, cum)), [3])  # (c, b, h, 1, C): e^{G_C - G_j}
     rows = op.Concat(op.Expand(_exp(last), op.Constant(value_ints=[1, 1, 1, dk])), _exp(cum),
-                     axis=3)  # (b, c, h, dk + C): e^{G_C} for Gm's rows, e^{G_t} for Qm's
+                     axis=3)  # (c, b, h, dk + C): e^{G_C} for Gm's rows, e^{G_t} for Qm's
 
     # the undecayed products: T' = (I + L')⁻¹, A', W' = T'·βk, and [kᵀ; A']·[W' | T']
-    k_beta = op.Mul(k, op.Unsqueeze(beta, [4]))  # (b, c, h, C, dk)
+    k_beta = op.Mul(k, op.Unsqueeze(beta, [4]))  # (c, b, h, C, dk)
     strict = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32), -1)))
-    t_prime = _unit_lower_inverse(op.Mul(op.MatMul(k_beta, _t(k)), strict))  # (b, c, h, C, C)
+    t_prime = _unit_lower_inverse(op.Mul(op.MatMul(k_beta, _t(k)), strict))  # (c, b, h, C, C)
     a_prime = op.Mul(op.MatMul(q, _t(k)), op.Constant(value=ir.tensor(lower.astype(np.float32))))  # (…, C, C)
-    w_prime = op.MatMul(t_prime, k_beta)  # (b, c, h, C, dk)
+    w_prime = op.MatMul(t_prime, k_beta)  # (c, b, h, C, dk)
     products = op.MatMul(op.Concat(_t(k), a_prime, axis=3),
-                         op.Concat(w_prime, t_prime, axis=4))  # (b, c, h, dk + C, dk + C)
+                         op.Concat(w_prime, t_prime, axis=4))  # (c, b, h, dk + C, dk + C)
     with_w, with_t = _split(products, dk, axis=4)  # [kᵀW'; A'W'] (…, dk + C, dk), [kᵀT'; A'T'] (…, dk + C, C)
 
     # [Gm; Qm] = rows ⊙ ([I; q] - [kᵀW'; A'W']);  [Hm; Pm] = ([kᵀT' ⊙ e^{G_C - G}; A'T' ⊙ D])·(βv)
     eye_over_q = op.Add(op.Pad(q, op.Constant(value_ints=[0, 0, 0, dk, 0] + [0] * 5)),
                         op.Constant(value=ir.tensor(np.eye(dk + CHUNK, dk, dtype=np.float32))))  # [I; q]
-    g_q = op.Mul(op.Sub(eye_over_q, with_w), op.Unsqueeze(rows, [4]))  # (b, c, h, dk + C, dk)
+    g_q = op.Mul(op.Sub(eye_over_q, with_w), op.Unsqueeze(rows, [4]))  # (c, b, h, dk + C, dk)
     decays = op.Concat(op.Expand(to_end, op.Constant(value_ints=[1, 1, 1, dk, 1])), decay,
-                       axis=3)  # (b, c, h, dk + C, C)
-    h_p = op.MatMul(op.Mul(with_t, decays), op.Mul(v, op.Unsqueeze(beta, [4])))  # (b, c, h, dk + C, dv)
+                       axis=3)  # (c, b, h, dk + C, C)
+    h_p = op.MatMul(op.Mul(with_t, decays), op.Mul(v, op.Unsqueeze(beta, [4])))  # (c, b, h, dk + C, dv)
 
     s_last, y = emit(
         "Scan",
-        [s0, op.Transpose(g_q, perm=[1, 0, 2, 3, 4]), op.Transpose(h_p, perm=[1, 0, 2, 3, 4])],  # (c, b, h, …)
+        [s0, g_q, h_p],  # (c, b, h, dk + C, dk | dv)
         {"body": _chunk_body(dk, dv), "num_scan_inputs": 2},
         num_outputs=2,
     )  # (b, h, dk, dv), (c, b, h, C, dv)
