@@ -2004,8 +2004,8 @@ FAULTS = (
           ('tests/test_delta_rule_lowering.py',)),
     Fault('M537', 'delta rule lowering: Hm\'s columns decayed by e^{G_t - G_C} (growing) instead of e^{G_C - G_t}',
           'seqexport/families/hybrid/delta_rule_onnx.py',
-          '    to_end = op.Unsqueeze(_exp(op.Sub(last, cum)), [3])  # (b, c, h, 1, C): e^{G_C - G_j}',
-          '    to_end = op.Unsqueeze(_exp(op.Sub(cum, last)), [3])  # (b, c, h, 1, C): e^{G_C - G_j}',
+          '    to_end = op.Unsqueeze(_exp(op.Sub(last, cum)), [3])  # (c, b, h, 1, C): e^{G_C - G_j}',
+          '    to_end = op.Unsqueeze(_exp(op.Sub(cum, last)), [3])  # (c, b, h, 1, C): e^{G_C - G_j}',
           ('tests/test_delta_rule_lowering.py',)),
     Fault('M538', 'delta rule lowering: Gm without its identity (the state forgotten at each chunk)',
           'seqexport/families/hybrid/delta_rule_onnx.py',
@@ -2032,6 +2032,11 @@ FAULTS = (
     Fault('M543', 'quantize CLI: --quantize-sensitive read the wrong way round',
           'seqexport/cli/quantize.py', 'keep_sensitive=not quantize_sensitive,', 'keep_sensitive=quantize_sensitive,',
           ('tests/test_hybrid_export.py::test_quantize_sensitive_takes_the_familys_kept_projections_to_int4_too',)),
+    Fault('M544', 'delta rule lowering: chunks batch-major (the Scan then runs over rows, not chunks)',
+          'seqexport/families/hybrid/delta_rule_onnx.py',
+          '        return op.Transpose(x, perm=[1, 0, 3, 2] if n is None else [1, 0, 3, 2, 4])',
+          '        return op.Transpose(x, perm=[0, 1, 3, 2] if n is None else [0, 1, 3, 2, 4])',
+          ('tests/test_delta_rule_lowering.py',)),
 )
 
 
