@@ -2037,6 +2037,19 @@ FAULTS = (
           '        return op.Transpose(x, perm=[1, 0, 3, 2] if n is None else [1, 0, 3, 2, 4])',
           '        return op.Transpose(x, perm=[0, 1, 3, 2] if n is None else [0, 1, 3, 2, 4])',
           ('tests/test_delta_rule_lowering.py',)),
+    Fault('M545', 'logit_bias subtracted from the scores instead of added',
+          'seqexport/runtime/penalties.py', '            out[self._bias_ids[biased]] += self._bias[biased].astype(out.dtype)',
+          '            out[self._bias_ids[biased]] -= self._bias[biased].astype(out.dtype)',
+          ('tests/test_penalties.py',)),
+    Fault('M546', 'logit_bias alone keeps no per-row scores (the bias silently ignored)',
+          'seqexport/runtime/penalties.py', '            or bool(options.logit_bias))', '            )',
+          ('tests/test_penalties.py',)),
+    Fault('M547', 'serve: a logit_bias id past the vocabulary left to the engine (an HTTP 500)',
+          'seqexport/serve/app.py', '            if token >= vocab:', '            if token > 2 ** 62:',
+          ('tests/test_penalties.py::test_logit_bias_reaches_served_requests_and_the_cli_and_bad_ones_are_named',)),
+    Fault('M548', 'serve: a logit_bias above 100 accepted',
+          'seqexport/serve/protocol.py', 'not -100 <= value <= 100:', 'not -100 <= value:',
+          ('tests/test_penalties.py::test_logit_bias_reaches_served_requests_and_the_cli_and_bad_ones_are_named',)),
 )
 
 

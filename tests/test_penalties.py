@@ -257,3 +257,71 @@ def test_the_engine_keeps_each_rows_history_apart(exported):
         engine.close()
     assert got == [rt.generate(model, [PROMPTS[i % 2]], o)[0] for i, o in enumerate(options)]
     assert np.unique([len(g) for g in got]).size > 1
+
+
+def test_logit_bias_is_transformers_sequence_bias_in_every_search(exported):
+    """OpenAI's logit_bias (token id -> a number added to its score) equals transformers'
+    generate(sequence_bias={(id,): bias}) greedy and in beam search, and decides a top-k 1
+    draw; with a repetition penalty it comes first, as transformers' processors run. The bias
+    bans the token plain greedy takes first and favours another, so the tokens change."""
+    hf, folder = exported
+    model = rt.load(folder)
+    for prompt in PROMPTS:
+        plain = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=12))[0]
+        bias = {plain[0]: -100.0, (plain[0] + 1) % 97: 2.5}
+        sequence_bias = {(t,): b for t, b in bias.items()}
+        ours = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=12, logit_bias=bias))[0]
+        assert ours == hf_tokens(hf, prompt, do_sample=False, max_new_tokens=12, sequence_bias=sequence_bias)
+        assert ours != plain and plain[0] not in ours
+        beams = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=8, num_beams=3, logit_bias=bias))[0]
+        assert beams == hf_tokens(hf, prompt, do_sample=False, num_beams=3, max_new_tokens=8, length_penalty=1.0,
+                                  sequence_bias=sequence_bias)
+        penalised = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=12, logit_bias=bias,
+                                                                  repetition_penalty=1.5))[0]
+        assert penalised == hf_tokens(hf, prompt, do_sample=False, max_new_tokens=12, sequence_bias=sequence_bias,
+                                      repetition_penalty=1.5)
+        drawn = rt.generate(model, [prompt], rt.SearchOptions(max_new_tokens=12, logit_bias=bias, do_sample=True,
+                                                              top_k=1, seed=0))[0]
+        assert drawn == ours
+    # -inf bans outright; a huge bias makes a token every draw
+    banned = rt.generate(model, [PROMPTS[0]], rt.SearchOptions(max_new_tokens=12, logit_bias={plain[0]: -np.inf}))[0]
+    assert plain[0] not in banned
+    forced = rt.generate(model, [PROMPTS[0]], rt.SearchOptions(max_new_tokens=6, do_sample=True, seed=1,
+                                                               logit_bias={42: 100.0}))[0]
+    assert forced == [42] * 6
+
+
+def test_logit_bias_reaches_served_requests_and_the_cli_and_bad_ones_are_named(exported, tmp_path_factory):
+    """Served requests with and without logit_bias in one batch (completions and chat-free
+    token prompts) each get generate()'s tokens; `generate --logit-bias` too. A bias out of
+    [-100, 100], a key that is no token id, an id past the vocabulary: 400 naming logit_bias."""
+    hf, folder = exported
+    model = rt.load(folder)
+    plain = rt.generate(model, [PROMPTS[0]], rt.SearchOptions(max_new_tokens=10))[0]
+    bias = {plain[0]: -100.0, plain[1]: -50.5}
+    want = rt.generate(model, [PROMPTS[0]], rt.SearchOptions(max_new_tokens=10, logit_bias=bias))[0]
+    assert want != plain
+    with plain_server(folder, tmp_path_factory) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda b: client.completions.create(
+                model=folder.name, prompt=PROMPTS[0], max_tokens=10, temperature=0,
+                logit_bias=b).choices[0].token_ids, [{str(t): v for t, v in bias.items()}, None] * 2))
+        assert got == [want, plain] * 2
+        for value, says in [({str(plain[0]): 101}, "expected a number in [-100, 100]"),
+                            ({"ten": 1}, "expected a token id"), ({"-3": 1}, "expected a token id"),
+                            ({"97": 1}, "not a token id of this model: expected an id in [0, 97)"),
+                            ([1, 2], "expected an object")]:
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.completions.create(model=folder.name, prompt=PROMPTS[0], max_tokens=2, logit_bias=value)
+            assert caught.value.body["param"] == "logit_bias" and says in caught.value.body["message"], value
+    ids = " ".join(map(str, PROMPTS[0]))
+    args = ["generate", str(folder), "--ids", ids, "--max-new-tokens", "10"]
+    result = CliRunner().invoke(cli, [*args, *(f"--logit-bias={t}={v}" for t, v in bias.items())])
+    assert result.exit_code == 0, result.output
+    assert [int(t) for t in result.stdout.split()] == want
+    for item, says in [("5", "expected ID=BIAS"), ("5=big", "expected ID=BIAS"), ("97=1", "not a token id")]:
+        result = CliRunner().invoke(cli, [*args, "--logit-bias", item])
+        assert result.exit_code == 2 and says in result.output, result.output

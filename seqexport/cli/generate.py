@@ -39,6 +39,9 @@ from seqexport.errors import UsageError
               help="OpenAI's: minus this from each token already generated [0].")
 @click.option("--frequency-penalty", type=click.FloatRange(-2, 2),
               help="OpenAI's: minus this times each token's count in the answer so far [0].")
+@click.option("--logit-bias", multiple=True, metavar="ID=BIAS",
+              help="Add BIAS to token ID's score before anything else (OpenAI's logit_bias; -100 bans it in "
+                   "practice, -inf outright; repeat for several).")
 @click.option("--beams", type=click.IntRange(min=1),
               help="Beam search width (every family; 1: greedy) [the model's generation default, else 1].")
 @click.option("--early-stopping", type=click.Choice(["true", "false", "never"]),
@@ -50,7 +53,8 @@ from seqexport.errors import UsageError
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
 def generate(folder, text, ids, chat, system, max_new_tokens, min_new_tokens, greedy, temperature, top_k, top_p, min_p, seed,
-             repetition_penalty, presence_penalty, frequency_penalty, beams, early_stopping, eos_id, provider):
+             repetition_penalty, presence_penalty, frequency_penalty, logit_bias, beams, early_stopping, eos_id,
+             provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens.
 
     Options not given take the model's generation defaults (its checkpoint's
@@ -67,7 +71,7 @@ def generate(folder, text, ids, chat, system, max_new_tokens, min_new_tokens, gr
                  do_sample=None if greedy is None else not greedy,
                  num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                 frequency_penalty=frequency_penalty,
+                 frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias) or None,
                  early_stopping={"true": True, "false": False}.get(early_stopping, early_stopping),
                  eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True),
                  conversation=conversation if chat else None)
@@ -98,6 +102,24 @@ def _say_defaults(model, given: dict, options, log) -> None:
     flags = [f"--{k.replace('_', '-')}" for k in SAMPLING_FLAGS if given.get(k) is not None]
     if flags and not options.do_sample:
         log(f"warning: {', '.join(flags)} apply to sampling only; add --sample (decoding greedily)")
+
+
+def parse_logit_bias(items) -> dict[int, float]:
+    """--logit-bias ID=BIAS items -> {id: bias}; UsageError naming the item."""
+    bias = {}
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            token_id, number = int(token), float(value)
+        except ValueError:
+            raise UsageError(f"--logit-bias {item!r}: expected ID=BIAS, a token id and a number (e.g. 50256=-100)") \
+                from None
+        if token_id in bias:
+            raise UsageError(f"--logit-bias: token id {token_id} given twice")
+        bias[token_id] = number
+    return bias
 
 
 def parse_ids(s: str) -> list[int]:

@@ -48,6 +48,10 @@ class SearchOptions:
     # stop a row at this token, or at any of these (default: the tokenizer's eos_ids; -1 or (): never)
     eos_id: int | tuple[int, ...] | None = None
     start_id: int | None = None  # an encoder-decoder's decoder start (default: tokenizer bos, else 1)
+    # OpenAI's logit_bias (transformers' sequence_bias of one-token sequences): token id -> a
+    # number added to its score before anything else (the penalties, temperature, the pick);
+    # -100 bans a token in practice, -inf outright. A dict, or (id, bias) pairs; kept sorted
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         _integer("max_new_tokens", self.max_new_tokens, 1)
@@ -77,6 +81,7 @@ class SearchOptions:
             _integer("eos_id", self.eos_id, -1)  # -1: an eos that never matches
         if self.num_beams > 1 and self.do_sample:
             raise UsageError("beam search and sampling cannot be combined")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
 
 
 def _integer(name: str, value, least: int, below: int = 2**63) -> None:
@@ -86,6 +91,26 @@ def _integer(name: str, value, least: int, below: int = 2**63) -> None:
     if not least <= value < below:
         raise UsageError(f"{name} must be >= {least}" + (f" and < {below}" if below != 2**63 else "")
                          + f", got {value}")
+
+
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (id, bias) pairs: ids integers >= 0, each once; biases numbers, not
+    NaN nor +inf (-inf bans the token)."""
+    items = list(bias.items()) if isinstance(bias, dict) else bias
+    if not isinstance(items, list | tuple):
+        raise UsageError(f"logit_bias must be a dict of token id -> bias, got {bias!r} ({type(bias).__name__})")
+    pairs = {}
+    for item in items:
+        if not (isinstance(item, list | tuple) and len(item) == 2):
+            raise UsageError(f"logit_bias: expected (token id, bias) pairs, got {item!r}")
+        token, value = item
+        _integer("a logit_bias token id", token, 0)
+        if not (isinstance(value, float | np.floating) and value == -math.inf):  # -inf: banned
+            _real(f"logit_bias[{token}]", value, "a finite number or -inf", lambda v: True)
+        if int(token) in pairs:
+            raise UsageError(f"logit_bias: token id {token} given twice")
+        pairs[int(token)] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 def _real(name: str, value, rule: str, ok) -> None:
@@ -123,12 +148,17 @@ def model_options(model, **given) -> SearchOptions:
 
 def checked_options(options, model) -> SearchOptions:
     """The options given (a dict's keys would otherwise fail as a bare AttributeError deep in
-    the decode), or for None the model's generation defaults (model_options)."""
+    the decode), or for None the model's generation defaults (model_options); a logit_bias id
+    the model cannot pick refused by name."""
     if options is None:
-        return model_options(model)
+        options = model_options(model)
     if not isinstance(options, SearchOptions):
         raise UsageError(f"options: expected SearchOptions (or None), got {type(options).__name__}"
                          + (": use SearchOptions(**options)" if isinstance(options, dict) else ""))
+    for token, _ in options.logit_bias:
+        if token >= model.vocab_size:
+            raise UsageError(f"logit_bias token {token} is not a token id of this model: expected an id in "
+                             f"[0, {model.vocab_size})")
     return options
 
 

@@ -1,5 +1,9 @@
-"""Repetition, presence and frequency penalties: a row's next-token scores adjusted by the
-tokens the row has seen, before greedy, sampling or beam search pick from them.
+"""Logit bias and the repetition, presence and frequency penalties: a row's next-token scores
+adjusted, by fixed amounts and by the tokens the row has seen, before greedy, sampling or beam
+search pick from them.
+
+- `logit_bias` (OpenAI's; transformers' sequence_bias of one-token sequences): a fixed number
+  added to a token's score, first, as transformers' SequenceBiasLogitsProcessor comes first.
 
 - `repetition_penalty` (transformers' and vLLM's; 1: off): each token already among the row's
   ids (a language model: the prompt and what it generated; an encoder-decoder: what its
@@ -17,8 +21,9 @@ import numpy as np
 
 
 def penalized(options) -> bool:
-    """Whether the options ask for any penalty (else the rows keep no `Seen`)."""
-    return options.repetition_penalty != 1 or options.presence_penalty != 0 or options.frequency_penalty != 0
+    """Whether the options ask for any bias or penalty (else the rows keep no `Seen`)."""
+    return (options.repetition_penalty != 1 or options.presence_penalty != 0 or options.frequency_penalty != 0
+            or bool(options.logit_bias))
 
 
 class Seen:
@@ -33,6 +38,8 @@ class Seen:
         self.repetition = float(options.repetition_penalty)
         self.presence = float(options.presence_penalty)
         self.frequency = float(options.frequency_penalty)
+        self._bias_ids = np.array([t for t, _ in options.logit_bias], np.int64)  # (m,)
+        self._bias = np.array([b for _, b in options.logit_bias], np.float64)  # (m,)
         self._slot: dict[int, int] = {}  # token -> its slot
         self._ids = np.empty(64, np.int64)  # (capacity,) slot -> token
         self._counts = np.zeros(64, np.int64)  # (capacity,) slot -> times generated
@@ -67,6 +74,9 @@ class Seen:
         cannot pick, skipped)."""
         out = np.array(scores, copy=True)
         v, real = out.shape[-1], out.dtype.type
+        if self._bias_ids.size:
+            biased = self._bias_ids < v
+            out[self._bias_ids[biased]] += self._bias[biased].astype(out.dtype)
         ids = self._ids[: self._n]  # (n,) every distinct token seen
         pickable = ids < v
         if self.repetition != 1:

@@ -148,18 +148,24 @@ class ServingHost:
         temperature = _first(params.temperature, default.get("temperature"), 1.0)
         sample = temperature != 0  # OpenAI's API: temperature 0 is greedy
         try:
-            return SearchOptions(max_new_tokens=max_tokens, do_sample=sample,
-                                 temperature=temperature if sample else 1.0,
-                                 top_k=_first(params.top_k, default.get("top_k"), 0),
-                                 top_p=_first(params.top_p, default.get("top_p"), 1.0),
-                                 min_p=_first(params.min_p, default.get("min_p"), 0.0), seed=params.seed,
-                                 repetition_penalty=_first(params.repetition_penalty,
-                                                           default.get("repetition_penalty"), 1.0),
-                                 presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-                                 min_new_tokens=min_tokens,
-                                 eos_id=-1 if params.ignore_eos else None)
+            options = SearchOptions(max_new_tokens=max_tokens, do_sample=sample,
+                                    temperature=temperature if sample else 1.0,
+                                    top_k=_first(params.top_k, default.get("top_k"), 0),
+                                    top_p=_first(params.top_p, default.get("top_p"), 1.0),
+                                    min_p=_first(params.min_p, default.get("min_p"), 0.0), seed=params.seed,
+                                    repetition_penalty=_first(params.repetition_penalty,
+                                                              default.get("repetition_penalty"), 1.0),
+                                    presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+                                    min_new_tokens=min_tokens, logit_bias=params.logit_bias,
+                                    eos_id=-1 if params.ignore_eos else None)
         except UsageError as e:
             raise HTTPError(400, str(e)) from None
+        vocab = self.model.vocab_size
+        for token in params.logit_bias:  # (the engine would refuse it too, as a UsageError: a 500)
+            if token >= vocab:
+                raise HTTPError(400, f"logit_bias: token {token} is not a token id of this model: expected an id "
+                                     f"in [0, {vocab})", "logit_bias")
+        return options
 
     def submit(self, params: CompletionParams, listener: "Listener"):
         ids = self.prompt_ids(params)

@@ -50,6 +50,7 @@ class CompletionParams:
     repetition_penalty: float | None = None  # vLLM extension (transformers'): 1 off
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
     frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> bias in [-100, 100]
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -60,17 +61,17 @@ class CompletionParams:
 
 
 # fields of the OpenAI API we accept only at the value that changes nothing
-NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, 0), "suffix": (None, ""),
-           "logit_bias": (None, {})}
+NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, 0), "suffix": (None, "")}
 # the same for a chat request (no tools: the model answers in text)
-CHAT_NEUTRAL = {"n": (1,), "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+CHAT_NEUTRAL = {"n": (1,), "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
                 "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, True, False)}
 IGNORED = {"user"}  # accepted and not used
 # A chat answer with no max_tokens runs to its eos, up to the model's positional limit, else this
 # many tokens: OpenAI's chat API has no fixed default, and the completions' 16 cuts answers short
 CHAT_MAX_TOKENS = 4096
 SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-            "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"}
+            "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
+            "logit_bias"}
 MAX_STOPS = 4  # as OpenAI
 # characters of one stop string: each is indexed when its request arrives, on the event loop
 # (serve.text.StopMatcher: ~0.6 us a character, so a 1 MB stop string held every client 0.6 s)
@@ -174,6 +175,23 @@ def _number(body: dict, name: str, default: float | None, rule: str, ok) -> floa
     if not math.isfinite(v) or not ok(v):
         raise _bad(name, f"expected a number {rule}, got {v}")
     return float(v)
+
+
+def _logit_bias(v) -> dict[int, float]:
+    """OpenAI's logit_bias: an object of token ids (as strings, JSON's keys) to numbers in
+    [-100, 100]; null or {} for none. Whether each id is the model's: the host's check."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise _bad("logit_bias", f"expected an object of token ids to numbers in [-100, 100], got {json.dumps(v)}")
+    bias = {}
+    for key, value in v.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 18:
+            raise _bad("logit_bias", f"key {json.dumps(key)}: expected a token id (a whole number >= 0, as a string)")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise _bad("logit_bias", f"token {key}: expected a number in [-100, 100], got {json.dumps(value)}")
+        bias[int(key)] = float(value)
+    return bias
 
 
 def _flag(body: dict, name: str) -> bool:
@@ -309,6 +327,7 @@ def _sampling(body: dict, **request) -> CompletionParams:
         repetition_penalty=_number(body, "repetition_penalty", None, "> 0", lambda v: v > 0),
         presence_penalty=_number(body, "presence_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),
+        logit_bias=_logit_bias(body.get("logit_bias")),
         seed=_integer(body, "seed", 0, None, allow_none=True),
         stop=_stop(body.get("stop")),
         stream=_flag(body, "stream"),
