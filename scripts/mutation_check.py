@@ -2050,6 +2050,18 @@ FAULTS = (
     Fault('M548', 'serve: a logit_bias above 100 accepted',
           'seqexport/serve/protocol.py', 'not -100 <= value <= 100:', 'not -100 <= value:',
           ('tests/test_penalties.py::test_logit_bias_reaches_served_requests_and_the_cli_and_bad_ones_are_named',)),
+    Fault('M549', 'Qwen3-Next: a key group\'s query and key rows swapped when read apart',
+          'seqexport/families/hybrid/layouts.py', '            q, k, v, z = groups.split([dk, dk, r * dv, r * dv], dim=1)',
+          '            k, q, v, z = groups.split([dk, dk, r * dv, r * dv], dim=1)',
+          ('tests/test_hybrid_model.py::test_parity_with_transformers[qwen3_next]',)),
+    Fault('M550', 'Qwen3-Next: in_proj_ba read as a then b',
+          'seqexport/families/hybrid/layouts.py', '            b, a = groups.split([r, r], dim=1)  # (hk, r, d) each',
+          '            a, b = groups.split([r, r], dim=1)  # (hk, r, d) each',
+          ('tests/test_hybrid_model.py::test_parity_with_transformers[qwen3_next]',)),
+    Fault('M551', 'Qwen3-Next: experts from layer 0 every decoder_sparse_step (not at (i + 1) % step == 0)',
+          'seqexport/families/hybrid/layouts.py', 'd["num_experts"] > 0 and (i + 1) % step == 0]',
+          'd["num_experts"] > 0 and i % step == 0]',
+          ('tests/test_hybrid_model.py::test_parity_with_transformers[qwen3_next]',)),
 )
 
 

@@ -183,11 +183,26 @@ def _qwen3_5_moe():
     ))
 
 
+def _qwen3_next():
+    # Qwen3-Next: Qwen3.5-MoE's layers with the DeltaNet's projections fused (in_proj_qkvz,
+    # in_proj_ba: grouped by key head); experts (4, 2 a token, not renormalised) beside a gated
+    # shared expert in every second layer but layer 3, a dense MLP in the others
+    return transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=80, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=24,
+        linear_value_head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[3],
+        moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
              "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5,
-             "qwen3_5-moe": _qwen3_5_moe}
+             "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next}
 
 
 def _hf(name: str, seed: int):
@@ -201,7 +216,7 @@ def _randomize(model, seed: int):
     """Weights that make every part count: linears ~ N(0, 1/fan_in) (peaked attention, logits of
     order 1), random biases and norm weights, Δ ≈ 0.5-2 and decays exp(ΔA) over a wide range."""
     gen = torch.Generator().manual_seed(seed)
-    zero_centred = getattr(model.config, "model_type", "").startswith("qwen3_5")
+    zero_centred = getattr(model.config, "model_type", "").startswith(("qwen3_5", "qwen3_next"))
     for name, p in model.named_parameters():
         if name.endswith("dt_bias"):
             dt = torch.rand(p.shape, generator=gen) * 1.5 + 0.5
@@ -582,7 +597,9 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "qwen3_5_text", "linear_num_key_heads": 3}, "delta_k_heads=3"),
     ({"model_type": "qwen3_5_text", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}}, "rope_type='yarn'"),
     ({"model_type": "qwen3_5", "text_config": None}, "text_config"),
-    ({"model_type": "qwen3_next"}, "model_type='qwen3_next'"),
+    ({"model_type": "qwen3_next", "decoder_sparse_step": 0}, "decoder_sparse_step=0"),
+    ({"model_type": "qwen3_next", "mlp_only_layers": "3"}, "mlp_only_layers='3'"),
+    ({"model_type": "kimi_linear"}, "model_type='kimi_linear'"),
     ({"model_type": "qwen3_5_moe", "text_config": [1]}, "qwen3_5_moe config's text_config"),
     ({"family": "hybrid", "d_modle": 64}, "d_modle"),
 ])
@@ -732,3 +749,21 @@ def test_qwen3_5_layers_without_layer_types_are_those_transformers_derives():
         ours = hybrid_config_from_json({"model_type": "qwen3_5_text", **fields}).layer_types
         assert ours == ["attention" if t == "full_attention" else "deltanet" for t in theirs]
         assert ours.count("attention") == 7 // (interval or 4)
+
+
+def test_qwen3_next_fused_projections_read_apart_and_a_wrong_one_is_named(tmp_path):
+    """Qwen3-Next's `in_proj_qkvz` / `in_proj_ba` as saved read into our separate projections
+    (the parity test checks the numbers); one of the wrong size is refused naming it and the
+    shape the config implies."""
+    hf = _hf("qwen3_next", 0)
+    hf.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    config = hybrid_config_from_json(json.loads((tmp_path / "config.json").read_text()))
+    assert config.expert_layers == [1] and config.d_ff == 80 and not config.normalize_expert_weights
+    ours = convert_state_dict(saved, config)
+    assert "layers.0.mixer.in_proj_qkvz.weight" not in ours and ours["layers.0.mixer.z_proj.weight"].shape == (64, 64)
+    bad = dict(saved)
+    bad["model.layers.2.linear_attn.in_proj_ba.weight"] = bad["model.layers.2.linear_attn.in_proj_ba.weight"][:-1]
+    with pytest.raises(ValueError, match=r"model.layers.2.linear_attn.in_proj_ba.weight has shape \(7, 64\); "
+                                         r"expected \(2 key heads x 4, hidden_size\)"):
+        convert_state_dict(bad, config)

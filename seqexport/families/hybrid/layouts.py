@@ -68,7 +68,13 @@ Twelve config layouts, told apart by `family` / `model_type`:
   and Qwen3.5-MoE's (`qwen3_5_moe_text`, `qwen3_5_moe`): the same layers with `num_experts`
   experts of `moe_intermediate_size` instead of the MLP in every layer (`num_experts_per_tok` a
   token, the router's softmax over them renormalised) beside a shared expert MLP of
-  `shared_expert_intermediate_size` gated by sigmoid(shared_expert_gate(h)).
+  `shared_expert_intermediate_size` gated by sigmoid(shared_expert_gate(h));
+- transformers' `Qwen3NextConfig` (`model_type: "qwen3_next"`, Qwen3-Next): Qwen3.5-MoE's layers
+  with the DeltaNet's projections fused as saved (`in_proj_qkvz`: per key head its query, key,
+  and the values and gates of the value heads it serves; `in_proj_ba`: per key head its value
+  heads' write strengths, then their decays), read apart into ours; experts in the layers not in
+  `mlp_only_layers` where (i + 1) % `decoder_sparse_step` == 0, a gated MLP of
+  `intermediate_size` in the others; the top k's weights renormalised where `norm_topk_prob`.
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -165,6 +171,11 @@ _QWEN3_5_MOE_DEFAULTS = dict(
     _QWEN3_5_DEFAULTS, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
     moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts_per_tok=8, num_experts=256,
 )
+_QWEN3_NEXT_DEFAULTS = dict(
+    _QWEN3_5_DEFAULTS, vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
+    num_key_value_heads=2, decoder_sparse_step=1, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+    num_experts_per_tok=10, num_experts=512, norm_topk_prob=True, mlp_only_layers=[],
+)
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -211,7 +222,7 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
                "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "jamba": _from_jamba,
                "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5, "qwen3_5_moe": _from_qwen3_5,
-               "qwen3_5_moe_text": _from_qwen3_5}
+               "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -531,7 +542,7 @@ def _qwen3_5_text(d: dict) -> dict:
     """Qwen3.5's text model config: `Qwen3_5TextConfig` itself, or the `text_config` of the
     image-text `Qwen3_5Config` its checkpoints ship (whose vision tower is not read: text in, text
     out), tied as transformers ties it: by the top-level `tie_word_embeddings`."""
-    if d["model_type"].endswith("_text"):
+    if d["model_type"].endswith("_text") or d["model_type"] == "qwen3_next":  # (Qwen3-Next: text only)
         return d
     text = d.get("text_config")
     if not isinstance(text, dict):
@@ -557,17 +568,31 @@ def _qwen3_5_experts(d: dict, n: int) -> dict:
     `moe_intermediate_size`, `num_experts_per_tok` a token by the softmax over the router's top
     k (the top k of the softmax over all, renormalised), and a shared expert MLP of
     `shared_expert_intermediate_size` gated by sigmoid(shared_expert_gate(h))."""
-    if not d["model_type"].startswith("qwen3_5_moe"):
-        return dict(d_ff=d["intermediate_size"])
-    return dict(n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"],
-                d_ff_expert=d["moe_intermediate_size"], expert_routing="softmax", normalize_expert_weights=True,
-                expert_layers=list(range(n)), gated_shared_expert=True,
-                d_ff_shared_expert=d["shared_expert_intermediate_size"])
+    if d["model_type"] == "qwen3_next":  # experts where transformers' Qwen3NextDecoderLayer puts them
+        only = d["mlp_only_layers"]
+        if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
+            raise ValueError(f"mlp_only_layers={only!r}; expected a list of layer indices")
+        step = d["decoder_sparse_step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ValueError(f"decoder_sparse_step={step!r}; expected a positive integer")
+        layers = [i for i in range(n) if i not in only and d["num_experts"] > 0 and (i + 1) % step == 0]
+        normalize = d["norm_topk_prob"]
+    elif d["model_type"].startswith("qwen3_5_moe"):
+        layers, normalize = list(range(n)), True
+    else:
+        layers = []
+    dense = dict(d_ff=d["intermediate_size"]) if len(layers) < n else {}
+    if not layers:
+        return dense
+    return dict(dense, n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"],
+                d_ff_expert=d["moe_intermediate_size"], expert_routing="softmax", normalize_expert_weights=normalize,
+                expert_layers=layers, gated_shared_expert=True, d_ff_shared_expert=d["shared_expert_intermediate_size"])
 
 
 def _from_qwen3_5(d: dict) -> HybridConfig:
     d = _qwen3_5_text(d)
-    d = {**(_QWEN3_5_MOE_DEFAULTS if d["model_type"] == "qwen3_5_moe_text" else _QWEN3_5_DEFAULTS), **d}
+    d = {**{"qwen3_5_moe_text": _QWEN3_5_MOE_DEFAULTS, "qwen3_next": _QWEN3_NEXT_DEFAULTS}.get(
+        d["model_type"], _QWEN3_5_DEFAULTS), **d}
     _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Gated DeltaNet's conv both use it)")
     return HybridConfig(
         d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_qwen3_5_layer_types(d),
@@ -775,13 +800,41 @@ def _qwen3_5_key(key: str) -> str | None:
 
 def _qwen3_5_weights(out: dict[str, Tensor], config: HybridConfig) -> None:
     """In place: Qwen3.5's zero-centred RMSNorm weights (x̂ * (1 + w)) as ours (x̂ * w'): w' = 1 + w,
-    the same float32 sum theirs computes. Not a Gated DeltaNet's own gated norm (x̂ * w)."""
+    the same float32 sum theirs computes. Not a Gated DeltaNet's own gated norm (x̂ * w).
+    Qwen3-Next's fused DeltaNet projections read apart (`_unfuse_qwen3_next`)."""
+    _unfuse_qwen3_next(out, config)
     for key in list(out):
         if key == "norm_f.weight" or key.endswith((".norm.weight", ".mlp_norm.weight", ".q_norm.weight",
                                                    ".k_norm.weight")):
             i = key.split(".")[1] if key.startswith("layers.") else None
             if i is None or not key.endswith(".mixer.norm.weight") or config.layer_types[int(i)] != "deltanet":
                 out[key] = 1.0 + out[key]
+
+
+def _unfuse_qwen3_next(out: dict[str, Tensor], config: HybridConfig) -> None:
+    """In place: Qwen3-Next's `in_proj_qkvz` (hk groups of [q (dk), k (dk), v (r dv), z (r dv)]
+    rows, r = hv / hk value heads a key head serves) -> our `in_proj` (every q, then every k,
+    then every v: the conv's channel order, as transformers concatenates them) and `z_proj`;
+    `in_proj_ba` (hk groups of [b (r), a (r)]) -> `b_proj`, `a_proj`. ValueError for a fused
+    weight of the wrong shape."""
+    hk, hv, dk, dv = config.delta_k_heads, config.delta_v_heads, config.delta_k_dim, config.delta_v_dim
+    r = hv // hk if hk else 0
+    for key in [k for k in out if k.endswith((".mixer.in_proj_qkvz.weight", ".mixer.in_proj_ba.weight"))]:
+        w, stem = out.pop(key), key.rsplit(".", 2)[0]  # (rows, d); `layers.{i}.mixer`
+        fused_qkvz = key.endswith("qkvz.weight")
+        per_group = 2 * dk + 2 * r * dv if fused_qkvz else 2 * r
+        if w.dim() != 2 or w.shape[0] != hk * per_group:
+            raise ValueError(f"{key.replace('layers.', 'model.layers.').replace('.mixer.', '.linear_attn.')} has "
+                             f"shape {tuple(w.shape)}; expected ({hk} key heads x {per_group}, hidden_size)")
+        groups = w.reshape(hk, per_group, w.shape[1])  # (hk, per group, d)
+        if fused_qkvz:
+            q, k, v, z = groups.split([dk, dk, r * dv, r * dv], dim=1)
+            out[f"{stem}.in_proj.weight"] = torch.cat([q.reshape(hk * dk, -1), k.reshape(hk * dk, -1),
+                                                       v.reshape(hv * dv, -1)])  # (2 hk dk + hv dv, d)
+            out[f"{stem}.z_proj.weight"] = z.reshape(hv * dv, -1)  # value head g r + j: group g's j-th
+        else:
+            b, a = groups.split([r, r], dim=1)  # (hk, r, d) each
+            out[f"{stem}.b_proj.weight"], out[f"{stem}.a_proj.weight"] = b.reshape(hv, -1), a.reshape(hv, -1)
 
 
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:
