@@ -2062,6 +2062,10 @@ FAULTS = (
           'seqexport/families/hybrid/layouts.py', 'd["num_experts"] > 0 and (i + 1) % step == 0]',
           'd["num_experts"] > 0 and i % step == 0]',
           ('tests/test_hybrid_model.py::test_parity_with_transformers[qwen3_next]',)),
+    Fault('M552', 'page: logitBias subtracted from the scores',
+          'seqexport/web/static/sampling.mjs', '    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] + b);',
+          '    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] - b);',
+          ('tests/test_web.py::test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws',)),
 )
 
 

@@ -597,6 +597,10 @@ const [lm, ed, promptText, done] = arguments;
     ["generate(topP string)", () => L.generateIds(ids, { doSample: true, topP: "0.5", maxNewTokens: 2 })],
     ["generate(seed 2**64)", () => L.generateIds(ids, { doSample: true, seed: 2 ** 64, maxNewTokens: 2 })],
     ["generate(eosId string)", () => L.generateIds(ids, { eosId: "3", maxNewTokens: 2 })],
+    ["generate(logitBias array)", () => L.generateIds(ids, { logitBias: [3, 1], maxNewTokens: 2 })],
+    ["generate(logitBias key)", () => L.generateIds(ids, { logitBias: { "-3": 1 }, maxNewTokens: 2 })],
+    ["generate(logitBias string)", () => L.generateIds(ids, { logitBias: { 3: "1" }, maxNewTokens: 2 })],
+    ["generate(logitBias past vocab)", () => L.generateIds(ids, { logitBias: { [L.vocabSize]: 1 }, maxNewTokens: 2 })],
     ["generate(past the table)", () => E.generateIds(eds, { maxNewTokens: E.maxNewTokensLimit + 1, eosId: -1 })],
     ["load(no url)", () => loadModel(undefined)],
     ["load(backend cuda)", () => loadModel(`./models/${lm}/`, { backend: "cuda" })],
@@ -665,6 +669,10 @@ def test_the_js_runtime_names_misuse_and_a_model_folder_knows_its_limits(page):
         "generate(topP string)": 'top-p must be a number in (0, 1], got "0.5"',
         "generate(seed 2**64)": "seed must be an integer >= 0 (and < 2**53), got 18446744073709552000",
         "generate(eosId string)": 'eosId must be a token id (or -1: never), got "3"',
+        "generate(logitBias array)": "logitBias must be an object of token id -> number, got an array of 2",
+        "generate(logitBias key)": 'logitBias: key "-3" is not a token id (an integer >= 0)',
+        "generate(logitBias string)": 'logitBias[3] must be a number (or -Infinity), got "1"',
+        "generate(logitBias past vocab)": f"logitBias token {v} is not a token id of this model: expected an id in [0, {v})",
         "generate(past the table)": f"max new tokens {limit + 1} exceeds what {ed} can hold: its decoder has {limit} positions",
         "load(no url)": "loadModel: expected the URL of an exported folder, got undefined",
         "load(backend cuda)": 'backend "cuda": expected one of "auto", "wasm", "webgpu"',
@@ -782,9 +790,9 @@ const [cases, draws, done] = arguments;
 
 
 def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
-    """The page's repetition, presence and frequency penalties (sampling.mjs `Seen`) against the
-    Python runtime's (`seqexport.runtime.penalties.Seen`, itself checked against transformers'
-    generate and OpenAI's rule): the same float32 scores, bit for bit, over random logits of
+    """The page's logit bias and repetition, presence and frequency penalties (sampling.mjs
+    `Seen`) against the Python runtime's (`seqexport.runtime.penalties.Seen`, itself checked
+    against transformers' generate and OpenAI's rule): the same float32 scores, bit for bit, over random logits of
     both signs, histories with repeats and ids past the vocabulary; and its seeded draws with
     min-p (with temperature, top-k, top-p) the tokens Python's sampler draws."""
     from seqexport.runtime.generate import SearchOptions, pick_tokens
@@ -793,13 +801,15 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
     url, driver, _ = page
     rng = np.random.default_rng(0)
     cases = []
-    for rep, presence, frequency in [(1.3, 0, 0), (0.7, 0.5, 0.4), (1, -1.2, 2), (1.5, 2, -2), (1, 0, 0)]:
+    for rep, presence, frequency, bias in [(1.3, 0, 0, {}), (0.7, 0.5, 0.4, {}), (1, -1.2, 2, {}), (1.5, 2, -2, {}),
+                                           (1, 0, 0, {}), (1, 0, 0, {3: 2.7, 39: -100, 41: 5}),
+                                           (1.3, 0.5, 0.4, {7: -0.3, 0: 13.1})]:
         v = 40
         context = rng.integers(0, v + 3, 12).tolist()  # repeats, and ids the row cannot pick
         generated = rng.integers(0, v + 3, 15).tolist()
         logits = (rng.standard_normal(v) * 4).astype(np.float32)
-        cases.append(({"repetitionPenalty": rep, "presencePenalty": presence, "frequencyPenalty": frequency},
-                      context, generated, logits.tolist()))
+        cases.append(({"repetitionPenalty": rep, "presencePenalty": presence, "frequencyPenalty": frequency,
+                       "logitBias": {str(t): b for t, b in bias.items()}}, context, generated, logits.tolist()))
     draws = []
     for seed, (t, k, p, m) in enumerate([(1.0, 0, 1.0, 0.2), (1.5, 30, 0.9, 0.25), (0.8, 0, 0.95, 0.5)]):
         logits = (rng.standard_normal(200) * 2).astype(np.float32)
@@ -819,12 +829,14 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
     for (options, context, generated, logits), js in zip(cases, got["scores"]):
         search = SearchOptions(repetition_penalty=options["repetitionPenalty"],
                                presence_penalty=options["presencePenalty"],
-                               frequency_penalty=options["frequencyPenalty"])
+                               frequency_penalty=options["frequencyPenalty"],
+                               logit_bias={int(t): b for t, b in options["logitBias"].items()})
         seen = Seen(search, context)
         for t in generated:
             seen.add(t)
         want = seen.apply(np.array(logits, np.float32))
-        assert js["wanted"] == (options != {"repetitionPenalty": 1, "presencePenalty": 0, "frequencyPenalty": 0})
+        assert js["wanted"] == (options != {"repetitionPenalty": 1, "presencePenalty": 0, "frequencyPenalty": 0,
+                                            "logitBias": {}})
         assert np.array_equal(np.array(js["scores"], np.float32), want), options
         assert js["wanted"] == (not np.array_equal(want, np.array(logits, np.float32)))  # each case does something
 

@@ -102,19 +102,21 @@ export function argmax(values) {
 
 /**
  * The tokens one row has seen, for its penalties, as Python's seqexport.runtime.penalties.Seen:
- * a repetition penalty on every id of `context` (a language model's prompt) and of the answer
+ * first a logit bias (OpenAI's: {id: bias}, added to those ids' scores), then a repetition penalty on every id of `context` (a language model's prompt) and of the answer
  * (divided where positive, multiplied where negative, once), OpenAI's presence and frequency
  * penalties on the answer's ids. In float32, each operation rounded as numpy's float32 rounds it.
  */
 export class Seen {
   static wanted(o) {
-    return o.repetitionPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0;
+    return o.repetitionPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0 ||
+      Object.keys(o.logitBias ?? {}).length > 0;
   }
 
   constructor(options, context = []) {
     this.repetition = Math.fround(options.repetitionPenalty);
     this.presence = Math.fround(options.presencePenalty);
     this.frequency = Math.fround(options.frequencyPenalty);
+    this.bias = Object.entries(options.logitBias ?? {}).map(([t, b]) => [Number(t), Math.fround(b)]);
     this.ids = [...new Set(context)];
     this.known = new Set(this.ids);
     this.counts = new Map(); // generated token -> times
@@ -133,6 +135,7 @@ export class Seen {
     const f = Math.fround;
     const out = Float32Array.from(logits);
     const v = out.length;
+    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] + b);
     if (this.repetition !== 1)
       for (const t of this.ids) if (t < v) out[t] = out[t] < 0 ? f(out[t] * this.repetition) : f(out[t] / this.repetition);
     if (this.presence !== 0 || this.frequency !== 0)

@@ -438,7 +438,7 @@ export class Model {
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
    * minNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
-   * eosId (an id or a list of ids; -1: never), startId; one left out: the model's generation default.
+   * logitBias ({id: bias}), eosId (an id or a list of ids; -1: never), startId; one left out: the model's generation default.
    */
   async *generate(promptIds, options = {}) {
     const o = searchOptions(options, this.tokenizer, this.generationDefaults);
@@ -446,6 +446,9 @@ export class Model {
     const unpickable = o.eosIds.find((id) => id >= this.vocabSize);
     if (unpickable !== undefined)
       throw new ModelError(`eosId ${unpickable} is not a token id of this model: expected -1 (never) or an id in [0, ${this.vocabSize})`);
+    const unbiasable = Object.keys(o.logitBias).find((id) => Number(id) >= this.vocabSize);
+    if (unbiasable !== undefined)
+      throw new ModelError(`logitBias token ${unbiasable} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
     if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
     const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
@@ -535,7 +538,7 @@ export function generationDefaults(defaults) {
 export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
     maxNewTokens: 32, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
-    repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0,
+    repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0, logitBias: {},
     eosId: tokenizer?.eosIds ?? null, startId: null,
   };
   // a misspelt option (maxNewToken) would decode with the default instead, silently
@@ -564,6 +567,13 @@ export function searchOptions(options, tokenizer, model = {}) {
     if (!(number(o[name]) && o[name] >= -2 && o[name] <= 2)) throw new ModelError(`${name} must be a number in [-2, 2], got ${shown(o[name])}`);
   if (o.seed !== null) integer("seed", 0);
   if (o.startId !== null) integer("startId", 0);
+  // OpenAI's logit_bias: {token id: a number added to its score}; -Infinity bans it
+  if (o.logitBias === null || typeof o.logitBias !== "object" || Array.isArray(o.logitBias))
+    throw new ModelError(`logitBias must be an object of token id -> number, got ${shown(o.logitBias)}`);
+  for (const [id, bias] of Object.entries(o.logitBias)) {
+    if (!/^\d{1,15}$/.test(id)) throw new ModelError(`logitBias: key ${shown(id)} is not a token id (an integer >= 0)`);
+    if (!(number(bias) || bias === -Infinity)) throw new ModelError(`logitBias[${id}] must be a number (or -Infinity), got ${shown(bias)}`);
+  }
   return o;
 }
 
