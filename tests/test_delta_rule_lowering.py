@@ -61,15 +61,19 @@ class Rule(nn.Module):
         return gated_delta_chunked(q, k, v, g, beta, s0)
 
 
-@pytest.fixture(scope="module")
-def session():
+def exported_rule():
+    """The op alone as an ONNX model (dynamic batch and length)."""
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
     dims = {0: batch, 1: length}
-    program = torch.onnx.export(
+    return torch.onnx.export(
         Rule().eval(), make_inputs(2, 20, seed=0), input_names=["q", "k", "v", "g", "beta", "s0"],
         output_names=["y", "s"], dynamic_shapes=(dims,) * 5 + ({0: batch},),
-        custom_translation_table=translation_table(), dynamo=True, verbose=False)
-    return ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        custom_translation_table=translation_table(), dynamo=True, verbose=False).model_proto
+
+
+@pytest.fixture(scope="module")
+def session():
+    return ort.InferenceSession(exported_rule().SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("decay", ["spread", "none", "total", "repeated"])
@@ -105,13 +109,7 @@ def test_strong_decays_leave_no_subnormal_float_anywhere_in_the_graph():
     (Qwen3.5-0.8B's 1024-token prefill on an Intel Xeon: 13.2 s, 7.6 s with subnormals flushed)."""
     import onnx
 
-    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
-    dims = {0: batch, 1: length}
-    program = torch.onnx.export(
-        Rule().eval(), make_inputs(2, 20, seed=0), input_names=["q", "k", "v", "g", "beta", "s0"],
-        output_names=["y", "s"], dynamic_shapes=(dims,) * 5 + ({0: batch},),
-        custom_translation_table=translation_table(), dynamo=True, verbose=False)
-    model = program.model_proto
+    model = exported_rule()
     listed = {o.name for o in model.graph.output}
     for node in model.graph.node:  # every intermediate a graph output too
         model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in node.output
