@@ -95,8 +95,8 @@ def _integer(name: str, value, least: int, below: int = 2**63) -> None:
 
 def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (id, bias) pairs: ids integers >= 0, each once; biases numbers, not
-    NaN nor +inf (-inf bans the token)."""
-    items = list(bias.items()) if isinstance(bias, dict) else bias
+    NaN nor +inf (-inf bans the token); None as none."""
+    items = list(bias.items()) if isinstance(bias, dict) else () if bias is None else bias
     if not isinstance(items, list | tuple):
         raise UsageError(f"logit_bias must be a dict of token id -> bias, got {bias!r} ({type(bias).__name__})")
     pairs = {}
