@@ -2066,6 +2066,9 @@ FAULTS = (
           'seqexport/web/static/sampling.mjs', '    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] + b);',
           '    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] - b);',
           ('tests/test_web.py::test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws',)),
+    Fault('M553', 'Mamba-2 SSD lowering: decays flushed only below e^-200 (exponentials that are subnormal floats)',
+          'seqexport/families/mamba2/ssd.py', 'FLUSH_BELOW = -40.0  #', 'FLUSH_BELOW = -200.0  #',
+          ('tests/test_mamba2_ssd.py',)),
 )
 
 

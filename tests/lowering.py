@@ -29,3 +29,25 @@ def assert_op_is_sequential(op, inputs, sequential) -> None:
 
     for got, want in zip(op(*inputs), sequential(*inputs), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def subnormal_tensors(model, feeds: dict) -> tuple[int, dict[str, int]]:
+    """Run `model` (an onnx ModelProto, edited: every top-level node's outputs made graph outputs)
+    on `feeds` with ORT's graph optimisations off; returns how many float tensors were seen and,
+    by name, those holding subnormal floats (nonzero, below 1.2e-38) with their counts."""
+    import onnx
+    import onnxruntime as ort
+
+    listed = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in node.output
+                                  if o and o not in listed)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    tiny = np.finfo(np.float32).tiny
+    seen = {name: int(np.count_nonzero((np.abs(x) < tiny) & (x != 0)))
+            for name, x in zip(names, session.run(None, feeds), strict=True)
+            if isinstance(x, np.ndarray) and x.dtype == np.float32}
+    return len(seen), {name: n for name, n in seen.items() if n}

@@ -15,7 +15,7 @@ from seqexport.models.hybrid import gated_delta_ref
 from torch import nn
 
 from seqexport.families.hybrid.delta_rule import CHUNK, gated_delta_chunked, translation_table
-from tests.lowering import assert_near_float64, assert_op_is_sequential
+from tests.lowering import assert_near_float64, assert_op_is_sequential, subnormal_tensors
 
 H, DK, DV = 3, 8, 12  # value heads, key and value head sizes
 LENGTHS = (1, 5, CHUNK, CHUNK + 1, 3 * CHUNK - 1, 200)
@@ -107,24 +107,9 @@ def test_strong_decays_leave_no_subnormal_float_anywhere_in_the_graph():
     among them) is subnormal (nonzero, below 1.2e-38). Intel's cores multiply those many times
     slower; an earlier form of the lowering formed products of decays that reached them
     (Qwen3.5-0.8B's 1024-token prefill on an Intel Xeon: 13.2 s, 7.6 s with subnormals flushed)."""
-    import onnx
-
-    model = exported_rule()
-    listed = {o.name for o in model.graph.output}
-    for node in model.graph.node:  # every intermediate a graph output too
-        model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in node.output
-                                  if o and o not in listed)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     q, k, v, _, beta, s0 = make_inputs(2, 4 * CHUNK + 3, seed=11)
     g = -16 * torch.rand(q.shape[:3], generator=torch.Generator().manual_seed(12))  # e^g from 1 to e^-16
-    feeds = {i.name: x.numpy() for i, x in zip(session.get_inputs(), (q, k, v, g, beta, s0), strict=True)}
-    names = [o.name for o in session.get_outputs()]
-    tiny = np.finfo(np.float32).tiny
-    found = {name: int(np.count_nonzero((np.abs(x) < tiny) & (x != 0)))
-             for name, x in zip(names, session.run(None, feeds), strict=True)
-             if isinstance(x, np.ndarray) and x.dtype == np.float32}
-    assert len(found) > 30, f"only {len(found)} float tensors seen"
-    subnormal = {name: n for name, n in found.items() if n}
+    feeds = dict(zip(["q", "k", "v", "g", "beta", "s0"], (x.numpy() for x in (q, k, v, g, beta, s0)), strict=True))
+    seen, subnormal = subnormal_tensors(exported_rule(), feeds)
+    assert seen > 30, f"only {seen} float tensors seen"
     assert not subnormal, f"subnormal floats in {len(subnormal)} tensors: {dict(list(subnormal.items())[:8])}"

@@ -16,6 +16,16 @@ from torch import Tensor
 
 from seqexport.models.mamba2 import segsum
 
+FLUSH_BELOW = -40.0  # a log decay below this is e^x = 0 (see `_exp`)
+
+
+def _exp(x: Tensor) -> Tensor:
+    """e^x, exactly 0 where x < FLUSH_BELOW: a decay of e^-40 (4e-18) or less is nothing beside
+    the terms of order 1 it is summed with (float32 keeps 7 digits), and between e^-87 and e^-103
+    e^x is a subnormal float, which Intel's cores compute with many times slower (as the delta
+    rule's lowering does, families/hybrid/delta_rule_onnx.py)."""
+    return torch.exp(x.masked_fill(x < FLUSH_BELOW, -torch.inf))
+
 
 def ssd_grouped(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, h0: Tensor,
                 chunk: int = 64) -> tuple[Tensor, Tensor]:
@@ -40,19 +50,19 @@ def ssd_grouped(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
     A_cumsum = torch.cumsum(Adt, dim=-1)  # (b, g, r, c, t)
 
     # 1. within each chunk: y_i = sum_{j<=i} (C_i . B_j) exp(ΔA_j+1 + .. + ΔA_i) Δx_j
-    scores = (Cc @ Bc.transpose(-1, -2)) * torch.exp(segsum(Adt))  # (b, g, r, c, t, t)
+    scores = (Cc @ Bc.transpose(-1, -2)) * _exp(segsum(Adt))  # (b, g, r, c, t, t)
     y_diag = scores @ xdt  # (b, g, r, c, t, p)
     # 2. each chunk's contribution to the state at its end
-    decay_to_end = torch.exp(A_cumsum[..., -1:] - A_cumsum)  # (b, g, r, c, t)
+    decay_to_end = _exp(A_cumsum[..., -1:] - A_cumsum)  # (b, g, r, c, t)
     states = (xdt * decay_to_end[..., None]).transpose(-1, -2) @ Bc  # (b, g, r, c, p, n)
     # 3. the state at every chunk start and the final one: a segsum matrix over chunks
     h0 = h0.reshape(b, g, r, 1, p, n).to(states.dtype)
     states = torch.cat([h0, states], dim=3)  # (b, g, r, c + 1, p, n)
-    decay_chunk = torch.exp(segsum(F.pad(A_cumsum[..., -1], (1, 0))))  # (b, g, r, c + 1, c + 1)
+    decay_chunk = _exp(segsum(F.pad(A_cumsum[..., -1], (1, 0))))  # (b, g, r, c + 1, c + 1)
     states = (decay_chunk @ states.reshape(b, g, r, nc + 1, p * n)).reshape(b, g, r, nc + 1, p, n)
     final = states[:, :, :, -1].reshape(b, h, p, n)  # (b, h, p, n)
     # 4. the chunk start states read out by C, decayed to each position
-    y_off = (Cc @ states[:, :, :, :-1].transpose(-1, -2)) * torch.exp(A_cumsum)[..., None]  # (b, g, r, c, t, p)
+    y_off = (Cc @ states[:, :, :, :-1].transpose(-1, -2)) * _exp(A_cumsum)[..., None]  # (b, g, r, c, t, p)
 
     y = (y_diag + y_off).reshape(b, h, nc * chunk, p).transpose(1, 2)[:, :length]  # (b, l, h, p)
     return y + D[:, None] * x, final
