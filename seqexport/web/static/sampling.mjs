@@ -102,8 +102,9 @@ export function argmax(values) {
 
 /**
  * The tokens one row has seen, for its penalties, as Python's seqexport.runtime.penalties.Seen:
- * first a logit bias (OpenAI's: {id: bias}, added to those ids' scores), then a repetition penalty on every id of `context` (a language model's prompt) and of the answer
- * (divided where positive, multiplied where negative, once), OpenAI's presence and frequency
+ * first a logit bias (OpenAI's: {id: bias}, added to those ids' scores), then a repetition
+ * penalty on every id of `context` (a language model's prompt) and of the answer (divided where
+ * positive, multiplied where negative, once), OpenAI's presence and frequency
  * penalties on the answer's ids. In float32, each operation rounded as numpy's float32 rounds it.
  */
 export class Seen {
