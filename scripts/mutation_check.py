@@ -2045,7 +2045,7 @@ FAULTS = (
           'seqexport/runtime/penalties.py', '            or bool(options.logit_bias))', '            )',
           ('tests/test_penalties.py',)),
     Fault('M547', 'serve: a logit_bias id past the vocabulary left to the engine (an HTTP 500)',
-          'seqexport/serve/app.py', '            if token >= vocab:', '            if token > 2 ** 62:',
+          'seqexport/serve/app.py', '            check_logit_bias(options, self.model.vocab_size)', '            pass',
           ('tests/test_penalties.py::test_logit_bias_reaches_served_requests_and_the_cli_and_bad_ones_are_named',)),
     Fault('M548', 'serve: a logit_bias above 100 accepted',
           'seqexport/serve/protocol.py', 'not -100 <= value <= 100:', 'not -100 <= value:',

@@ -155,11 +155,16 @@ def checked_options(options, model) -> SearchOptions:
     if not isinstance(options, SearchOptions):
         raise UsageError(f"options: expected SearchOptions (or None), got {type(options).__name__}"
                          + (": use SearchOptions(**options)" if isinstance(options, dict) else ""))
-    for token, _ in options.logit_bias:
-        if token >= model.vocab_size:
-            raise UsageError(f"logit_bias token {token} is not a token id of this model: expected an id in "
-                             f"[0, {model.vocab_size})")
+    check_logit_bias(options, model.vocab_size)
     return options
+
+
+def check_logit_bias(options: SearchOptions, vocab_size: int) -> None:
+    """UsageError naming a logit_bias id the model cannot pick."""
+    for token, _ in options.logit_bias:
+        if token >= vocab_size:
+            raise UsageError(f"logit_bias token {token} is not a token id of this model: expected an id in "
+                             f"[0, {vocab_size})")
 
 
 def eos_for(model, options: SearchOptions) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from seqexport.errors import InputError, SeqexportError, UsageError
 from seqexport.runtime.engine import Engine, QueueFull
-from seqexport.runtime.generate import SearchOptions
+from seqexport.runtime.generate import SearchOptions, check_logit_bias
 from seqexport.runtime.models import load
 from seqexport.serve.metrics import CONTENT_TYPE, ServerMetrics
 from seqexport.serve.protocol import (
@@ -160,11 +160,10 @@ class ServingHost:
                                     eos_id=-1 if params.ignore_eos else None)
         except UsageError as e:
             raise HTTPError(400, str(e)) from None
-        vocab = self.model.vocab_size
-        for token in params.logit_bias:  # (the engine would refuse it too, as a UsageError: a 500)
-            if token >= vocab:
-                raise HTTPError(400, f"logit_bias: token {token} is not a token id of this model: expected an id "
-                                     f"in [0, {vocab})", "logit_bias")
+        try:  # here, not in the engine, whose refusal would be a UsageError (a 500)
+            check_logit_bias(options, self.model.vocab_size)
+        except UsageError as e:
+            raise HTTPError(400, str(e), "logit_bias") from None
         return options
 
     def submit(self, params: CompletionParams, listener: "Listener"):

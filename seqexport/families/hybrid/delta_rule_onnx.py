@@ -31,10 +31,10 @@ Every product of the chunk is of undecayed terms (order 1), and each decay, an e
 most 0, multiplies once: no product of two small decays is ever formed. Such products (e^-50
 times e^-50) are subnormal floats, which Intel's cores multiply many times slower: with T and W
 built with the decays inside, Qwen3.5-0.8B's Scans (fed with them) took 4.3 ms a chunk for a
-MatMul that takes 0.3 ms alone (tests/test_delta_rule_lowering.py checks that no tensor holds one). No decay is ever divided by
-(e^{G_C - G} and D are exponentials of differences), so a decay near 0 is safe. T' is inverted by
-blocks (`_unit_lower_inverse`). Padding (to lp) has g = 0 and β = 0: the state passes through
-unchanged.
+MatMul that takes 0.3 ms alone (tests/test_delta_rule_lowering.py checks that no tensor holds
+one). No decay is ever divided by (e^{G_C - G} and D are exponentials of differences), so a
+decay near 0 is safe. T' is inverted by blocks (`_unit_lower_inverse`). Padding (to lp) has
+g = 0 and β = 0: the state passes through unchanged.
 """
 
 import math

@@ -798,11 +798,11 @@ def _qwen3_5_key(key: str) -> str | None:
     return f"layers.{i}.{_QWEN3_5_MODULES[module]}.{name}{dot}{tail}"
 
 
-def _qwen3_5_weights(out: dict[str, Tensor], config: HybridConfig) -> None:
+def _qwen3_5_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
     """In place: Qwen3.5's zero-centred RMSNorm weights (x̂ * (1 + w)) as ours (x̂ * w'): w' = 1 + w,
     the same float32 sum theirs computes. Not a Gated DeltaNet's own gated norm (x̂ * w).
     Qwen3-Next's fused DeltaNet projections read apart (`_unfuse_qwen3_next`)."""
-    _unfuse_qwen3_next(out, config)
+    _unfuse_qwen3_next(out, config, source)
     for key in list(out):
         if key == "norm_f.weight" or key.endswith((".norm.weight", ".mlp_norm.weight", ".q_norm.weight",
                                                    ".k_norm.weight")):
@@ -811,30 +811,33 @@ def _qwen3_5_weights(out: dict[str, Tensor], config: HybridConfig) -> None:
                 out[key] = 1.0 + out[key]
 
 
-def _unfuse_qwen3_next(out: dict[str, Tensor], config: HybridConfig) -> None:
+def _unfuse_qwen3_next(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
     """In place: Qwen3-Next's `in_proj_qkvz` (hk groups of [q (dk), k (dk), v (r dv), z (r dv)]
     rows, r = hv / hk value heads a key head serves) -> our `in_proj` (every q, then every k,
     then every v: the conv's channel order, as transformers concatenates them) and `z_proj`;
-    `in_proj_ba` (hk groups of [b (r), a (r)]) -> `b_proj`, `a_proj`. ValueError for a fused
-    weight of the wrong shape."""
+    `in_proj_ba` (hk groups of [b (r), a (r)]) -> `b_proj`, `a_proj`, each recorded in `source`
+    (our key -> the checkpoint's) as coming from the fused one. ValueError naming a fused weight
+    of the wrong shape as the checkpoint names it."""
     hk, hv, dk, dv = config.delta_k_heads, config.delta_v_heads, config.delta_k_dim, config.delta_v_dim
     r = hv // hk if hk else 0
     for key in [k for k in out if k.endswith((".mixer.in_proj_qkvz.weight", ".mixer.in_proj_ba.weight"))]:
-        w, stem = out.pop(key), key.rsplit(".", 2)[0]  # (rows, d); `layers.{i}.mixer`
+        w, stem, saved_as = out.pop(key), key.rsplit(".", 2)[0], source.pop(key, key)  # (rows, d); `layers.{i}.mixer`
         fused_qkvz = key.endswith("qkvz.weight")
         per_group = 2 * dk + 2 * r * dv if fused_qkvz else 2 * r
         if w.dim() != 2 or w.shape[0] != hk * per_group:
-            raise ValueError(f"{key.replace('layers.', 'model.layers.').replace('.mixer.', '.linear_attn.')} has "
-                             f"shape {tuple(w.shape)}; expected ({hk} key heads x {per_group}, hidden_size)")
+            raise ValueError(f"{saved_as} has shape {tuple(w.shape)}; expected ({hk} key heads x {per_group}, "
+                             "hidden_size)")
         groups = w.reshape(hk, per_group, w.shape[1])  # (hk, per group, d)
         if fused_qkvz:
             q, k, v, z = groups.split([dk, dk, r * dv, r * dv], dim=1)
-            out[f"{stem}.in_proj.weight"] = torch.cat([q.reshape(hk * dk, -1), k.reshape(hk * dk, -1),
-                                                       v.reshape(hv * dv, -1)])  # (2 hk dk + hv dv, d)
-            out[f"{stem}.z_proj.weight"] = z.reshape(hv * dv, -1)  # value head g r + j: group g's j-th
+            parts = {"in_proj": torch.cat([q.reshape(hk * dk, -1), k.reshape(hk * dk, -1),
+                                           v.reshape(hv * dv, -1)]),  # (2 hk dk + hv dv, d)
+                     "z_proj": z.reshape(hv * dv, -1)}  # value head g r + j: group g's j-th
         else:
             b, a = groups.split([r, r], dim=1)  # (hk, r, d) each
-            out[f"{stem}.b_proj.weight"], out[f"{stem}.a_proj.weight"] = b.reshape(hv, -1), a.reshape(hv, -1)
+            parts = {"b_proj": b.reshape(hv, -1), "a_proj": a.reshape(hv, -1)}
+        for name, weight in parts.items():
+            out[f"{stem}.{name}.weight"], source[f"{stem}.{name}.weight"] = weight, saved_as
 
 
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:
@@ -885,7 +888,7 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
     if layout in _STACKERS:  # experts saved one tensor each -> our stacks
         _STACKERS[layout](out, config)
     if layout == "qwen3_5":
-        _qwen3_5_weights(out, config)
+        _qwen3_5_weights(out, config, source)
     _tie(out, config)
 
     layout = _label(layout, config)  # as the errors below name it
