@@ -9,7 +9,8 @@ LFM2-MoE ("conv" layers: a gated short convolution, C * conv(B * x), beside atte
 queries and keys are RMS-normed per head), of AI21's Jamba ("mamba" layers: a Mamba-1 mixer
 beside attention without positions) and of Qwen3.5 ("deltanet" layers: a Gated DeltaNet, the
 gated delta rule over a (dk, dv) state per value head, beside attention whose output is gated
-by a sigmoid of a second half of q_proj). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
+by a sigmoid of a second half of q_proj) and of AI2's OLMo-hybrid (Gated DeltaNets whose writes
+may reflect the state, beside post-norm attention normed across its heads). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
 the Mamba-1 mixer that of `models.mamba`, reused as they are.
 
 Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> Experts -> the Mamba-2 mixer
@@ -168,6 +169,11 @@ class HybridConfig(DictConfig):
     attention_bias: bool = False  # biases in q/k/v/o projections
     attention_multiplier: float | None = None  # softmax scale; None = head_dim ** -0.5 (Granite sets it)
     qk_norm: bool = False  # queries and keys RMS-normed per head (weights (hd,)) before RoPE (LFM2)
+    # with qk_norm: one norm across all heads instead (weights (nh * hd,) and (nkv * hd,)) (OLMo-hybrid)
+    qk_norm_across_heads: bool = False
+    # attention layers norm their branches' outputs, x + norm(attn(x)) and x + mlp_norm(mlp(x)),
+    # instead of their inputs (OLMo-hybrid's attention layers; its other layers are pre-norm)
+    attention_post_norm: bool = False
     attention_output_gate: bool = False  # q_proj also gives a gate per head: out * sigmoid(gate) (Qwen3.5)
     # multipliers (Granite); neutral by default
     embedding_multiplier: float = 1.0  # the embedding is multiplied by it
@@ -208,6 +214,10 @@ class HybridConfig(DictConfig):
     delta_v_heads: int = 4  # value heads (hv): one state (dk, dv) each
     delta_k_dim: int = 16  # a query / key head's size (dk)
     delta_v_dim: int = 16  # a value head's size (dv)
+    # β = 2 sigmoid(b) in (0, 2): a token's write can reflect the state, an eigenvalue down to -1
+    # (OLMo-hybrid's allow_neg_eigval); False: β = sigmoid(b) in (0, 1)
+    delta_negative_eigenvalues: bool = False
+    delta_norm_eps: float | None = None  # the output's gated RMSNorm epsilon; None = rms_norm_eps (OLMo: 1e-5)
     # shared
     rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm (the mixer's gated one too)
     tie_embeddings: bool = False  # lm_head shares the embedding matrix
@@ -248,12 +258,12 @@ class HybridConfig(DictConfig):
                 raise ValueError(f"{name}.{key} must be a positive int, got {value!r}")
         for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
                     "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
-                    "mamba1_dt_norm", "attention_output_gate", "gated_shared_expert"):
+                    "mamba1_dt_norm", "attention_output_gate", "gated_shared_expert", "qk_norm_across_heads",
+                    "attention_post_norm", "delta_negative_eigenvalues"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
-        if self.attention_multiplier is not None:
-            positive.append("attention_multiplier")
+        positive += [key for key in ("attention_multiplier", "delta_norm_eps") if getattr(self, key) is not None]
         for key in positive:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
@@ -413,24 +423,29 @@ class Attention(nn.Module):
         self.k_proj = scaled_linear(d, nkv * hd, bias, config.key_multiplier)
         self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, d, bias=bias)
+        across = config.qk_norm_across_heads  # one norm over every head's dims, or one per head
         if config.qk_norm:
-            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
-        self.qk_norm = config.qk_norm
+            self.q_norm = RMSNorm(nh * hd if across else hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(nkv * hd if across else hd, config.rms_norm_eps)
+        self.qk_norm = "across" if config.qk_norm and across else "per head" if config.qk_norm else None
 
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """x (b, l, d) -> q (b, nh, l, hd), k and v (b, nkv, l, hd): projected, per-head normed
-        (qk_norm), then rotated (rope); and the output gate (b, l, nh * hd), or None (not gated)."""
+        """x (b, l, d) -> q (b, nh, l, hd), k and v (b, nkv, l, hd): projected, normed (qk_norm: per
+        head, or across the heads), then rotated (rope); and the output gate (b, l, nh * hd), or None
+        (not gated)."""
         b, length, _ = x.shape
         q, gate = self.q_proj(x).view(b, length, self.n_heads, -1), None  # (b, l, nh, hd; 2 hd where gated)
         if self.gated:
             q, gate = q.chunk(2, dim=-1)  # (b, l, nh, hd) each
             gate = gate.reshape(b, length, -1)  # (b, l, nh * hd)
-        q = q.transpose(1, 2)  # (b, nh, l, hd)
-        k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
-        v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
-        if self.qk_norm:
+        k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim)  # (b, l, nkv, hd)
+        if self.qk_norm == "across":  # over (nh * hd) and (nkv * hd)
+            q = self.q_norm(q.flatten(2)).view(b, length, self.n_heads, self.head_dim)  # (b, l, nh, hd)
+            k = self.k_norm(k.flatten(2)).view(b, length, self.n_kv_heads, self.head_dim)  # (b, l, nkv, hd)
+        elif self.qk_norm:  # over hd
             q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (b, nh, l, hd), (b, nkv, l, hd)
+        v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v, gate
@@ -688,8 +703,9 @@ class GatedDeltaNet(nn.Module):
     """Qwen3.5's Gated DeltaNet: in_proj -> q, k, v through a causal depthwise conv (d_conv wide, no
     bias) and SiLU; q and k L2-normed (q scaled by dk^-0.5), each of hk heads serving hv / hk
     value heads; per value head a decay exp(g), g = -exp(A_log) softplus(a_proj(h) + dt_bias), and
-    a write strength β = sigmoid(b_proj(h)); the gated delta rule over a (dk, dv) state per value
-    head; its output RMS-normed per head and gated by SiLU(z_proj(h)); -> out_proj."""
+    a write strength β = sigmoid(b_proj(h)) (2 sigmoid with delta_negative_eigenvalues); the gated
+    delta rule over a (dk, dv) state per value head; its output RMS-normed per head and gated by
+    SiLU(z_proj(h)); -> out_proj."""
 
     def __init__(self, config: HybridConfig):
         super().__init__()
@@ -705,7 +721,9 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(c, c, kernel_size=k, groups=c, padding=k - 1, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.log(torch.empty(self.hv).uniform_(1, 16)))
-        self.norm = RMSNormGated(self.dv, self.dv, config.rms_norm_eps, norm_before_gate=True)  # per head, shared
+        self.beta_scale = 2.0 if config.delta_negative_eigenvalues else 1.0
+        eps = config.rms_norm_eps if config.delta_norm_eps is None else config.delta_norm_eps
+        self.norm = RMSNormGated(self.dv, self.dv, eps, norm_before_gate=True)  # per head, shared
         self.out_proj = nn.Linear(width, d, bias=False)
 
     def forward(self, h: Tensor, conv_state: Tensor, state: Tensor, rule: Scan = gated_delta_ref,
@@ -726,6 +744,8 @@ class GatedDeltaNet(nn.Module):
         if self.hv != self.hk:  # key head j serves value heads j * hv / hk .. (j + 1) * hv / hk - 1
             q, k = (t.repeat_interleave(self.hv // self.hk, dim=2) for t in (q, k))  # (b, l, hv, dk)
         beta = torch.sigmoid(self.b_proj(h).float())  # (b, l, hv)
+        if self.beta_scale != 1:
+            beta = beta * self.beta_scale
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(h).float() + self.dt_bias.float())  # (b, l, hv)
         y, state = rule(q, k, v.reshape(b, length, self.hv, self.dv), g, beta, state)  # (b, l, hv, dv)
         y = self.norm(y, self.z_proj(h).reshape(b, length, self.hv, self.dv))  # (b, l, hv, dv) float32
@@ -761,12 +781,15 @@ class HybridLayer(nn.Module):
     when it has experts], r the residual multiplier; a "moe" layer's mixer is its experts plus its
     shared expert MLP; a "parallel" layer's, its Mamba-2 mixer's output plus its attention's; a
     "conv" layer's, its gated short convolution; a "mamba" layer's, its Mamba-1 mixer. With
-    `expert_layers`, a layer listed has its experts instead of its MLP.
+    `expert_layers`, a layer listed has its experts instead of its MLP. With attention_post_norm an
+    "attention" layer norms its branches' outputs instead: x + r * norm(mixer(x)), then
+    x + r * mlp_norm(mlp(x)).
     Each Mamba-2 / attention branch: out_multiplier * branch(in_multiplier * h)."""
 
     def __init__(self, config: HybridConfig, kind: str, index: int = 0):
         super().__init__()
         self.kind = kind
+        self.post_norm = config.attention_post_norm and kind == "attention"
         self.residual_multiplier = config.residual_multiplier
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
@@ -831,7 +854,7 @@ class HybridLayer(nn.Module):
         """x (b, l, d) -> (b, l, d) and this layer's new state (the new positions' K/V for attention).
         `step`: l = 1 and the mamba2 mixer takes its single-token path. `scan`: the Mamba-2 mixers',
         `selective_scan`: the Mamba-1 mixers', `delta_rule`: the Gated DeltaNets'."""
-        h = self.norm(x)
+        h = x if self.post_norm else self.norm(x)
         if self.kind == "mamba2":
             out, new_state = self._mamba(h, state, scan, step)
         elif self.kind == "mamba":
@@ -850,9 +873,10 @@ class HybridLayer(nn.Module):
             out, new_state = self.mixer(h) + self.shared(h), ()
         else:
             out, new_state = self.mixer(h), ()
-        x = self._residual(x, out)
+        x = self._residual(x, self.norm(out) if self.post_norm else out)
         if self.mlp is not None or self.experts is not None:
-            x = self._residual(x, self._feed_forward(self.mlp_norm(x)))
+            fed = self._feed_forward(x if self.post_norm else self.mlp_norm(x))
+            x = self._residual(x, self.mlp_norm(fed) if self.post_norm else fed)
         return x, new_state
 
     def _feed_forward(self, h: Tensor) -> Tensor:

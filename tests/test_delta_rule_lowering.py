@@ -40,18 +40,21 @@ def make_inputs(batch: int, length: int, seed: int, decay: str = "spread"):
     g = -A·softplus(x) <= 0 (from none, "none", to e^-60 a token, "total"); "repeated": one key
     over and over, written whole (β = 1) and never decayed, as a prompt that repeats a token
     gives (a chunk's triangular system at its least well-conditioned: a Neumann-series inverse
-    loses three digits there)."""
+    loses three digits there). "reflecting": β in (0, 2) and no decay, as OLMo-hybrid's
+    allow_neg_eigval gives (a write can flip the state along k); "reflected": one key over and
+    over at β = 2, the state reflected by I - 2kkᵀ every token."""
     gen = torch.Generator().manual_seed(seed)
     q, k = (torch.nn.functional.normalize(torch.randn(batch, length, H, DK, generator=gen), dim=-1) for _ in range(2))
-    if decay == "repeated":
+    if decay in ("repeated", "reflected"):
         k = k[:, :1].expand(k.shape).clone()
     q = q * DK ** -0.5
     v = torch.randn(batch, length, H, DV, generator=gen)
     beta = torch.rand(batch, length, H, generator=gen)
-    if decay == "repeated":
-        beta = torch.ones(batch, length, H)
-    g = {"spread": -torch.rand(batch, length, H, generator=gen) * 3, "none": torch.zeros(batch, length, H),
-         "total": torch.full((batch, length, H), -60.0), "repeated": torch.zeros(batch, length, H)}[decay]
+    if decay in ("repeated", "reflected", "reflecting"):
+        beta = {"repeated": torch.ones(batch, length, H), "reflected": torch.full((batch, length, H), 2.0),
+                "reflecting": 2 * beta}[decay]
+    g = {"spread": -torch.rand(batch, length, H, generator=gen) * 3, "total": torch.full((batch, length, H), -60.0)
+         }.get(decay, torch.zeros(batch, length, H))
     s0 = torch.randn(batch, H, DK, DV, generator=gen)
     return q, k, v, g, beta, s0
 
@@ -76,12 +79,30 @@ def session():
     return ort.InferenceSession(exported_rule().SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("decay", ["spread", "none", "total", "repeated"])
+@pytest.mark.parametrize("decay", ["spread", "none", "total", "repeated", "reflecting"])
 def test_ort_matches_the_sequential_rule(session, decay):
     for length in LENGTHS:
         for batch in (1, 3):
             assert_near_float64(session, make_inputs(batch, length, seed=length + batch, decay=decay), sequential,
                                 f"{decay} decays, b={batch} l={length}")
+
+
+def test_exact_reflections_lose_no_more_than_transformers_chunked_rule(session):
+    """One key over and over at β = 2: the state is reflected every token, and the chunk's closed
+    form cancels terms ~C times the state's size (float32 rounding grows with them): no chunked
+    form keeps the sequential rule's error. Ours stays within 2x of transformers' own chunked
+    rule in float32 (`torch_chunk_gated_delta_rule`, what OLMo-hybrid runs), both from float64."""
+    chunked = pytest.importorskip("transformers.models.olmo_hybrid.modeling_olmo_hybrid").torch_chunk_gated_delta_rule
+    for length in (16, CHUNK + 1, 200):
+        q, k, v, g, beta, s0 = inputs = make_inputs(3, length, seed=length, decay="reflected")
+        got = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs, strict=True)})
+        truth = sequential(*(x.double() for x in inputs))
+        theirs = chunked(q * DK ** 0.5, k, v, g=g, beta=beta, initial_state=s0, output_final_state=True,
+                         use_qk_l2norm_in_kernel=False)  # (they scale q by dk^-0.5 themselves)
+        for name, ours, t, their in zip(("y", "state"), got, truth, theirs, strict=True):
+            err, their_err = (float((torch.as_tensor(x).double() - t).abs().max()) for x in (ours, their))
+            assert err <= 2 * their_err + 1e-6 * float(t.abs().max()), (
+                f"l={length} {name}: {err:.2e} from float64, transformers' chunked rule {their_err:.2e}")
 
 
 def test_a_padded_token_leaves_the_state_as_it_is(session):

@@ -95,7 +95,7 @@ def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: in
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid"])
 def test_a_prompt_fed_in_turns_gives_transformers_logits(exported, name):
     """A chat's turns: a prefill, then more prefills continuing the same rows (each reads the
     slots the rows hold, its cache cut to them or read whole with its spare slots), then a step:
@@ -151,7 +151,7 @@ def test_a_fresh_prompt_reads_no_spare_cache_slots(exported):
     assert seen["past_conv_state.0"].shape == (1, 96 + 2 * 2 * 16, 4)  # replaced state: as it is
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid"])
 def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name):
     """The cached eager decoder that bench, the demo and training drive (its KV cache appended
     through the same state layout as the runtime's; Falcon-H1's layers hold both kinds): a
@@ -164,7 +164,7 @@ def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name)
     assert_decode_equals_transformers(hf, eager, 17, 8, seed=5)
 
 
-@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "lfm2-tied", "jamba", "qwen3_5"])
+@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "lfm2-tied", "jamba", "qwen3_5", "olmo_hybrid-nope"])
 def test_rows_at_different_positions_share_each_call(exported, name):
     """Right-padded prompts of unequal length in one prefill, then every row stepped together
     (each at its own position): each row's logits and state equal transformers' for it alone."""
@@ -210,7 +210,8 @@ def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exporte
     assert "final past_key_values." in result.output and "inf" not in result.output
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "lfm2-moe", "jamba", "qwen3_5"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "lfm2-moe", "jamba", "qwen3_5",
+                                  "olmo_hybrid"])
 def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported, name):
     _, m, out = exported(name)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])
@@ -240,7 +241,7 @@ def test_a_damaged_weight_fails_naming_its_layer(exported, tmp_path, graph, laye
     assert failing[0].divergence.layer == f"layers.{layer}"
 
 
-@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5"])
+@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5", "olmo_hybrid"])
 def test_int4_keeps_float_only_the_mamba2_mixers_in_proj(exported, tmp_path, name):
     """A Mamba-2 mixer's in_proj (Δ, B, C of the scan) stays float32, and a Mamba-1 mixer's x_proj
     and dt_proj (Jamba), and a Gated DeltaNet's in_proj (its keys and queries), a_proj and b_proj
@@ -253,7 +254,8 @@ def test_int4_keeps_float_only_the_mamba2_mixers_in_proj(exported, tmp_path, nam
     q = json.loads((tmp_path / "q" / "manifest.json").read_text())["quantization"]
     mambas = [i for i, kind in enumerate(kinds_of(hf)) if kind in ("linear_attention", "hybrid")]
     assert (name == "lfm2") == (not mambas)
-    parts = {"jamba": ("x_proj", "dt_proj"), "qwen3_5": ("in_proj", "a_proj", "b_proj")}.get(name, ("in_proj",))
+    deltanet = ("in_proj", "a_proj", "b_proj")
+    parts = {"jamba": ("x_proj", "dt_proj"), "qwen3_5": deltanet, "olmo_hybrid": deltanet}.get(name, ("in_proj",))
     for graph in ("prefill", "step"):
         assert set(q["kept_float"][graph]) == {f"layers.{i}.mixer.{p}" for i in mambas for p in parts}
     quantized = rt.load(tmp_path / "q", provider="cpu", threads=1)

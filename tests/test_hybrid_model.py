@@ -198,11 +198,35 @@ def _qwen3_next():
     ))
 
 
+def _olmo_hybrid():
+    # OLMo-hybrid: pre-norm Gated DeltaNets (q, k, v projected apart; β = 2 sigmoid(b), so writes
+    # can reflect the state; 2 key heads serving 4 value heads) around post-norm attention whose
+    # queries and keys are RMS-normed across all heads, with RoPE (the released ones have none)
+    return transformers.OlmoHybridForCausalLM(transformers.OlmoHybridConfig(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=24,
+        linear_value_head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, pad_token_id=None, eos_token_id=None,
+    ))
+
+
+def _olmo_hybrid_nope():
+    # as released: no positions (rope_theta null), q/k/v heads alike (every derived size left to
+    # the config), and β = sigmoid(b) (linear_allow_neg_eigval false)
+    return transformers.OlmoHybridForCausalLM(transformers.OlmoHybridConfig(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        linear_allow_neg_eigval=False, rope_parameters={"rope_type": "default", "rope_theta": None},
+        pad_token_id=None, eos_token_id=None,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
              "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5,
-             "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next}
+             "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next, "olmo_hybrid": _olmo_hybrid,
+             "olmo_hybrid-nope": _olmo_hybrid_nope}
 
 
 def _hf(name: str, seed: int):
@@ -600,6 +624,10 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "qwen3_next", "decoder_sparse_step": 0}, "decoder_sparse_step=0"),
     ({"model_type": "qwen3_next", "mlp_only_layers": "3"}, "mlp_only_layers='3'"),
     ({"model_type": "kimi_linear"}, "model_type='kimi_linear'"),
+    ({"model_type": "olmo_hybrid", "hidden_act": "gelu"}, "hidden_act"),
+    ({"model_type": "olmo_hybrid", "num_hidden_layers": 2, "layer_types": ["linear_attention", "sliding_attention"]},
+     "layer_types"),
+    ({"model_type": "olmo_hybrid", "linear_allow_neg_eigval": "yes"}, "linear_allow_neg_eigval"),
     ({"model_type": "qwen3_5_moe", "text_config": [1]}, "qwen3_5_moe config's text_config"),
     ({"family": "hybrid", "d_modle": 64}, "d_modle"),
 ])
@@ -613,7 +641,8 @@ def test_config_refusals_name_the_key(config, key):
     ("partial_rotary_factor", 0.1), ("ngroups", 3), ("dt_max_limit", math.inf), ("logits_scaling", 0),
     ("attention_multiplier", -1.0), ("d_model", 0), ("rope", 1), ("layer_types", ["hybrid"]),
     ("ssm_multipliers", [1.0] * 4), ("key_multiplier", math.nan), ("mamba_gated_norm", "yes"),
-    ("delta_k_heads", 3), ("delta_v_dim", 0), ("attention_output_gate", 1),
+    ("delta_k_heads", 3), ("delta_v_dim", 0), ("attention_output_gate", 1), ("qk_norm_across_heads", 1),
+    ("attention_post_norm", "yes"), ("delta_negative_eigenvalues", 0), ("delta_norm_eps", 0.0),
 ])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -767,3 +796,48 @@ def test_qwen3_next_fused_projections_read_apart_and_a_wrong_one_is_named(tmp_pa
     with pytest.raises(ValueError, match=r"model.layers.2.linear_attn.in_proj_ba.weight has shape \(7, 64\); "
                                          r"expected \(2 key heads x 4, hidden_size\)"):
         convert_state_dict(bad, config)
+
+
+def test_olmo_hybrid_read_as_saved_and_as_held_and_a_missing_piece_is_named(tmp_path):
+    """OLMo-hybrid as saved (OLMo-core's names: `attention_layer_norm`, `feedforward_layer_norm`,
+    the DeltaNet's conv split into q/k/v_conv1d, as transformers' save splits it or as OLMo-core
+    sizes it) and as transformers holds it in memory (`input_layernorm`,
+    `post_attention_layernorm`, one `conv1d`) load to the same weights; a piece missing is named
+    as saved."""
+    hf = _hf("olmo_hybrid", 0)
+    hf.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert "model.layers.0.linear_attn.q_conv1d.weight" in saved and "model.layers.1.feedforward_layer_norm.weight" in saved
+    config = hybrid_config_from_json(json.loads((tmp_path / "config.json").read_text()))
+    held = convert_state_dict(hf.state_dict(), config)
+    assert set(held) == set(HybridLM(config).state_dict())
+    for key, value in convert_state_dict(saved, config).items():
+        assert torch.equal(value, held[key]), key
+    # OLMo-core's own split: q and k key_dim rows each, v value_dim
+    conv = hf.state_dict()["model.layers.2.linear_attn.conv1d.weight"]
+    core = {k: v for k, v in saved.items() if not k.startswith("model.layers.2.linear_attn.") or "conv1d" not in k}
+    for name, part in zip("qkv", conv.split([48, 48, 64]), strict=True):
+        core[f"model.layers.2.linear_attn.{name}_conv1d.weight"] = part
+    assert torch.equal(convert_state_dict(core, config)["layers.2.mixer.conv1d.weight"], held["layers.2.mixer.conv1d.weight"])
+    for missing in ("model.layers.3.linear_attn.k_conv1d.weight", "model.layers.0.linear_attn.v_proj.weight"):
+        with pytest.raises(ValueError, match=rf"lacks \['{re.escape(missing)}'\]"):
+            convert_state_dict({k: v for k, v in saved.items() if k != missing}, config)
+
+
+def test_olmo_hybrid_config_without_derived_keys_reads_as_transformers_derives_them():
+    """A config.json without layer_types or the DeltaNet's sizes: read as OlmoHybridConfig
+    derives them (every 4th layer attends, the last when none would; heads and head sizes from
+    num_attention_heads and hidden_size); no rope_parameters is RoPE at theta 10000 in their
+    model, and rope_theta null none."""
+    for layers in (3, 8):
+        fields = {"hidden_size": 64, "num_hidden_layers": layers, "num_attention_heads": 4, "vocab_size": VOCAB}
+        theirs = transformers.OlmoHybridConfig(**fields, pad_token_id=None, eos_token_id=None)
+        ours = hybrid_config_from_json({"model_type": "olmo_hybrid", **fields})
+        assert ours.layer_types == ["attention" if t == "full_attention" else "deltanet" for t in theirs.layer_types]
+        assert (ours.delta_k_heads, ours.delta_v_heads, ours.delta_k_dim, ours.delta_v_dim) == (
+            theirs.linear_num_key_heads, theirs.linear_num_value_heads, theirs.linear_key_head_dim,
+            theirs.linear_value_head_dim)
+        assert ours.rope and ours.rope_theta == theirs.rope_parameters["rope_theta"] == 10000.0
+        assert ours.delta_negative_eigenvalues == theirs.linear_allow_neg_eigval is True
+    nope = hybrid_config_from_json({"model_type": "olmo_hybrid", "rope_parameters": {"rope_theta": None}})
+    assert not nope.rope and nope.delta_norm_eps == 1e-5 and nope.attention_post_norm and nope.qk_norm_across_heads

@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Thirteen config layouts, told apart by `family` / `model_type`:
+Fourteen config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -74,7 +74,16 @@ Thirteen config layouts, told apart by `family` / `model_type`:
   and the values and gates of the value heads it serves; `in_proj_ba`: per key head its value
   heads' write strengths, then their decays), read apart into ours; experts in the layers not in
   `mlp_only_layers` where (i + 1) % `decoder_sparse_step` == 0, a gated MLP of
-  `intermediate_size` in the others; the top k's weights renormalised where `norm_topk_prob`.
+  `intermediate_size` in the others; the top k's weights renormalised where `norm_topk_prob`;
+- transformers' `OlmoHybridConfig` (`model_type: "olmo_hybrid"`, AI2's OLMo-hybrid): `layer_types`
+  ("linear_attention" / "full_attention"; absent, every 4th layer attends and the last at least);
+  a linear-attention layer is a pre-norm Gated DeltaNet with its q, k and v projections apart
+  (read into one in_proj in that order, the conv's channel order), its output gate `g_proj`, its
+  gated norm's epsilon 1e-5 (FLA's, not `rms_norm_eps`) and, with `linear_allow_neg_eigval`
+  (default), β = 2 sigmoid(b); an attention layer is post-norm (x + norm(attn(x)), x +
+  norm(mlp(x))), its queries and keys RMS-normed across all heads, RoPE over the whole head
+  unless `rope_parameters` holds `rope_theta: null` (as the released checkpoints do: no
+  positions), scaled by head_dim^-0.5; every layer ends with its gated MLP.
 
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
@@ -176,6 +185,12 @@ _QWEN3_NEXT_DEFAULTS = dict(
     num_key_value_heads=2, decoder_sparse_step=1, moe_intermediate_size=512, shared_expert_intermediate_size=512,
     num_experts_per_tok=10, num_experts=512, norm_topk_prob=True, mlp_only_layers=[],
 )
+_OLMO_HYBRID_DEFAULTS = dict(
+    vocab_size=100352, hidden_size=3840, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=30,
+    num_key_value_heads=None, hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=None,
+    attention_bias=False, layer_types=None, linear_num_key_heads=None, linear_num_value_heads=None,
+    linear_key_head_dim=None, linear_value_head_dim=None, linear_conv_kernel_dim=4, linear_allow_neg_eigval=True,
+)
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -195,6 +210,11 @@ _LFM2_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _LFM2_MOE = {"gate.weight": "router.weight", "expert_bias": "router_bias", "experts.gate_up_proj": "gate_up_proj",
              "experts.down_proj": "down_proj"}
 _QWEN3_5_DELTANET = {"in_proj_qkv": "in_proj", "in_proj_z": "z_proj", "in_proj_b": "b_proj", "in_proj_a": "a_proj"}
+_OLMO_HYBRID_DELTANET = {"g_proj": "z_proj", "o_proj": "out_proj", "o_norm": "norm"}
+_OLMO_HYBRID_MODULES = {"input_layernorm": "norm", "attention_layer_norm": "norm",
+                        "post_attention_layernorm": "post_attention_layernorm",
+                        "feedforward_layer_norm": "post_attention_layernorm",
+                        "post_feedforward_layernorm": "mlp_norm", "self_attn": "mixer", "mlp": "mlp"}
 _QWEN3_5_MOE = {"gate": "experts.router", "experts": "experts", "shared_expert": "shared",
                 "shared_expert_gate": "shared_gate"}  # mlp.<name> -> ours (as held, or each expert as saved)
 _QWEN3_5_MODULES = {"input_layernorm": "norm", "post_attention_layernorm": "mlp_norm", "linear_attn": "mixer",
@@ -222,7 +242,7 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
                "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "jamba": _from_jamba,
                "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5, "qwen3_5_moe": _from_qwen3_5,
-               "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5}
+               "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5, "olmo_hybrid": _from_olmo_hybrid}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -606,11 +626,49 @@ def _from_qwen3_5(d: dict) -> HybridConfig:
     )
 
 
+def _olmo_hybrid_sizes(d: dict) -> dict:
+    """OlmoHybridConfig's derived sizes where the config leaves them out (as its __post_init__):
+    the DeltaNet's heads default to num_attention_heads, a key head to 0.75 hidden_size / heads,
+    a value head to twice that; every 4th layer attends (the last, if none does)."""
+    n, d = d["num_hidden_layers"], dict(d)
+    if d["layer_types"] is None:
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
+        d["layer_types"] = types if "full_attention" in types else types[:-1] + ["full_attention"]
+    d["linear_num_key_heads"] = d["linear_num_key_heads"] or d["num_attention_heads"]
+    d["linear_num_value_heads"] = d["linear_num_value_heads"] or d["num_attention_heads"]
+    d["linear_key_head_dim"] = d["linear_key_head_dim"] or int(0.75 * d["hidden_size"] / d["linear_num_key_heads"])
+    d["linear_value_head_dim"] = d["linear_value_head_dim"] or 2 * d["linear_key_head_dim"]
+    return d
+
+
+def _from_olmo_hybrid(d: dict) -> HybridConfig:
+    d = _olmo_hybrid_sizes({**_OLMO_HYBRID_DEFAULTS, **d})
+    _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Gated DeltaNet's conv both use it)")
+    _require_value(d, "linear_allow_neg_eigval", (True, False))
+    # Their model builds no rotary embedding where rope_parameters holds rope_theta null (the
+    # released checkpoints); a config without rope_parameters gets RoPE at theta 10000.
+    params = d["rope_parameters"]
+    rope = not (isinstance(params, dict) and "rope_theta" in params and params["rope_theta"] is None)
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=_qwen3_5_layer_types(d),
+        mlp_in_layer=True, mlp_act="silu_gated", mlp_bias=False, d_ff=d["intermediate_size"],
+        **_attention_sizes(d), rope=rope, **(_rope(d, "olmo_hybrid", default_factor=None) if rope else {}),
+        attention_bias=d["attention_bias"], qk_norm=True, qk_norm_across_heads=True, attention_post_norm=True,
+        d_conv=d["linear_conv_kernel_dim"], delta_k_heads=d["linear_num_key_heads"],
+        delta_v_heads=d["linear_num_value_heads"], delta_k_dim=d["linear_key_head_dim"],
+        delta_v_dim=d["linear_value_head_dim"], delta_negative_eigenvalues=d["linear_allow_neg_eigval"],
+        delta_norm_eps=1e-5, rms_norm_eps=d["rms_norm_eps"], tie_embeddings=d["tie_word_embeddings"],
+        pad_vocab_size_multiple=1,
+    )
+
+
 # ---- state dicts ----
 
 def _layout_of(state: dict[str, Tensor]) -> str:
     if "embed_tokens.weight" in state:
         return "ours"
+    if any(".linear_attn.g_proj." in k or ".post_feedforward_layernorm." in k for k in state):
+        return "olmo_hybrid"
     if "model.language_model.embed_tokens.weight" in state or any(
             ".linear_attn." in k or k.endswith(".self_attn.q_norm.weight") for k in state):
         return "qwen3_5"  # (the image-text checkpoint's text model, or the text model's own)
@@ -708,6 +766,8 @@ def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
         return _lfm2_key(key)
     if layout == "qwen3_5":
         return _qwen3_5_key(key)
+    if layout == "olmo_hybrid":
+        return _olmo_hybrid_key(key)
     return _bamba_key(key, parallel)
 
 
@@ -798,6 +858,60 @@ def _qwen3_5_key(key: str) -> str | None:
     return f"layers.{i}.{_QWEN3_5_MODULES[module]}.{name}{dot}{tail}"
 
 
+def _olmo_hybrid_key(key: str) -> str | None:
+    """OLMo-hybrid's names, as saved (OLMo-core's) or as transformers holds them -> ours:
+    `linear_attn` / `self_attn` -> `mixer` (the DeltaNet's `g_proj`, `o_proj`, `o_norm` -> `z_proj`,
+    `out_proj`, `norm`; its q/k/v_proj and, as saved, q/k/v_conv1d joined in
+    `_olmo_hybrid_weights`), `input_layernorm` (`attention_layer_norm`) -> `norm`,
+    `post_feedforward_layernorm` -> `mlp_norm`, `model.norm` -> `norm_f`;
+    `post_attention_layernorm` (`feedforward_layer_norm`) is named so here: it is an attention
+    layer's `norm` and a DeltaNet layer's `mlp_norm`, placed by `_olmo_hybrid_weights`."""
+    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+                         "model.norm.weight": "norm_f.weight"})
+    if not isinstance(split, tuple):
+        return split
+    i, module, rest = split
+    name, dot, tail = rest.partition(".")
+    if module == "linear_attn":
+        return f"layers.{i}.mixer.{_OLMO_HYBRID_DELTANET.get(name, name)}{dot}{tail}"
+    if module in _OLMO_HYBRID_MODULES:
+        return f"layers.{i}.{_OLMO_HYBRID_MODULES[module]}.{rest}"
+    return None
+
+
+def _olmo_hybrid_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
+    """In place: each layer's `post_attention_layernorm` to where it acts (an attention layer's
+    output norm `norm`, a DeltaNet layer's MLP pre-norm `mlp_norm`), and a DeltaNet's q, k and v
+    projections joined rows after rows into `in_proj` (the conv's channels, in that order),
+    recorded in `source`. ValueError naming a missing piece as saved."""
+    for key in [k for k in out if k.endswith(".post_attention_layernorm.weight")]:
+        i = int(key.split(".")[1])
+        if i < config.n_layer:  # (else left for the unknown-key check)
+            new = f"layers.{i}.{'norm' if config.layer_types[i] == 'attention' else 'mlp_norm'}.weight"
+            out[new], source[new] = out.pop(key), source.pop(key, key)
+    for i, kind in enumerate(config.layer_types):
+        if kind == "deltanet":  # q, k, v rows after rows: the conv's channels (b, 2 hk dk + hv dv, .)
+            _join(out, source, i, [f"{p}_proj.weight" for p in "qkv"], "in_proj.weight")
+            _join(out, source, i, [f"{p}_conv1d.weight" for p in "qkv"], "conv1d.weight")
+
+
+def _join(out: dict[str, Tensor], source: dict[str, str], i: int, parts: list[str], into: str) -> None:
+    """Layer i's DeltaNet weights `parts` (as saved apart) -> one `into`, rows in that order; none
+    of them: nothing. ValueError naming a missing part as saved."""
+    stem = f"layers.{i}.mixer"
+    keys = [f"{stem}.{p}" for p in parts]
+    if not any(k in out for k in keys):
+        return
+    missing = [f"model.layers.{i}.linear_attn.{p}" for p, k in zip(parts, keys) if k not in out]
+    if missing:
+        raise ValueError(f"state dict (olmo_hybrid layout) lacks {missing}: layer {i}'s Gated DeltaNet is saved "
+                         f"with {', '.join(parts)} apart, and needs each")
+    out[f"{stem}.{into}"] = torch.cat([out.pop(k) for k in keys])
+    source[f"{stem}.{into}"] = source.pop(keys[0], keys[0])
+    for k in keys[1:]:
+        source.pop(k, None)
+
+
 def _qwen3_5_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
     """In place: Qwen3.5's zero-centred RMSNorm weights (x̂ * (1 + w)) as ours (x̂ * w'): w' = 1 + w,
     the same float32 sum theirs computes. Not a Gated DeltaNet's own gated norm (x̂ * w).
@@ -838,6 +952,9 @@ def _unfuse_qwen3_next(out: dict[str, Tensor], config: HybridConfig, source: dic
             parts = {"b_proj": b.reshape(hv, -1), "a_proj": a.reshape(hv, -1)}
         for name, weight in parts.items():
             out[f"{stem}.{name}.weight"], source[f"{stem}.{name}.weight"] = weight, saved_as
+
+
+_REGROUPERS = {"qwen3_5": _qwen3_5_weights, "olmo_hybrid": _olmo_hybrid_weights}
 
 
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:
@@ -887,8 +1004,8 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
             source[new] = key
     if layout in _STACKERS:  # experts saved one tensor each -> our stacks
         _STACKERS[layout](out, config)
-    if layout == "qwen3_5":
-        _qwen3_5_weights(out, config, source)
+    if layout in _REGROUPERS:  # weights whose place depends on the config, or saved fused / apart
+        _REGROUPERS[layout](out, config, source)
     _tie(out, config)
 
     layout = _label(layout, config)  # as the errors below name it
