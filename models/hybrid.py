@@ -166,6 +166,13 @@ class HybridConfig(DictConfig):
     rope: bool = True  # rotary position embedding; False = no positions at all (NoPE)
     rope_theta: float = 10000.0  # RoPE base
     partial_rotary_factor: float = 1.0  # rotate the first head_dim * this dims of each head (Bamba 0.5)
+    # rotate instead the first head_dim * this / 2 dims of each half of the head, pair (j, j + hd / 2)
+    # at theta^(-2j / hd): transformers' "proportional" RoPE (LFM3's full-attention layers)
+    rope_proportional: bool = False
+    # attention layers that see only the last sliding_window positions, their own included (LFM3)
+    sliding_window_layers: list[int] = field(default_factory=list)
+    sliding_window: int = 4096
+    sliding_rope_theta: float | None = None  # their RoPE: the whole head at this theta; None = as the others
     attention_bias: bool = False  # biases in q/k/v/o projections
     attention_multiplier: float | None = None  # softmax scale; None = head_dim ** -0.5 (Granite sets it)
     qk_norm: bool = False  # queries and keys RMS-normed per head (weights (hd,)) before RoPE (LFM2)
@@ -175,6 +182,9 @@ class HybridConfig(DictConfig):
     # instead of their inputs (OLMo-hybrid's attention layers; its other layers are pre-norm)
     attention_post_norm: bool = False
     attention_output_gate: bool = False  # q_proj also gives a gate per head: out * sigmoid(gate) (Qwen3.5)
+    attention_head_gate: bool = False  # each head's output times sigmoid(g_proj(x)), one scalar a head (LFM3)
+    # each branch's output RMS-normed too before the residual add (pre- and post-norms: LFM3)
+    sandwich_norm: bool = False
     # multipliers (Granite); neutral by default
     embedding_multiplier: float = 1.0  # the embedding is multiplied by it
     residual_multiplier: float = 1.0  # each branch's output is multiplied by it before the residual add
@@ -251,7 +261,7 @@ class HybridConfig(DictConfig):
         name = type(self).__name__
         ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
                 "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple", "short_conv_kernel",
-                "mamba1_expand", "delta_k_heads", "delta_v_heads", "delta_k_dim", "delta_v_dim")
+                "mamba1_expand", "delta_k_heads", "delta_v_heads", "delta_k_dim", "delta_v_dim", "sliding_window")
         for key in ints:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -259,11 +269,13 @@ class HybridConfig(DictConfig):
         for key in ("mlp_in_layer", "mlp_bias", "rope", "attention_bias", "mamba_bias", "conv_bias",
                     "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
                     "mamba1_dt_norm", "attention_output_gate", "gated_shared_expert", "qk_norm_across_heads",
-                    "attention_post_norm", "delta_negative_eigenvalues"):
+                    "attention_post_norm", "delta_negative_eigenvalues", "rope_proportional",
+                    "attention_head_gate", "sandwich_norm"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
-        positive += [key for key in ("attention_multiplier", "delta_norm_eps") if getattr(self, key) is not None]
+        positive += [key for key in ("attention_multiplier", "delta_norm_eps", "sliding_rope_theta")
+                     if getattr(self, key) is not None]
         for key in positive:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
@@ -280,6 +292,13 @@ class HybridConfig(DictConfig):
         self.layer_types = list(self.layer_types)
         if self.mlp_act not in MLP_ACTS:
             raise ValueError(f"{name}.mlp_act={self.mlp_act!r}; expected one of {list(MLP_ACTS)}")
+        where = self.sliding_window_layers
+        if not isinstance(where, list | tuple) or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layer
+                or self.layer_types[i] != "attention" for i in where):
+            raise ValueError(f"{name}.sliding_window_layers={where!r}; expected a list of the indices of "
+                             "'attention' layers")
+        self.sliding_window_layers = sorted(set(where))
 
     def _check_heads(self) -> None:
         """GQA groups, the rotary dims, and the SSM heads' groups divide as they must."""
@@ -289,6 +308,9 @@ class HybridConfig(DictConfig):
         factor = self.partial_rotary_factor
         if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
             raise ValueError(f"{name}.partial_rotary_factor must be in (0, 1], got {factor!r}")
+        if self.rope_proportional and (self.head_dim % 2 or self.rotated_pairs < 1):
+            raise ValueError(f"{name}.partial_rotary_factor={factor!r} rotates {self.rotated_pairs} pairs of "
+                             f"head_dim={self.head_dim} (rope_proportional); expected an even head_dim and >= 1 pair")
         if self.rope and (self.rotary_dim < 2 or self.rotary_dim % 2):
             raise ValueError(f"{name}.partial_rotary_factor={factor!r} gives rotary_dim={self.rotary_dim} "
                              f"of head_dim={self.head_dim}; expected an even number >= 2")
@@ -371,8 +393,14 @@ class HybridConfig(DictConfig):
 
     @property
     def rotary_dim(self) -> int:
-        """rd: the leading dims of each head that RoPE rotates (transformers' int(hd * factor))."""
-        return int(self.head_dim * self.partial_rotary_factor)
+        """rd: the leading dims of each head that RoPE rotates (transformers' int(hd * factor)); the
+        whole head with rope_proportional (its unrotated pairs at frequency 0)."""
+        return self.head_dim if self.rope_proportional else int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def rotated_pairs(self) -> int:
+        """rope_proportional: the pairs (j, j + hd / 2), j < this, that turn (transformers' int(f hd // 2))."""
+        return int(self.partial_rotary_factor * self.head_dim // 2)
 
     @property
     def mamba_d_inner(self) -> int:
@@ -387,6 +415,16 @@ class HybridConfig(DictConfig):
     def padded_vocab_size(self) -> int:
         m = self.pad_vocab_size_multiple
         return (self.vocab_size + m - 1) // m * m
+
+
+def rope_frequencies(config: HybridConfig) -> Tensor:
+    """RoPE's inverse frequencies (rd / 2,): theta^(-2j / rd), j < rd / 2; rope_proportional:
+    theta^(-2j / hd) for the rotated pairs, then 0 (those pairs stay as they are)."""
+    rd, theta = config.rotary_dim, config.rope_theta
+    if not config.rope_proportional:
+        return 1.0 / (theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+    turned = 1.0 / (theta ** (torch.arange(0, 2 * config.rotated_pairs, 2, dtype=torch.float32) / rd))
+    return torch.cat([turned, torch.zeros(rd // 2 - config.rotated_pairs)])
 
 
 class ScaledLinear(nn.Linear):
@@ -410,10 +448,12 @@ def scaled_linear(d_in: int, d_out: int, bias: bool, out_scale=1.0) -> nn.Linear
 
 
 class Attention(nn.Module):
-    """Causal self-attention over an appended KV buffer plus the new positions; GQA, RoPE or none."""
+    """Causal self-attention over an appended KV buffer plus the new positions; GQA, RoPE or none;
+    `window`: a query sees only the last `window` positions, its own included (sliding window)."""
 
-    def __init__(self, config: HybridConfig):
+    def __init__(self, config: HybridConfig, window: int | None = None):
         super().__init__()
+        self.window = window
         d, nh, nkv, hd = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = nh, nkv, hd
         self.scale = config.attention_multiplier if config.attention_multiplier is not None else hd ** -0.5
@@ -423,6 +463,8 @@ class Attention(nn.Module):
         self.k_proj = scaled_linear(d, nkv * hd, bias, config.key_multiplier)
         self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, d, bias=bias)
+        if config.attention_head_gate:  # one gate a head, from the layer's input
+            self.g_proj = nn.Linear(d, nh, bias=False)
         across = config.qk_norm_across_heads  # one norm over every head's dims, or one per head
         if config.qk_norm:
             self.q_norm = RMSNorm(nh * hd if across else hd, config.rms_norm_eps)
@@ -432,12 +474,14 @@ class Attention(nn.Module):
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """x (b, l, d) -> q (b, nh, l, hd), k and v (b, nkv, l, hd): projected, normed (qk_norm: per
         head, or across the heads), then rotated (rope); and the output gate (b, l, nh * hd), or None
-        (not gated)."""
+        (not gated; a head gate is (b, l, nh, 1), each head's one scalar)."""
         b, length, _ = x.shape
         q, gate = self.q_proj(x).view(b, length, self.n_heads, -1), None  # (b, l, nh, hd; 2 hd where gated)
         if self.gated:
             q, gate = q.chunk(2, dim=-1)  # (b, l, nh, hd) each
             gate = gate.reshape(b, length, -1)  # (b, l, nh * hd)
+        elif hasattr(self, "g_proj"):
+            gate = self.g_proj(x)[..., None]  # (b, l, nh, 1)
         k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim)  # (b, l, nkv, hd)
         if self.qk_norm == "across":  # over (nh * hd) and (nkv * hd)
             q = self.q_norm(q.flatten(2)).view(b, length, self.n_heads, self.head_dim)  # (b, l, nh, hd)
@@ -451,8 +495,28 @@ class Attention(nn.Module):
         return q, k, v, gate
 
     def output(self, out: Tensor, gate: Tensor | None) -> Tensor:
-        """The heads' output (b, l, nh * hd), times sigmoid(gate) where gated, -> o_proj (b, l, d)."""
-        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
+        """The heads' output (b, l, nh * hd), times sigmoid(gate) where gated (a head gate: each
+        head's hd values by its scalar), -> o_proj (b, l, d)."""
+        if gate is not None and gate.dim() == 4:  # (b, l, nh, 1)
+            b, length, _ = out.shape
+            out = (out.view(b, length, self.n_heads, self.head_dim) * torch.sigmoid(gate)).view(b, length, -1)
+        elif gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def visible(self, past_lengths: Tensor, P: int, length: int) -> tuple[Tensor, Tensor]:
+        """What each query sees: the valid past slots (b, 1, 1, P), and the new positions up to and
+        including its own (l, l). With a window, only positions p - window < . <= p for a query at
+        p: the past slots then (b, 1, l, P), the new ones (l, l) still."""
+        slots = torch.arange(P, device=past_lengths.device)
+        past = (slots[None, :] < past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, P)
+        causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=past_lengths.device))  # (l, l)
+        if self.window is not None:  # slot s holds position s; query t is at past_lengths + t
+            t = torch.arange(length, device=past_lengths.device)
+            queries = past_lengths[:, None] + t  # (b, l)
+            past = past & (slots[None, None, :] > queries[:, :, None] - self.window)[:, None]  # (b, 1, l, P)
+            causal = causal & (t[:, None] - t[None, :] < self.window)  # (l, l)
+        return past, causal
 
     def forward(
         self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -490,9 +554,8 @@ class Attention(nn.Module):
             scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale  # (b, nkv, rep * l, P + l)
 
         # Visible: the valid past slots, and the new positions up to and including the query's own.
-        slots = torch.arange(P, device=x.device)
-        past_visible = (slots[None, :] < past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, P)
-        causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device))  # (l, l)
+        past_visible, causal = self.visible(past_lengths, P, length)  # (b, 1, 1 or l, P), (l, l)
+        past_visible = past_visible.repeat(1, 1, rep, 1) if self.window is not None else past_visible
         causal = causal.repeat(rep, 1)  # (rep * l, l): each query head's rows alike
         visible = torch.cat([past_visible.expand(b, 1, rep * length, P), causal.expand(b, 1, rep * length, length)],
                             dim=-1)  # (b, 1, rep * l, P + l)
@@ -783,25 +846,46 @@ class HybridLayer(nn.Module):
     "conv" layer's, its gated short convolution; a "mamba" layer's, its Mamba-1 mixer. With
     `expert_layers`, a layer listed has its experts instead of its MLP. With attention_post_norm an
     "attention" layer norms its branches' outputs instead: x + r * norm(mixer(x)), then
-    x + r * mlp_norm(mlp(x)).
+    x + r * mlp_norm(mlp(x)); with sandwich_norm every layer norms both:
+    x + r * post_norm(mixer(norm(x))), then x + r * post_mlp_norm(mlp(mlp_norm(x))).
     Each Mamba-2 / attention branch: out_multiplier * branch(in_multiplier * h)."""
 
     def __init__(self, config: HybridConfig, kind: str, index: int = 0):
         super().__init__()
         self.kind = kind
-        self.post_norm = config.attention_post_norm and kind == "attention"
+        self.norm_after = config.attention_post_norm and kind == "attention"  # (instead of before)
+        self.local_rope = index in config.sliding_window_layers and config.sliding_rope_theta is not None
         self.residual_multiplier = config.residual_multiplier
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
         # where the conv state sits in this layer's state tuple (None: no conv state)
         self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0, "deltanet": 0}.get(kind)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
+        self._build_mixer(config, kind, index)
+        # the layer's own feed-forward (mlp_in_layer): its MLP, its experts, or both (see expert_layers)
+        feed_forward = config.mlp_in_layer and kind != "mlp"
+        where = config.expert_layers
+        if feed_forward:
+            self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
+        if config.sandwich_norm:  # each branch's output normed too
+            self.post_norm = RMSNorm(config.d_model, config.rms_norm_eps)
+            if feed_forward:
+                self.post_mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
+        self.mlp = MLP(config) if feed_forward and (where is None or index not in where) else None
+        self.experts = Experts(config) if feed_forward and config.n_experts and (where is None or index in where) \
+            else None
+        if self.experts is not None and config.gated_shared_expert:  # beside the experts, gated per token
+            self.shared = MLP(config, config.d_ff_shared_expert)
+            self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
+
+    def _build_mixer(self, config: HybridConfig, kind: str, index: int) -> None:
+        """The layer's mixer (a "parallel" layer's attention beside it; a "moe" layer's shared MLP)."""
         if kind in MAMBA_KINDS:
             self.mixer = mamba2_mixer(config)
             if kind == "parallel":
                 self.attention = Attention(config)
         elif kind == "attention":
-            self.mixer = Attention(config)
+            self.mixer = Attention(config, config.sliding_window if index in config.sliding_window_layers else None)
         elif kind == "conv":
             self.mixer = ShortConv(config)
         elif kind == "mamba":
@@ -813,17 +897,6 @@ class HybridLayer(nn.Module):
             self.shared = MLP(config, config.d_ff_shared_expert)
         else:
             self.mixer = MLP(config)
-        # the layer's own feed-forward (mlp_in_layer): its MLP, its experts, or both (see expert_layers)
-        feed_forward = config.mlp_in_layer and kind != "mlp"
-        where = config.expert_layers
-        if feed_forward:
-            self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
-        self.mlp = MLP(config) if feed_forward and (where is None or index not in where) else None
-        self.experts = Experts(config) if feed_forward and config.n_experts and (where is None or index in where) \
-            else None
-        if self.experts is not None and config.gated_shared_expert:  # beside the experts, gated per token
-            self.shared = MLP(config, config.d_ff_shared_expert)
-            self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
 
     def _residual(self, x: Tensor, out: Tensor) -> Tensor:
         return x + (out if self.residual_multiplier == 1 else out * self.residual_multiplier)
@@ -854,7 +927,7 @@ class HybridLayer(nn.Module):
         """x (b, l, d) -> (b, l, d) and this layer's new state (the new positions' K/V for attention).
         `step`: l = 1 and the mamba2 mixer takes its single-token path. `scan`: the Mamba-2 mixers',
         `selective_scan`: the Mamba-1 mixers', `delta_rule`: the Gated DeltaNets'."""
-        h = x if self.post_norm else self.norm(x)
+        h = x if self.norm_after else self.norm(x)
         if self.kind == "mamba2":
             out, new_state = self._mamba(h, state, scan, step)
         elif self.kind == "mamba":
@@ -873,11 +946,18 @@ class HybridLayer(nn.Module):
             out, new_state = self.mixer(h) + self.shared(h), ()
         else:
             out, new_state = self.mixer(h), ()
-        x = self._residual(x, self.norm(out) if self.post_norm else out)
+        x = self._residual(x, self._normed_output(out, self.norm, "post_norm"))
         if self.mlp is not None or self.experts is not None:
-            fed = self._feed_forward(x if self.post_norm else self.mlp_norm(x))
-            x = self._residual(x, self.mlp_norm(fed) if self.post_norm else fed)
+            fed = self._feed_forward(x if self.norm_after else self.mlp_norm(x))
+            x = self._residual(x, self._normed_output(fed, self.mlp_norm, "post_mlp_norm"))
         return x, new_state
+
+    def _normed_output(self, out: Tensor, before: nn.Module, after: str) -> Tensor:
+        """A branch's output (b, l, d) as the residual takes it: normed by the branch's own norm
+        where it norms outputs instead of inputs (norm_after), or by its sandwich norm `after`."""
+        if self.norm_after:
+            out = before(out)
+        return getattr(self, after)(out) if hasattr(self, after) else out
 
     def _feed_forward(self, h: Tensor) -> Tensor:
         """The layer's own feed-forward (mlp_in_layer) on h (b, l, d): its experts, its MLP, and the
@@ -902,9 +982,11 @@ class HybridLM(nn.Module):
         self.layers = nn.ModuleList([HybridLayer(config, kind, i) for i, kind in enumerate(config.layer_types)])
         self.norm_f = RMSNorm(config.d_model, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
-        rd = config.rotary_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))  # (rd / 2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (rd / 2,)
+        if config.sliding_rope_theta is not None:  # the sliding-window layers' own: the whole head
+            hd = config.head_dim
+            local = 1.0 / (config.sliding_rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))  # (hd / 2,)
+            self.register_buffer("local_inv_freq", local, persistent=False)
         self._init_weights()
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -922,9 +1004,10 @@ class HybridLM(nn.Module):
                 for stack in module.stacks:
                     nn.init.normal_(stack, std=0.02)
 
-    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    @staticmethod
+    def _rope(positions: Tensor, dtype: torch.dtype, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
         """positions (b, l) int64 -> cos, sin (b, 1, l, rd) in `dtype`, angles computed in float32."""
-        freqs = positions[..., None].float() * self.inv_freq  # (b, l, rd / 2)
+        freqs = positions[..., None].float() * inv_freq  # (b, l, rd / 2)
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (b, 1, l, rd)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -939,13 +1022,16 @@ class HybridLM(nn.Module):
         x = self.embed_tokens(input_ids)  # (b, l, d)
         if self.config.embedding_multiplier != 1:
             x = x * self.config.embedding_multiplier
-        rope = None
+        rope = local = None
         if self.config.rope:
             positions = past_lengths[:, None] + torch.arange(length, device=input_ids.device)  # (b, l)
-            rope = self._rope(positions, x.dtype)
+            rope = self._rope(positions, x.dtype, self.inv_freq)
+            if hasattr(self, "local_inv_freq"):
+                local = self._rope(positions, x.dtype, self.local_inv_freq)
         new_state = []
         for layer, layer_state in zip(self.layers, state, strict=True):
-            x, layer_state = layer(x, layer_state, past_lengths, rope, scan, step, selective_scan, delta_rule)
+            x, layer_state = layer(x, layer_state, past_lengths, local if layer.local_rope else rope, scan, step,
+                                   selective_scan, delta_rule)
             new_state.append(layer_state)
         logits = self.lm_head(self.norm_f(x)).float()[..., : self.config.vocab_size]  # (b, l, v)
         if self.config.logits_scaling != 1:

@@ -108,11 +108,11 @@ def test_fused_transformer_validates_and_generates_as_the_matmul_form(fused_tran
     assert rt.generate(a, prompts, options) == rt.generate(b, prompts, options)
 
 
-@pytest.fixture(scope="module", params=["granite-rope", "falcon_h1", "lfm2"])
+@pytest.fixture(scope="module", params=["granite-rope", "falcon_h1", "lfm2", "lfm3"])
 def fused_hybrid(tmp_path_factory, request):
     """transformers' Granite-4.0-H (dense, RoPE, GQA 4:2), Falcon-H1 (attention beside the
-    Mamba-2 mixer in every layer, a key multiplier), or LFM2 (short convs, per-head q/k norms),
-    exported with fused attention."""
+    Mamba-2 mixer in every layer, a key multiplier), LFM2 (short convs, per-head q/k norms) or
+    LFM3 (sliding-window layers beside full ones, head gates), exported with fused attention."""
     tmp = tmp_path_factory.mktemp(f"{request.param}-fused")
     hf = _hf(request.param, seed=3)
     hf.save_pretrained(tmp / "hf")
@@ -125,7 +125,7 @@ def fused_hybrid(tmp_path_factory, request):
 @pytest.mark.parametrize("length", [1, 17])
 def test_fused_hybrid_prefill_then_steps_equal_transformers(fused_hybrid, length):
     hf, m, out = fused_hybrid
-    attention_layers = sum(kind in ("full_attention", "hybrid") for kind in kinds_of(hf))
+    attention_layers = sum(kind in ("full_attention", "sliding_attention", "hybrid") for kind in kinds_of(hf))
     for graph in ("prefill", "step"):
         ops = op_types(out / f"{graph}.onnx")
         assert ops.count("Attention") == attention_layers and "Softmax" not in ops

@@ -66,11 +66,13 @@ def assert_states_equal(state, want, kinds, rows=slice(None), first=0):
         elif kind == "linear_attention":
             np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"][rows], layer[0], atol=TOL, rtol=0)
             np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"][rows], layer[1], atol=TOL, rtol=0)
-        elif kind == "full_attention":
+        elif kind in ("full_attention", "sliding_attention"):  # transformers keeps a window's last positions
             for kv, theirs in zip(("key", "value"), layer, strict=True):
                 ours = state.arrays[f"past_key_values.{i}.{kv}"][rows]
-                assert (lengths == theirs.shape[2]).all()
-                np.testing.assert_allclose(ours[:, :, : theirs.shape[2]], theirs, atol=TOL, rtol=0)
+                held = theirs.shape[2]
+                assert (lengths == held).all() if kind == "full_attention" else (lengths >= held).all()
+                for r, length in enumerate(lengths):
+                    np.testing.assert_allclose(ours[r, :, length - held: length], theirs[r], atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("name", list(HF_MODELS))
@@ -95,7 +97,7 @@ def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: in
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3"])
 def test_a_prompt_fed_in_turns_gives_transformers_logits(exported, name):
     """A chat's turns: a prefill, then more prefills continuing the same rows (each reads the
     slots the rows hold, its cache cut to them or read whole with its spare slots), then a step:
@@ -112,7 +114,7 @@ def test_a_prompt_fed_in_turns_gives_transformers_logits(exported, name):
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
-@pytest.mark.parametrize("name", ["nemotron_h", "falcon_h1", "lfm2"])
+@pytest.mark.parametrize("name", ["nemotron_h", "falcon_h1", "lfm2", "lfm3"])
 def test_a_step_reads_the_cache_where_it_lies(exported, name):
     """The step graph's attention takes each past K/V input straight into its products (K
     through a transpose): no copy of the cache per query head, nor with the new K/V appended,
@@ -151,7 +153,7 @@ def test_a_fresh_prompt_reads_no_spare_cache_slots(exported):
     assert seen["past_conv_state.0"].shape == (1, 96 + 2 * 2 * 16, 4)  # replaced state: as it is
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3"])
 def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name):
     """The cached eager decoder that bench, the demo and training drive (its KV cache appended
     through the same state layout as the runtime's; Falcon-H1's layers hold both kinds): a
@@ -164,7 +166,7 @@ def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name)
     assert_decode_equals_transformers(hf, eager, 17, 8, seed=5)
 
 
-@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "lfm2-tied", "jamba", "qwen3_5", "olmo_hybrid-nope"])
+@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "lfm2-tied", "jamba", "qwen3_5", "olmo_hybrid-nope", "lfm3"])
 def test_rows_at_different_positions_share_each_call(exported, name):
     """Right-padded prompts of unequal length in one prefill, then every row stepped together
     (each at its own position): each row's logits and state equal transformers' for it alone."""
@@ -211,7 +213,7 @@ def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exporte
 
 
 @pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "lfm2-moe", "jamba", "qwen3_5",
-                                  "olmo_hybrid"])
+                                  "olmo_hybrid", "lfm3"])
 def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported, name):
     _, m, out = exported(name)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])

@@ -221,12 +221,38 @@ def _olmo_hybrid_nope():
     ))
 
 
+def _lfm3():
+    # LFM3: short convs (biases, 4 wide) beside sliding-window attention (the last 5 positions,
+    # RoPE over the whole head at theta 500) and full attention (proportional RoPE: a quarter of
+    # each half-head turns), each head's output gated by sigmoid(g_proj(x)), every branch's output
+    # normed too (sandwich norms), an untied head
+    return transformers.Lfm3ForCausalLM(transformers.Lfm3Config(
+        hidden_size=64, num_hidden_layers=6, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, conv_L_cache=4, conv_bias=True, sliding_window=5,
+        layer_types=["conv", "sliding_attention", "conv", "full_attention", "sliding_attention", "conv"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                         "full_attention": {"rope_type": "proportional", "rope_theta": 1e4,
+                                            "partial_rotary_factor": 0.25}},
+        tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    ))
+
+
+def _lfm3_plain():
+    # LFM3 without its sandwich norms and head gates, its layers and RoPE as Lfm3Config derives
+    # them (attention at 2, a 3-wide window at 4), tied
+    return transformers.Lfm3ForCausalLM(transformers.Lfm3Config(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, sliding_window=3, use_sandwich_norm=False, use_attention_gate=False,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, initializer_range=0.3,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
              "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5,
              "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next, "olmo_hybrid": _olmo_hybrid,
-             "olmo_hybrid-nope": _olmo_hybrid_nope}
+             "olmo_hybrid-nope": _olmo_hybrid_nope, "lfm3": _lfm3, "lfm3-plain": _lfm3_plain}
 
 
 def _hf(name: str, seed: int):
@@ -291,7 +317,7 @@ def _hf_states(model, cache) -> list[tuple]:
             states.append((layer.conv_states[0].clone(),))
         elif kind == "linear_attention":
             states.append((layer.conv_states[0].clone(), layer.recurrent_states[0].clone()))
-        elif kind == "full_attention":
+        elif kind in ("full_attention", "sliding_attention"):  # (a sliding layer: its window's last positions)
             states.append((layer.keys.clone(), layer.values.clone()))
         elif kind == "hybrid":
             states.append((layer.keys.clone(), layer.values.clone(), layer.conv_states[0].clone(),
@@ -331,12 +357,17 @@ def _our_decode(model, prompt, steps, scan):
     return torch.cat(out, 1), prefill_state, state
 
 
-def _states_err(ours, theirs, relative: bool = False) -> float:
-    """Max abs difference over every layer's tensors (relative: each divided by max(1, max |theirs|))."""
+def _states_err(ours, theirs, relative: bool = False, sliding=()) -> float:
+    """Max abs difference over every layer's tensors (relative: each divided by max(1, max |theirs|)).
+    Layers in `sliding` hold every position in ours, transformers' only the window's last ones:
+    ours compared on those."""
     worst = 0.0
     for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         assert len(a) == len(b), i
         for x, y in zip(a, b, strict=True):
+            if i in sliding:  # (b, nkv, T, hd): the last positions transformers keeps
+                assert x.shape[2] >= y.shape[2], (i, x.shape, y.shape)
+                x = x[:, :, x.shape[2] - y.shape[2]:]
             assert x.shape == y.shape, (i, x.shape, y.shape)
             scale = max(1.0, y.abs().max().item()) if relative and y.numel() else 1.0
             worst = max(worst, _max_err(x, y) / scale)
@@ -361,7 +392,9 @@ def test_parity_with_transformers(tmp_path, name):
         for scan in (partial(ssd_chunked, chunk=16), ssd_sequential):
             got, prefill_state, state = _our_decode(ours, prompt, steps, scan)
             assert got.shape == want.shape == (2, length + 20, VOCAB)
-            errs = (_max_err(got, want), _states_err(prefill_state, want_prefill), _states_err(state, want_state))
+            sliding = ours.config.sliding_window_layers
+            errs = (_max_err(got, want), _states_err(prefill_state, want_prefill, sliding=sliding),
+                    _states_err(state, want_state, sliding=sliding))
             assert max(errs) <= 1e-4, (name, length, errs)
             worst_logits, worst_state = max(worst_logits, errs[0]), max(worst_state, *errs[1:])
     MEASURED[name] = (worst_logits, worst_state)
@@ -841,3 +874,57 @@ def test_olmo_hybrid_config_without_derived_keys_reads_as_transformers_derives_t
         assert ours.delta_negative_eigenvalues == theirs.linear_allow_neg_eigval is True
     nope = hybrid_config_from_json({"model_type": "olmo_hybrid", "rope_parameters": {"rope_theta": None}})
     assert not nope.rope and nope.delta_norm_eps == 1e-5 and nope.attention_post_norm and nope.qk_norm_across_heads
+
+
+def test_lfm3_config_reads_as_transformers_derives_it():
+    """A config.json with nothing but sizes: Lfm3Config's own layers (attention at i % 4 == 2,
+    sliding at i % 4 == 0 past 0), RoPE per kind (sliding: theta 1e4 over the whole head; full:
+    proportional, theta 1e6, half the pairs turning: its frequencies equal theirs), window 256,
+    sandwich norms and head gates on, tied."""
+    from seqexport.models.hybrid import rope_frequencies
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    fields = {"hidden_size": 64, "num_hidden_layers": 9, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "vocab_size": VOCAB}
+    theirs = transformers.Lfm3Config(**fields, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    ours = hybrid_config_from_json({"model_type": "lfm3", **fields})
+    assert ours.layer_types == ["conv" if t == "conv" else "attention" for t in theirs.layer_types]
+    assert ours.sliding_window_layers == [i for i, t in enumerate(theirs.layer_types) if t == "sliding_attention"]
+    assert ours.sliding_window == theirs.sliding_window == 256 and ours.sliding_rope_theta == 1e4
+    full, _ = ROPE_INIT_FUNCTIONS["proportional"](theirs, layer_type="full_attention")
+    assert ours.rope_proportional and torch.equal(rope_frequencies(ours), full)
+    assert ours.sandwich_norm and ours.attention_head_gate and ours.tie_embeddings and ours.short_conv_kernel == 7
+    only_sliding = hybrid_config_from_json({"model_type": "lfm3", **fields, "num_hidden_layers": 2,
+                                            "layer_types": ["conv", "sliding_attention"]})
+    assert only_sliding.rope_theta == 1e4 and only_sliding.sliding_rope_theta is None  # (their one RoPE)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"layer_types": ["conv", "local_attention"], "num_hidden_layers": 2}, "layer_types"),
+    ({"sliding_window": 0}, "sliding_window=0"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     r"rope_parameters\['full_attention'\].rope_type='yarn'"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "proportional", "rope_theta": 1e4}}},
+     r"rope_parameters\['sliding_attention'\].rope_type='proportional'"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, r"rope_parameters\['full_attention'\]=None"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 1e6, "factor": 2.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "factor=2.0"),
+    ({"use_sandwich_norm": "yes"}, "use_sandwich_norm"),
+])
+def test_lfm3_refusals_name_the_key(change, message):
+    with pytest.raises(ValueError, match=message):
+        hybrid_config_from_json({"model_type": "lfm3", "num_hidden_layers": 5, **change})
+
+
+@pytest.mark.parametrize("fields, name", [
+    ({"layer_types": ["conv", "attention"], "sliding_window_layers": [0]}, "sliding_window_layers"),
+    ({"layer_types": ["attention"], "sliding_window_layers": [1]}, "sliding_window_layers"),
+    ({"sliding_window": 0}, "sliding_window"), ({"sliding_rope_theta": -1.0}, "sliding_rope_theta"),
+    ({"rope_proportional": True, "partial_rotary_factor": 0.1}, "rope_proportional"),
+    ({"sandwich_norm": 1}, "sandwich_norm"), ({"attention_head_gate": "no"}, "attention_head_gate"),
+])
+def test_window_and_rope_fields_are_checked(fields, name):
+    with pytest.raises(ValueError, match=name):
+        HybridConfig(**fields)

@@ -1057,14 +1057,23 @@ def _olmo_hybrid(transformers, vocab: int):
         rope_parameters={"rope_type": "default", "rope_theta": None}, eos_token_id=None, pad_token_id=0))
 
 
-@pytest.mark.parametrize("name", ["falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid"])
+def _lfm3(transformers, vocab: int):
+    return transformers.Lfm3ForCausalLM(transformers.Lfm3Config(
+        hidden_size=64, num_hidden_layers=4, vocab_size=vocab, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=4,
+        layer_types=["conv", "sliding_attention", "conv", "full_attention"], eos_token_id=None, pad_token_id=0,
+        bos_token_id=None))
+
+
+@pytest.mark.parametrize("name", ["falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3"])
 def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, name):
     """Falcon-H1 (attention beside a Mamba-2 mixer in every layer, so each layer's state has both
     kinds; μP multipliers), LFM2 (short convolutions beside attention with per-head q/k norms),
     Jamba (Mamba-1 mixers, their scan one ONNX Scan, beside attention) and Qwen3.5 (Gated
     DeltaNets, their delta rule chunked under one ONNX Scan, beside gated attention) and
-    OLMo-hybrid (reflecting DeltaNets beside post-norm attention without positions): the page's
-    greedy tokens are transformers' own `generate`'s."""
+    OLMo-hybrid (reflecting DeltaNets beside post-norm attention without positions) and LFM3
+    (a 4-position sliding window beside full attention): the page's greedy tokens are
+    transformers' own `generate`'s."""
     import torch
     import transformers
 
@@ -1074,7 +1083,7 @@ def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, nam
     tok = byte_level_bpe()
     torch.manual_seed(0)
     cases = {"falcon_h1": _falcon_h1, "lfm2": _lfm2, "jamba": _jamba, "qwen3_5": _qwen3_5,
-             "olmo_hybrid": _olmo_hybrid}
+             "olmo_hybrid": _olmo_hybrid, "lfm3": _lfm3}
     hf = _randomize(cases[name](transformers, tok.get_vocab_size()), 0)
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))

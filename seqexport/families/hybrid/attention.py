@@ -30,9 +30,7 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
     keys = torch.cat([past_key.to(k.dtype), k], dim=2)  # (b, nkv, P + l, hd)
     values = torch.cat([past_value.to(v.dtype), v], dim=2)  # (b, nkv, P + l, hd)
     # visible: the valid past slots, and the new positions up to and including the query's own
-    slots = torch.arange(P, device=x.device)
-    past_visible = (slots[None, :] < past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, P)
-    causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device))  # (l, l)
+    past_visible, causal = self.visible(past_lengths, P, length)  # (b, 1, 1 or l, P), (l, l); a window's too
     visible = torch.cat([past_visible.expand(b, 1, length, P), causal.expand(b, 1, length, length)],
                         dim=-1)  # (b, 1, l, P + l)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale,

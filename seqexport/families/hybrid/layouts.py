@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Fourteen config layouts, told apart by `family` / `model_type`:
+Fifteen config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -50,6 +50,16 @@ Fourteen config layouts, told apart by `family` / `model_type`:
   taking `num_experts_per_tok` of them by a sigmoid router whose choice adds `expert_bias`
   (`use_expert_bias`), weighted by their scores normalised (`norm_topk_prob`, + 1e-6) and times
   `routed_scaling_factor`;
+- transformers' `Lfm3Config` (`model_type: "lfm3"`, Liquid AI's LFM3): LFM2's short convs (`conv_L_cache`
+  wide, 7 by default) beside attention of two kinds, `layer_types` "sliding_attention" (a query
+  sees the last `sliding_window` positions, its own included) and "full_attention", each with
+  its own RoPE from `rope_parameters[kind]`: "default" (the whole head: transformers' Lfm3 reads
+  no partial factor there) or "proportional" (full attention only: the first
+  `partial_rotary_factor` * head_dim / 2 pairs (j, j + head_dim / 2) turn, at theta^(-2j / head_dim));
+  queries and keys RMS-normed per head, each head's output times sigmoid(g_proj(x)) where
+  `use_attention_gate`, and with `use_sandwich_norm` every branch's output RMS-normed too
+  (`post_operator_norm`, `post_ffn_norm`); the MLP `intermediate_size` wide (not adjusted);
+  absent `layer_types`: Lfm3Config's own (attention at i % 4 == 2, sliding at i % 4 == 0 past 0);
 - transformers' `JambaConfig` (`model_type: "jamba"`, AI21's Jamba): attention (no positions,
   head_dim^-0.5) where `i % attn_layer_period == attn_layer_offset`, Mamba-1 mixers elsewhere
   (`mamba_expand * hidden_size` wide, `mamba_d_state`, `mamba_d_conv`, `mamba_dt_rank` ("auto":
@@ -191,6 +201,14 @@ _OLMO_HYBRID_DEFAULTS = dict(
     attention_bias=False, layer_types=None, linear_num_key_heads=None, linear_num_value_heads=None,
     linear_key_head_dim=None, linear_value_head_dim=None, linear_conv_kernel_dim=4, linear_allow_neg_eigval=True,
 )
+_LFM3_DEFAULTS = dict(
+    vocab_size=128000, hidden_size=2048, intermediate_size=7680, num_hidden_layers=24, num_attention_heads=16,
+    num_key_value_heads=4, norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=None, conv_bias=False,
+    conv_L_cache=7, layer_types=None, head_dim=128, sliding_window=256, use_sandwich_norm=True,
+    use_attention_gate=True, attention_bias=False,
+)
+_LFM3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+              "full_attention": {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5}}
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -204,8 +222,12 @@ _NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp
 _GRANITE_EXPERTS = {"input_linear.weight": "gate_up_proj", "output_linear.weight": "down_proj",
                     "router.layer.weight": "router.weight", "experts.gate_up_proj": "gate_up_proj",
                     "experts.down_proj": "down_proj"}
-_LFM2_ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj",
+# (LFM3's names too: o_proj, q_norm / k_norm, and its head gate g_proj, saved as gate_proj)
+_LFM2_ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj", "o_proj": "o_proj",
+                   "q_norm": "q_norm", "k_norm": "k_norm", "g_proj": "g_proj", "gate_proj": "g_proj",
                    "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
+_LFM_NORMS = {"operator_norm": "norm", "ffn_norm": "mlp_norm", "post_operator_norm": "post_norm",
+              "post_ffn_norm": "post_mlp_norm"}  # (LFM3's sandwich norms: the last two)
 _LFM2_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _LFM2_MOE = {"gate.weight": "router.weight", "expert_bias": "router_bias", "experts.gate_up_proj": "gate_up_proj",
              "experts.down_proj": "down_proj"}
@@ -240,7 +262,8 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
             raise ValueError(f"config names family {d['family']!r}; expected 'hybrid'")
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
-               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "jamba": _from_jamba,
+               "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "lfm3": _from_lfm3,
+               "jamba": _from_jamba,
                "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5, "qwen3_5_moe": _from_qwen3_5,
                "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5, "olmo_hybrid": _from_olmo_hybrid}
     if d.get("model_type") in readers:
@@ -529,6 +552,69 @@ def _from_lfm2_moe(d: dict) -> HybridConfig:
     )
 
 
+def _lfm3_layer_types(d: dict) -> list[str]:
+    n, types = d["num_hidden_layers"], d["layer_types"]
+    if types is None:  # as Lfm3Config derives them
+        types = ["full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i > 0 else "conv"
+                 for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or set(types) - {"conv", "sliding_attention", "full_attention"}:
+        raise ValueError(f"layer_types={types!r}; expected num_hidden_layers={n} entries, each 'conv', "
+                         "'sliding_attention' or 'full_attention'")
+    return types
+
+
+def _lfm3_rope(d: dict, types: list[str]) -> dict:
+    """LFM3's RoPE per attention kind: `rope_parameters` {kind: {rope_type, rope_theta, …}} ->
+    ours (the full-attention layers' as the model's rope, the sliding layers' theta apart)."""
+    params = _LFM3_ROPE if d["rope_parameters"] is None else d["rope_parameters"]
+    out = {}
+    for kind in ("full_attention", "sliding_attention"):
+        if kind not in types:
+            continue
+        p = params.get(kind) if isinstance(params, dict) else None
+        if not isinstance(p, dict):
+            raise ValueError(f"rope_parameters[{kind!r}]={p!r}; expected a dict (lfm3 gives each attention kind its own)")
+        allowed = ("default", "proportional") if kind == "full_attention" else ("default",)
+        rope_type = p.get("rope_type", "default")
+        if rope_type not in allowed:
+            raise ValueError(f"rope_parameters[{kind!r}].rope_type={rope_type!r} is not supported; expected one of "
+                             f"{list(allowed)}")
+        if _number(p.get("factor", 1.0), f"rope_parameters[{kind!r}].factor") != 1.0:
+            raise ValueError(f"rope_parameters[{kind!r}].factor={p['factor']!r} is not supported; expected 1")
+        theta = _number(p.get("rope_theta", 10000.0), f"rope_parameters[{kind!r}].rope_theta")
+        if kind == "sliding_attention":
+            out["sliding_rope_theta"] = theta
+        else:
+            proportional = rope_type == "proportional"
+            out.update(rope_theta=theta, rope_proportional=proportional, partial_rotary_factor=_number(
+                p.get("partial_rotary_factor", 1.0), f"rope_parameters[{kind!r}].partial_rotary_factor")
+                if proportional else 1.0)
+    if "sliding_rope_theta" in out and "rope_theta" not in out:  # every attention layer slides: theirs alone
+        out["rope_theta"] = out.pop("sliding_rope_theta")
+    return out
+
+
+def _from_lfm3(d: dict) -> HybridConfig:
+    d = {**_LFM3_DEFAULTS, **d}
+    for key in ("use_sandwich_norm", "use_attention_gate", "conv_bias", "attention_bias"):
+        _require_value(d, key, (True, False))
+    types = _lfm3_layer_types(d)
+    window = d["sliding_window"]
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if sliding and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window={window!r}; expected a positive integer (layers {sliding} slide)")
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=["conv" if t == "conv" else "attention"
+                                                                           for t in types],
+        mlp_in_layer=True, mlp_act="silu_gated", mlp_bias=False, d_ff=d["intermediate_size"],
+        **_attention_sizes(d), rope=True, **_lfm3_rope(d, types), sliding_window_layers=sliding,
+        **({"sliding_window": window} if sliding else {}), attention_bias=d["attention_bias"], qk_norm=True,
+        attention_head_gate=d["use_attention_gate"], sandwich_norm=d["use_sandwich_norm"],
+        short_conv_kernel=d["conv_L_cache"], short_conv_bias=d["conv_bias"], rms_norm_eps=d["norm_eps"],
+        tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 def _from_jamba(d: dict) -> HybridConfig:
     d = {**_JAMBA_DEFAULTS, **d}
     _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba conv both use it)")
@@ -669,12 +755,12 @@ def _layout_of(state: dict[str, Tensor]) -> str:
         return "ours"
     if any(".linear_attn.g_proj." in k or ".post_feedforward_layernorm." in k for k in state):
         return "olmo_hybrid"
+    if "model.embedding_norm.weight" in state:
+        return "lfm2"  # (and lfm2_moe and lfm3: LFM2's names, and their experts' or norms')
     if "model.language_model.embed_tokens.weight" in state or any(
             ".linear_attn." in k or k.endswith(".self_attn.q_norm.weight") for k in state):
         return "qwen3_5"  # (the image-text checkpoint's text model, or the text model's own)
     if "model.embed_tokens.weight" in state:
-        if "model.embedding_norm.weight" in state:
-            return "lfm2"  # (and lfm2_moe: the same names, and the experts')
         if any(".shared_mlp." in k for k in state):
             return "granitemoehybrid"
         return "bamba"
@@ -828,8 +914,8 @@ def _lfm2_key(key: str) -> str | None:
         return f"layers.{i}.experts.{_LFM2_MOE.get(rest, rest.removeprefix('experts.'))}"
     elif module == "feed_forward":
         name = _LFM2_MLP.get(name)
-    elif module in ("operator_norm", "ffn_norm") and rest == "weight":
-        return f"layers.{i}.{'norm' if module == 'operator_norm' else 'mlp_norm'}.weight"
+    elif module in _LFM_NORMS and rest == "weight":
+        return f"layers.{i}.{_LFM_NORMS[module]}.weight"
     elif module != "conv":
         return None
     if not name:
@@ -1028,6 +1114,8 @@ def _label(layout: str, config: HybridConfig) -> str:
     """The layout as errors name it: Bamba's key names are Falcon-H1's and Jamba's too."""
     if layout == "bamba" and "parallel" in config.layer_types:
         return "falcon_h1"
+    if layout == "lfm2" and (config.sandwich_norm or config.attention_head_gate or config.sliding_window_layers):
+        return "lfm3"
     return "jamba" if layout == "bamba" and "mamba" in config.layer_types else layout
 
 
