@@ -299,6 +299,11 @@ class HybridConfig(DictConfig):
             raise ValueError(f"{name}.sliding_window_layers={where!r}; expected a list of the indices of "
                              "'attention' layers")
         self.sliding_window_layers = sorted(set(where))
+        attending = [i for i, t in enumerate(self.layer_types) if t in ATTENTION_KINDS]
+        if attending and set(attending) <= set(self.sliding_window_layers):  # (their state is a window)
+            raise ValueError(f"{name}.sliding_window_layers={self.sliding_window_layers} holds every attention "
+                             "layer; expected at least one full attention layer (the graphs count positions by "
+                             "its cache)")
 
     def _check_heads(self) -> None:
         """GQA groups, the rotary dims, and the SSM heads' groups divide as they must."""
@@ -448,12 +453,18 @@ def scaled_linear(d_in: int, d_out: int, bias: bool, out_scale=1.0) -> nn.Linear
 
 
 class Attention(nn.Module):
-    """Causal self-attention over an appended KV buffer plus the new positions; GQA, RoPE or none;
-    `window`: a query sees only the last `window` positions, its own included (sliding window)."""
+    """Causal self-attention over an appended KV buffer plus the new positions; GQA, RoPE or none.
+
+    `window`: a query sees only the last `window` positions, its own included (a sliding window),
+    and the cache is the window itself, (b, nkv, window, hd), replaced each call: slot j holds
+    position past_lengths - window + j (right-aligned; a negative position is no token yet).
+    `row_ends` (b,), set by an exporter around a right-padded prefill: each row's new window is
+    taken at its own last token, not at the padded end."""
 
     def __init__(self, config: HybridConfig, window: int | None = None):
         super().__init__()
         self.window = window
+        self.row_ends: Tensor | None = None
         d, nh, nkv, hd = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = nh, nkv, hd
         self.scale = config.attention_multiplier if config.attention_multiplier is not None else hd ** -0.5
@@ -506,17 +517,38 @@ class Attention(nn.Module):
 
     def visible(self, past_lengths: Tensor, P: int, length: int) -> tuple[Tensor, Tensor]:
         """What each query sees: the valid past slots (b, 1, 1, P), and the new positions up to and
-        including its own (l, l). With a window, only positions p - window < . <= p for a query at
-        p: the past slots then (b, 1, l, P), the new ones (l, l) still."""
+        including its own (l, l). With a window (P = window slots, right-aligned), only positions
+        p - window < . <= p for a query at p: the past slots then (b, 1, l, P)."""
         slots = torch.arange(P, device=past_lengths.device)
-        past = (slots[None, :] < past_lengths[:, None])[:, None, None, :]  # (b, 1, 1, P)
         causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=past_lengths.device))  # (l, l)
-        if self.window is not None:  # slot s holds position s; query t is at past_lengths + t
-            t = torch.arange(length, device=past_lengths.device)
-            queries = past_lengths[:, None] + t  # (b, l)
-            past = past & (slots[None, None, :] > queries[:, :, None] - self.window)[:, None]  # (b, 1, l, P)
-            causal = causal & (t[:, None] - t[None, :] < self.window)  # (l, l)
-        return past, causal
+        if self.window is None:
+            return (slots[None, :] < past_lengths[:, None])[:, None, None, :], causal  # (b, 1, 1, P)
+        # slot j holds position past_lengths - P + j; query t is at past_lengths + t and sees it
+        # while t + P - j < window: the slots j > t + P - window
+        t = torch.arange(length, device=past_lengths.device)
+        held = slots[None, :] >= P - past_lengths[:, None]  # (b, P): a token there (position >= 0)
+        recent = slots[None, :] > t[:, None] + (P - self.window)  # (l, P)
+        past = (held[:, None, :] & recent[None])[:, None]  # (b, 1, l, P)
+        return past, causal & (t[:, None] - t[None, :] < self.window)  # (l, l)
+
+    def new_state(self, past_key: Tensor, past_value: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """What the layer's state becomes: the new positions' (k, v) (b, nkv, l, hd), which the
+        caller appends; or, with a window, the window itself (b, nkv, window, hd): the last
+        `window` positions of the past and the new ones, ending at each row's end (`row_ends`)
+        or at the call's last position."""
+        if self.window is None:
+            return k, v
+        out = []
+        for past, new in ((past_key, k), (past_value, v)):
+            joined = torch.cat([past.to(new.dtype), new], dim=2)  # (b, nkv, P + l, hd)
+            ends = self.row_ends
+            if ends is None:
+                out.append(joined[:, :, joined.shape[2] - self.window:])  # (b, nkv, window, hd)
+            else:  # row r's positions P + ends[r] - window .. P + ends[r] - 1
+                b, nkv, _, hd = joined.shape
+                at = (ends + past.shape[2])[:, None] - self.window + torch.arange(self.window, device=ends.device)
+                out.append(torch.gather(joined, 2, at[:, None, :, None].expand(b, nkv, self.window, hd)))
+        return out[0], out[1]
 
     def forward(
         self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -568,7 +600,7 @@ class Attention(nn.Module):
         else:
             out = torch.matmul(probs, torch.cat([past_value, v], dim=2))  # (b, nkv, rep * l, hd)
         out = out.view(b, self.n_heads, length, hd).transpose(1, 2).reshape(b, length, self.n_heads * hd)  # (b, l, nh * hd)
-        return self.output(out, gate), (k, v)
+        return self.output(out, gate), self.new_state(past_key, past_value, k, v)
 
 
 class MLP(nn.Module):
@@ -1078,21 +1110,27 @@ class HybridLM(nn.Module):
     def allocate_inference_cache(
         self, batch: int, dtype: torch.dtype | None = None, device: torch.device | None = None
     ) -> list[LayerState]:
-        """State of a fresh sequence: mamba2 and conv zeros, attention buffers with P = 0, "mlp" ()."""
+        """State of a fresh sequence: mamba2 and conv zeros, attention buffers with P = 0 (a
+        window's: its slots, zeros), "mlp" ()."""
         w = self.embed_tokens.weight
         dtype, device = dtype or w.dtype, device or w.device
         c = self.config
         state = []
         for layer in self.layers:
-            kv = tuple(torch.zeros(batch, c.n_kv_heads, 0, c.head_dim, dtype=dtype, device=device) for _ in range(2))
+            slots = layer.mixer.window if layer.kind == "attention" and layer.mixer.window else 0  # (a window: zeros)
+            kv = tuple(torch.zeros(batch, c.n_kv_heads, slots, c.head_dim, dtype=dtype, device=device)
+                       for _ in range(2))
             has_conv = layer.conv_index is not None  # a Mamba-2 mixer or a short conv
             ssm = layer.mixer.allocate_inference_cache(batch, dtype, device) if has_conv else ()
             state.append((kv if layer.kind in ATTENTION_KINDS else ()) + tuple(ssm))
         return state
 
 
-def append_kv(state: list[LayerState], new_state: list[LayerState], past_lengths: Tensor | None) -> list[LayerState]:
+def append_kv(state: list[LayerState], new_state: list[LayerState], past_lengths: Tensor | None,
+              windowed=()) -> list[LayerState]:
     """The next call's state, for eager users and tests (graphs never use it; a runtime writes in place).
+    `windowed`: the layers whose attention state is a window (`config.sliding_window_layers`),
+    taken as it is.
 
     Attention layers (a 4-d first tensor in the new state): the new (key, value) (b, nkv, l, hd)
     are written into copies of the buffers at row r's slots past_lengths[r] .. + l - 1, the buffers
@@ -1101,8 +1139,8 @@ def append_kv(state: list[LayerState], new_state: list[LayerState], past_lengths
     layers: (). Returns a new list; nothing handed in is modified.
     """
     out = []
-    for old, new in zip(state, new_state, strict=True):
-        if len(new) not in (2, 4) or new[0].dim() != 4:  # a mamba2 or conv (conv_state is 3-d) or "mlp" layer
+    for i, (old, new) in enumerate(zip(state, new_state, strict=True)):
+        if len(new) not in (2, 4) or new[0].dim() != 4 or i in windowed:  # mamba2, conv (3-d), "mlp", a window
             out.append(new)
             continue
         (key, value), (new_key, new_value), replaced = old[:2], new[:2], tuple(new[2:])

@@ -66,13 +66,15 @@ def assert_states_equal(state, want, kinds, rows=slice(None), first=0):
         elif kind == "linear_attention":
             np.testing.assert_allclose(state.arrays[f"past_conv_state.{i}"][rows], layer[0], atol=TOL, rtol=0)
             np.testing.assert_allclose(state.arrays[f"past_ssm_state.{i}"][rows], layer[1], atol=TOL, rtol=0)
-        elif kind in ("full_attention", "sliding_attention"):  # transformers keeps a window's last positions
+        elif kind == "full_attention":
             for kv, theirs in zip(("key", "value"), layer, strict=True):
                 ours = state.arrays[f"past_key_values.{i}.{kv}"][rows]
-                held = theirs.shape[2]
-                assert (lengths == held).all() if kind == "full_attention" else (lengths >= held).all()
-                for r, length in enumerate(lengths):
-                    np.testing.assert_allclose(ours[r, :, length - held: length], theirs[r], atol=TOL, rtol=0)
+                assert (lengths == theirs.shape[2]).all()
+                np.testing.assert_allclose(ours[:, :, : theirs.shape[2]], theirs, atol=TOL, rtol=0)
+        elif kind == "sliding_attention":  # our window, its last slots each row's latest positions
+            for kv, theirs in zip(("key", "value"), layer, strict=True):  # (transformers: the last W - 1)
+                ours = state.arrays[f"past_window.{i}.{kv}"][rows]
+                np.testing.assert_allclose(ours[:, :, ours.shape[2] - theirs.shape[2]:], theirs, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("name", list(HF_MODELS))
@@ -186,6 +188,24 @@ def test_rows_at_different_positions_share_each_call(exported, name):
         np.testing.assert_allclose(got[r], want[0, len(row) - 1:].numpy(), atol=TOL, rtol=0)
         assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf),
                             rows=slice(r, r + 1))
+
+
+def test_a_sliding_layers_state_is_its_window_however_long_the_context(exported):
+    """LFM3's sliding layers (a 5-position window) hold 5 slots after 60 tokens, declared
+    replaced with a fixed size in both graphs, while the full layer's appended cache holds every
+    position; the logits stay transformers' (the prefill-then-steps test checks them)."""
+    hf, m, _ = exported("lfm3")
+    windowed = [i for i, t in enumerate(kinds_of(hf)) if t == "sliding_attention"]
+    state = m.start(2)
+    for turn in (np.arange(40).reshape(2, 20) % VOCAB, np.arange(40).reshape(2, 20) % VOCAB, np.array([3, 4])):
+        _, state = m.step(turn, state)
+    for graph in ("prefill", "step"):
+        spec = m.specs[graph]
+        for i in windowed:
+            assert spec.input(f"past_window.{i}.key").dims == ("batch", 2, 5, 16)
+            assert (f"present_window.{i}.key", f"past_window.{i}.key") in spec.feeds
+    assert all(state.arrays[f"past_window.{i}.value"].shape == (2, 2, 5, 16) for i in windowed)
+    assert state.arrays["past_key_values.3.key"].shape[2] >= 41 and list(state.arrays["past_lengths"]) == [41, 41]
 
 
 def test_a_branch_copies_the_cache_once_and_leaves_the_earlier_state_as_it_was(exported):

@@ -346,21 +346,21 @@ def _hf_decode(model, prompt, steps):
 def _our_decode(model, prompt, steps, scan):
     b, length = prompt.shape
     logits, new = model(prompt, scan=scan)
-    past = torch.zeros(b, dtype=torch.long)
-    state = append_kv(model.allocate_inference_cache(b), new, past)
+    past, windowed = torch.zeros(b, dtype=torch.long), model.config.sliding_window_layers
+    state = append_kv(model.allocate_inference_cache(b), new, past, windowed)
     prefill_state, out = state, [logits]
     for t, token in enumerate(steps.T):
         past = torch.full((b,), length + t)
         logits, new = model.step(token, state, past)
-        state = append_kv(state, new, past)
+        state = append_kv(state, new, past, windowed)
         out.append(logits[:, None])
     return torch.cat(out, 1), prefill_state, state
 
 
 def _states_err(ours, theirs, relative: bool = False, sliding=()) -> float:
     """Max abs difference over every layer's tensors (relative: each divided by max(1, max |theirs|)).
-    Layers in `sliding` hold every position in ours, transformers' only the window's last ones:
-    ours compared on those."""
+    Layers in `sliding` hold a window (its last slots the latest positions), transformers' only
+    its last ones: ours compared on those."""
     worst = 0.0
     for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         assert len(a) == len(b), i
@@ -894,9 +894,9 @@ def test_lfm3_config_reads_as_transformers_derives_it():
     full, _ = ROPE_INIT_FUNCTIONS["proportional"](theirs, layer_type="full_attention")
     assert ours.rope_proportional and torch.equal(rope_frequencies(ours), full)
     assert ours.sandwich_norm and ours.attention_head_gate and ours.tie_embeddings and ours.short_conv_kernel == 7
-    only_sliding = hybrid_config_from_json({"model_type": "lfm3", **fields, "num_hidden_layers": 2,
-                                            "layer_types": ["conv", "sliding_attention"]})
-    assert only_sliding.rope_theta == 1e4 and only_sliding.sliding_rope_theta is None  # (their one RoPE)
+    with pytest.raises(ValueError, match="holds every attention layer"):  # (refused, not exported wrong)
+        hybrid_config_from_json({"model_type": "lfm3", **fields, "num_hidden_layers": 2,
+                                 "layer_types": ["conv", "sliding_attention"]})
 
 
 @pytest.mark.parametrize("change, message", [
@@ -921,6 +921,7 @@ def test_lfm3_refusals_name_the_key(change, message):
 @pytest.mark.parametrize("fields, name", [
     ({"layer_types": ["conv", "attention"], "sliding_window_layers": [0]}, "sliding_window_layers"),
     ({"layer_types": ["attention"], "sliding_window_layers": [1]}, "sliding_window_layers"),
+    ({"layer_types": ["conv", "attention"], "sliding_window_layers": [1]}, "holds every attention layer"),
     ({"sliding_window": 0}, "sliding_window"), ({"sliding_rope_theta": -1.0}, "sliding_rope_theta"),
     ({"rope_proportional": True, "partial_rotary_factor": 0.1}, "rope_proportional"),
     ({"sandwich_norm": 1}, "sandwich_norm"), ({"attention_head_gate": "no"}, "attention_head_gate"),

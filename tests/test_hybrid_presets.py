@@ -4,8 +4,9 @@ config, and our reading of that config.json gives the preset. `bamba-9b` against
 `BambaForCausalLM` of Bamba-9B's config, `falcon-h1-tiny` against `FalconH1ForCausalLM` of
 Falcon-H1-Tiny-90M's, `lfm2-350m` against `Lfm2ForCausalLM` of LFM2-350M's, `lfm2-8b-a1b`
 against `Lfm2MoeForCausalLM` of LFM2-8B-A1B's, `jamba-mini` against `JambaForCausalLM` of Jamba 1.5
-Mini's, `qwen3.5-0.8b` against `Qwen3_5ForCausalLM` of Qwen3.5-0.8B's text model (seqexport/families/hybrid/presets.py says where
-each number comes from)."""
+Mini's, `qwen3.5-0.8b` against `Qwen3_5ForCausalLM` of Qwen3.5-0.8B's text model, `lfm3-1.7b`
+against `Lfm3ForCausalLM` of LFM3-1.7B's (seqexport/families/hybrid/presets.py says where each
+number comes from)."""
 
 from collections import Counter
 
@@ -52,6 +53,7 @@ PRESETS = {
     "lfm2-8b-a1b": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", LFM2_8B_A1B, (8.2e9, 8.5e9)),  # "8B"
     "jamba-mini": ("JambaConfig", "JambaForCausalLM", JAMBA_MINI, (51.4e9, 51.8e9)),  # AI21's "52B total"
     "qwen3.5-0.8b": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN3_5_0_8B, (0.7e9, 0.9e9)),  # "0.8B"
+    "lfm3-1.7b": ("Lfm3Config", "Lfm3ForCausalLM", {}, (1.7e9, 1.75e9)),  # "1.7B": Lfm3Config's defaults are its
 }
 
 

@@ -36,7 +36,7 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale,
                                          enable_gqa=True)  # (b, nh, l, hd)
     out = out.transpose(1, 2).reshape(b, length, self.n_heads * self.head_dim)  # (b, l, nh * hd)
-    return self.output(out, gate), (k, v)
+    return self.output(out, gate), self.new_state(past_key, past_value, k, v)
 
 
 @contextmanager

@@ -63,7 +63,9 @@ class EagerHybrid(HybridSteps):
     def _cached(self, ids: np.ndarray, state: State):
         arrays, writer, counts = self.layout.writable(state, ids.shape[1])
         fed = self.layout.fed(arrays, counts, ids.shape[1])
-        layers = [tuple(self._t(fed[n]) for n in layer_inputs(k, i)) for i, k in enumerate(self.config.layer_types)]
+        windowed = self.config.sliding_window_layers
+        layers = [tuple(self._t(fed[n]) for n in layer_inputs(k, i, i in windowed))
+                  for i, k in enumerate(self.config.layer_types)]
         lengths = self._t(arrays[PAST_LENGTHS])
         if ids.shape[1] == 1:
             logits, new_layers = self.model.step(self._t(ids), layers, lengths)
@@ -72,7 +74,7 @@ class EagerHybrid(HybridSteps):
             logits, new_layers = self.model(self._t(ids), layers, lengths, scan=self.scan)
         replaced, appended = {}, {}
         for i, (kind, layer) in enumerate(zip(self.config.layer_types, new_layers, strict=True)):
-            for name, t in zip(layer_inputs(kind, i), layer, strict=True):
+            for name, t in zip(layer_inputs(kind, i, i in windowed), layer, strict=True):
                 (appended if is_kv(name) else replaced)[name] = _np(t)
         return _np(logits), self.layout.append(arrays | replaced, writer, appended, counts, ids.shape[1])
 

@@ -63,7 +63,7 @@ def layers_of(model: HybridLM, flat) -> list[tuple]:
     """The graph's flat state inputs, in layer order -> one tuple per layer (() for an MLP)."""
     out, at = [], 0
     for i, kind in enumerate(model.config.layer_types):
-        n = len(layer_inputs(kind, i))
+        n = len(layer_inputs(kind, i))  # (a window is a key and a value too)
         out.append(tuple(flat[at: at + n]))
         at += n
     return out
@@ -115,7 +115,7 @@ class PrefillGraph(nn.Module):
         layers = layers_of(self.model, state)
         convs = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
         with ragged.outputs_of([layer.mixer.in_proj for _, layer in convs]) as seen, \
-                ragged.rotated_output(self.model.norm_f, lengths):
+                ragged.rotated_output(self.model.norm_f, lengths), _windows_end_at(self.model, lengths):
             logits, new_state = self.model(input_ids, layers, past_lengths, scan=scan, selective_scan=selective_scan,
                                            delta_rule=delta_rule)
         for (i, layer), projected in zip(convs, seen, strict=True):
@@ -125,6 +125,20 @@ class PrefillGraph(nn.Module):
         if keep is not None and int(keep[0]) > 0:
             logits = logits[:, -int(keep[0]):]  # (b, kept, v)
         return (logits, *_flat(new_state))
+
+
+@contextmanager
+def _windows_end_at(model: HybridLM, lengths):
+    """Within: every sliding-window attention layer takes its new window at each row's own end
+    (`lengths` (b,): the rows' new tokens), not at the padded end."""
+    windows = [layer.mixer for layer in model.layers if layer.kind == "attention" and layer.mixer.window]
+    for m in windows:
+        m.row_ends = lengths
+    try:
+        yield
+    finally:
+        for m in windows:
+            m.row_ends = None
 
 
 def _mamba1_step(self, hidden, conv_state, ssm_state):

@@ -589,8 +589,6 @@ def _lfm3_rope(d: dict, types: list[str]) -> dict:
             out.update(rope_theta=theta, rope_proportional=proportional, partial_rotary_factor=_number(
                 p.get("partial_rotary_factor", 1.0), f"rope_parameters[{kind!r}].partial_rotary_factor")
                 if proportional else 1.0)
-    if "sliding_rope_theta" in out and "rope_theta" not in out:  # every attention layer slides: theirs alone
-        out["rope_theta"] = out.pop("sliding_rope_theta")
     return out
 
 

@@ -3,7 +3,8 @@
 Falcon-H1-Tiny-90M (tiiuae/Falcon-H1-Tiny-90M-Base); `lfm2-350m`, the shape of Liquid AI's LFM2-350M (LiquidAI/LFM2-350M); and
 `lfm2-8b-a1b`, the shape of its mixture of experts LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B); and
 `jamba-mini`, the shape of AI21's Jamba 1.5 Mini (ai21labs/AI21-Jamba-1.5-Mini, Jamba-v0.1's shape);
-and `qwen3.5-0.8b`, the shape of Qwen3.5-0.8B's text model (Qwen/Qwen3.5-0.8B).
+`qwen3.5-0.8b`, the shape of Qwen3.5-0.8B's text model (Qwen/Qwen3.5-0.8B); and `lfm3-1.7b`,
+the shape of Liquid AI's LFM3-1.7B (LiquidAI/LFM3-1.7B).
 
 Where the numbers come from (no model hub here, so no config.json was read):
 - 32 layers, width 4096, 32 query heads, d_state 128, attention at layers 9, 18 and 27: the
@@ -66,6 +67,14 @@ gives); tied embeddings. `intermediate_size` 3584 is not quoted by any source he
 recalled, and the parameter count it gives (about 0.75 B without the vision tower) fits the
 published "0.8B". Checked by tests/test_hybrid_presets.py against transformers'
 `Qwen3_5ForCausalLM` of that config, tensor for tensor.
+
+LFM3-1.7B, from transformers' `Lfm3Config` defaults, whose docstring names that checkpoint (no
+other source here quotes its config.json): 24 layers of width 2048, short convolutions 7 wide,
+full attention at layers 2, 6, …, 22 and sliding-window attention (256 positions) at 4, 8, …,
+20, 16 query and 4 KV heads of 128, MLP 7680, vocabulary 128000, proportional RoPE (θ 1e6, half
+the pairs) on the full layers and θ 1e4 on the sliding ones, per-head output gates, sandwich
+norms, tied embeddings. Checked by tests/test_hybrid_presets.py against transformers'
+`Lfm3ForCausalLM` of that config, tensor for tensor (1.73 B, the "1.7B" of the name).
 """
 
 BAMBA_9B_ATTENTION = (9, 18, 27)
@@ -107,4 +116,10 @@ PRESETS = {
                          partial_rotary_factor=0.25, qk_norm=True, attention_output_gate=True, d_conv=4,
                          delta_k_heads=16, delta_v_heads=16, delta_k_dim=128, delta_v_dim=128, rms_norm_eps=1e-6,
                          tie_embeddings=True),
+    "lfm3-1.7b": dict(d_model=2048, vocab_size=128000,
+                      layer_types=["attention" if i % 4 == 2 or (i % 4 == 0 and i > 0) else "conv" for i in range(24)],
+                      d_ff=7680, n_heads=16, n_kv_heads=4, head_dim=128, rope=True, rope_theta=1e6,
+                      partial_rotary_factor=0.5, rope_proportional=True, sliding_window_layers=list(range(4, 24, 4)),
+                      sliding_window=256, sliding_rope_theta=1e4, qk_norm=True, attention_head_gate=True,
+                      sandwich_norm=True, short_conv_kernel=7, short_conv_bias=False, tie_embeddings=True),
 }

@@ -4,6 +4,9 @@ kinds (seqexport.state), per layer as the config's `layer_types` say:
     "attention"  past_key_values.{i}.key|value  (batch, n_kv_heads, past_len, head_dim)
                  appended: row r's first past_lengths[r] slots are valid; the graph returns
                  present.{i}.key|value for the new positions only (batch, n_kv_heads, seq_len, head_dim)
+                 a sliding-window layer (`sliding_window_layers`): past_window.{i}.key|value
+                 (batch, n_kv_heads, sliding_window, head_dim), its window, replaced whole: slot j
+                 holds position past_lengths[r] - sliding_window + j (LFM3)
     "mamba2"     past_conv_state.{i} (batch, conv_dim, d_conv), past_ssm_state.{i}
                  (batch, nheads, headdim, d_state) float32: replaced whole each call
     "parallel"   both: the attention's key|value, then the mixer's conv|ssm (Falcon-H1)
@@ -26,7 +29,7 @@ PAST_LENGTHS = "past_lengths"  # (batch,) valid attention cache slots of each ro
 KV = ("key", "value")
 
 __all__ = ["ATTENTION_MASK", "INPUT_IDS", "KV", "LOGITS", "LOGITS_TO_KEEP", "PAST_LENGTHS", "graph_specs",
-           "is_kv", "layer_inputs", "past_conv", "past_kv", "past_ssm"]
+           "is_kv", "layer_inputs", "past_conv", "past_kv", "past_ssm", "past_window"]
 
 
 def past_conv(i: int) -> str:
@@ -41,6 +44,10 @@ def past_kv(i: int, kv: str) -> str:
     return f"past_key_values.{i}.{kv}"
 
 
+def past_window(i: int, kv: str) -> str:
+    return f"past_window.{i}.{kv}"
+
+
 def is_kv(name: str) -> bool:
     """An attention cache input (appended), not a conv/SSM one (replaced)."""
     return name.startswith("past_key_values.")
@@ -52,9 +59,10 @@ def _present(name: str) -> str:
         else name.replace("past_", "present_", 1)
 
 
-def layer_inputs(kind: str, i: int) -> tuple[str, ...]:
-    """Layer i's state inputs, in the order of the model's per-layer tuple."""
-    kv = tuple(past_kv(i, kv) for kv in KV) if kind in ("attention", "parallel") else ()
+def layer_inputs(kind: str, i: int, windowed: bool = False) -> tuple[str, ...]:
+    """Layer i's state inputs, in the order of the model's per-layer tuple (`windowed`: a
+    sliding-window attention layer's window)."""
+    kv = tuple((past_window if windowed else past_kv)(i, kv) for kv in KV) if kind in ("attention", "parallel") else ()
     if kind == "conv":
         return (past_conv(i),)
     return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba", "deltanet") else ())
@@ -67,6 +75,7 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
     d_inner = config["mamba_nheads"] * config["headdim"]
     conv_dim = d_inner + 2 * config["ngroups"] * config["d_state"]
     nkv, hd = config["n_kv_heads"], config["head_dim"]
+    windowed = set(config.get("sliding_window_layers") or ())  # (older manifests lack the key)
 
     def mamba1_inner() -> int:  # a "mamba" layer's width (read only where there is one: older manifests lack the key)
         return config["mamba1_expand"] * config["d_model"]
@@ -77,6 +86,7 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
     def state(i: int, kind: str, past: bool, length) -> tuple[TensorSpec, ...]:
         role = "state" if past else ""
         dims = {past_kv(i, kv): (dtype, ("batch", nkv, "past_len" if past else length, hd)) for kv in KV}
+        dims |= {past_window(i, kv): (dtype, ("batch", nkv, config.get("sliding_window"), hd)) for kv in KV}
         dims[past_conv(i)] = (dtype, ("batch", config["d_model"], config["short_conv_kernel"]) if kind == "conv"
                               else ("batch", mamba1_inner(), config["d_conv"]) if kind == "mamba"
                               else ("batch", delta_conv_dim(), config["d_conv"]) if kind == "deltanet"
@@ -85,7 +95,8 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
                              else ("batch", config["delta_v_heads"], config["delta_k_dim"], config["delta_v_dim"])
                              if kind == "deltanet"
                              else ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]))
-        return tuple(TensorSpec(n if past else _present(n), *dims[n], role) for n in layer_inputs(kind, i))
+        return tuple(TensorSpec(n if past else _present(n), *dims[n], role)
+                     for n in layer_inputs(kind, i, i in windowed))
 
     def graph(name, length, prefill=False):
         layers = list(enumerate(kinds))
@@ -98,8 +109,8 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
             + ((TensorSpec(LOGITS_TO_KEEP, "int64", (1,), "keep"),) if prefill else ()),
             outputs=(TensorSpec(LOGITS, "float32", ("batch", "kept_len" if prefill else length, vocab)),)
             + tuple(t for i, k in layers for t in state(i, k, False, length)),
-            feeds=tuple((_present(n), n) for i, k in layers for n in layer_inputs(k, i) if not is_kv(n)),
-            appends=tuple((_present(n), n) for i, k in layers for n in layer_inputs(k, i) if is_kv(n)),
+            feeds=tuple((_present(n), n) for i, k in layers for n in layer_inputs(k, i, i in windowed) if not is_kv(n)),
+            appends=tuple((_present(n), n) for i, k in layers for n in layer_inputs(k, i, i in windowed) if is_kv(n)),
         )
 
     return {"prefill": graph("prefill", "seq_len", prefill=True), "step": graph("step", 1)}
