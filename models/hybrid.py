@@ -9,8 +9,10 @@ LFM2-MoE ("conv" layers: a gated short convolution, C * conv(B * x), beside atte
 queries and keys are RMS-normed per head), of AI21's Jamba ("mamba" layers: a Mamba-1 mixer
 beside attention without positions) and of Qwen3.5 ("deltanet" layers: a Gated DeltaNet, the
 gated delta rule over a (dk, dv) state per value head, beside attention whose output is gated
-by a sigmoid of a second half of q_proj) and of AI2's OLMo-hybrid (Gated DeltaNets whose writes
-may reflect the state, beside post-norm attention normed across its heads). The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
+by a sigmoid of a second half of q_proj), of AI2's OLMo-hybrid (Gated DeltaNets whose writes
+may reflect the state, beside post-norm attention normed across its heads) and of Liquid AI's
+LFM3 (short convs beside sliding-window and full attention, gated per head, sandwich-normed).
+The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
 the Mamba-1 mixer that of `models.mamba`, reused as they are.
 
 Pieces, smallest first: RoPE helpers -> HybridConfig -> Attention -> MLP -> Experts -> the Mamba-2 mixer
@@ -49,6 +51,9 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
                  Keys are stored after RoPE (as transformers' caches hold them). A call returns
                  only the new positions' (key, value), each (b, nkv, l, hd); the caller writes them
                  at slots past_lengths[r] .. past_lengths[r] + l - 1 (`append_kv` does it eagerly).
+                 A sliding-window layer (`sliding_window_layers`): (key, value), each (b, nkv, W, hd),
+                 W = sliding_window, its window, replaced whole each call: slot j holds position
+                 past_lengths[r] - W + j (right-aligned; a negative position is no token yet).
     "mlp", "moe" ()
 
 Mixture of experts (`n_experts` > 0): a router and E experts of width fe (the MLP's kind: gated

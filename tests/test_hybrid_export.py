@@ -408,6 +408,22 @@ def test_a_head_count_that_is_no_count_is_refused_naming_it(tmp_path, heads):
     assert "Traceback" not in result.output and not (tmp_path / "o").exists()
 
 
+def test_a_model_without_full_attention_is_refused_naming_its_layers(tmp_path):
+    """A hybrid of Mamba-2 and MLP layers only: its graphs would have no cache to count positions
+    by, so the export stops naming layer_types (it raised a bare ValueError from the graph spec)."""
+    from seqexport.models.hybrid import HybridConfig, HybridLM
+
+    from seqexport.checkpoints.io import save_checkpoint
+
+    config = HybridConfig(layer_types=["mamba2", "mlp", "mamba2"])
+    save_checkpoint(HybridLM(config), config, "hybrid", tmp_path / "ckpt")
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "ckpt"),
+                                      "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "layer_types=['mamba2', 'mlp', 'mamba2'] has no full attention layer" in \
+        result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+
+
 def test_quantize_turns_the_moe_kernel_into_qmoe(exported, tmp_path):
     """int8 and int4 copies of a Granite MoE export: every MoE node becomes a QMoE node over the
     same experts in 8 or 4 bits (a scale per row: 32 divides no 48-wide expert), the float
