@@ -111,11 +111,11 @@ from torch import Tensor, nn
 LayerState = tuple[Tensor, ...]
 Scan = Callable[..., tuple[Tensor, Tensor]]
 
-LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv", "mamba", "deltanet")
-MAMBA_KINDS = ("mamba2", "parallel")  # layers with a Mamba-2 mixer (and conv/SSM state)
-ATTENTION_KINDS = ("attention", "parallel")  # layers with attention (and a KV cache)
+LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv", "mamba", "deltanet", "zamba")
+MAMBA_KINDS = ("mamba2", "parallel", "zamba")  # layers with a Mamba-2 mixer (and conv/SSM state)
+ATTENTION_KINDS = ("attention", "parallel", "zamba")  # layers with attention (and a KV cache)
 EXPERT_ROUTINGS = ("softmax", "sigmoid")
-MLP_ACTS = ("silu_gated", "relu2")
+MLP_ACTS = ("silu_gated", "relu2", "gelu_gated")
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -233,6 +233,14 @@ class HybridConfig(DictConfig):
     # (OLMo-hybrid's allow_neg_eigval); False: β = sigmoid(b) in (0, 1)
     delta_negative_eigenvalues: bool = False
     delta_norm_eps: float | None = None  # the output's gated RMSNorm epsilon; None = rms_norm_eps (OLMo: 1e-5)
+    # "zamba" layers (Zamba2's hybrid layers): a shared transformer block, one of `shared_blocks` in
+    # turn, reads cat(x, the embedding) (2 d wide, attention heads of head_dim over it); its output,
+    # through the layer's own d x d `linear`, joins the input of the layer's Mamba-2 mixer
+    shared_blocks: int = 1
+    # each zamba layer's own LoRA of this rank on the block's MLP gate/up (0: none), and on its
+    # q/k/v projections with shared_attention_adapters
+    shared_adapter_rank: int = 0
+    shared_attention_adapters: bool = False
     # shared
     rms_norm_eps: float = 1e-5  # epsilon of every RMSNorm (the mixer's gated one too)
     tie_embeddings: bool = False  # lm_head shares the embedding matrix
@@ -266,7 +274,8 @@ class HybridConfig(DictConfig):
         name = type(self).__name__
         ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
                 "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple", "short_conv_kernel",
-                "mamba1_expand", "delta_k_heads", "delta_v_heads", "delta_k_dim", "delta_v_dim", "sliding_window")
+                "mamba1_expand", "delta_k_heads", "delta_v_heads", "delta_k_dim", "delta_v_dim", "sliding_window",
+                "shared_blocks")
         for key in ints:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -275,7 +284,7 @@ class HybridConfig(DictConfig):
                     "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
                     "mamba1_dt_norm", "attention_output_gate", "gated_shared_expert", "qk_norm_across_heads",
                     "attention_post_norm", "delta_negative_eigenvalues", "rope_proportional",
-                    "attention_head_gate", "sandwich_norm"):
+                    "attention_head_gate", "sandwich_norm", "shared_attention_adapters"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
@@ -297,6 +306,12 @@ class HybridConfig(DictConfig):
         self.layer_types = list(self.layer_types)
         if self.mlp_act not in MLP_ACTS:
             raise ValueError(f"{name}.mlp_act={self.mlp_act!r}; expected one of {list(MLP_ACTS)}")
+        rank = self.shared_adapter_rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"{name}.shared_adapter_rank must be an int >= 0, got {rank!r}")
+        if "zamba" in self.layer_types and self.mlp_in_layer:
+            raise ValueError(f"{name}: 'zamba' layers feed their shared block's MLP, not one of their own; "
+                             "expected mlp_in_layer=False")
         where = self.sliding_window_layers
         if not isinstance(where, list | tuple) or any(
                 isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layer
@@ -466,18 +481,19 @@ class Attention(nn.Module):
     `row_ends` (b,), set by an exporter around a right-padded prefill: each row's new window is
     taken at its own last token, not at the padded end."""
 
-    def __init__(self, config: HybridConfig, window: int | None = None):
+    def __init__(self, config: HybridConfig, window: int | None = None, d_in: int | None = None):
         super().__init__()
         self.window = window
         self.row_ends: Tensor | None = None
         d, nh, nkv, hd = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+        width = d_in or d  # what q/k/v read (a zamba block's: 2 d)
         self.n_heads, self.n_kv_heads, self.head_dim = nh, nkv, hd
         self.scale = config.attention_multiplier if config.attention_multiplier is not None else hd ** -0.5
         bias = config.attention_bias
         self.gated = config.attention_output_gate
-        self.q_proj = nn.Linear(d, nh * hd * (2 if self.gated else 1), bias=bias)  # per head: q, then its gate
-        self.k_proj = scaled_linear(d, nkv * hd, bias, config.key_multiplier)
-        self.v_proj = nn.Linear(d, nkv * hd, bias=bias)
+        self.q_proj = nn.Linear(width, nh * hd * (2 if self.gated else 1), bias=bias)  # per head: q, then its gate
+        self.k_proj = scaled_linear(width, nkv * hd, bias, config.key_multiplier)
+        self.v_proj = nn.Linear(width, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, d, bias=bias)
         if config.attention_head_gate:  # one gate a head, from the layer's input
             self.g_proj = nn.Linear(d, nh, bias=False)
@@ -487,25 +503,33 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(nkv * hd if across else hd, config.rms_norm_eps)
         self.qk_norm = "across" if config.qk_norm and across else "per head" if config.qk_norm else None
 
-    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """x (b, l, d) -> q (b, nh, l, hd), k and v (b, nkv, l, hd): projected, normed (qk_norm: per
-        head, or across the heads), then rotated (rope); and the output gate (b, l, nh * hd), or None
-        (not gated; a head gate is (b, l, nh, 1), each head's one scalar)."""
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, adapters: dict | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """x (b, l, d) -> q (b, nh, l, hd), k and v (b, nkv, l, hd): projected (plus `adapters`' "q",
+        "k", "v" of x where given: a zamba layer's own LoRA), normed (qk_norm: per head, or across
+        the heads), then rotated (rope); and the output gate (b, l, nh * hd), or None (not gated; a
+        head gate is (b, l, nh, 1), each head's one scalar)."""
         b, length, _ = x.shape
-        q, gate = self.q_proj(x).view(b, length, self.n_heads, -1), None  # (b, l, nh, hd; 2 hd where gated)
+        adapters = adapters or {}
+
+        def projected(name: str) -> Tensor:  # (b, l, .)
+            out = getattr(self, f"{name}_proj")(x)
+            return out + adapters[name](x) if name in adapters else out
+
+        q, gate = projected("q").view(b, length, self.n_heads, -1), None  # (b, l, nh, hd; 2 hd where gated)
         if self.gated:
             q, gate = q.chunk(2, dim=-1)  # (b, l, nh, hd) each
             gate = gate.reshape(b, length, -1)  # (b, l, nh * hd)
         elif hasattr(self, "g_proj"):
             gate = self.g_proj(x)[..., None]  # (b, l, nh, 1)
-        k = self.k_proj(x).view(b, length, self.n_kv_heads, self.head_dim)  # (b, l, nkv, hd)
+        k = projected("k").view(b, length, self.n_kv_heads, self.head_dim)  # (b, l, nkv, hd)
         if self.qk_norm == "across":  # over (nh * hd) and (nkv * hd)
             q = self.q_norm(q.flatten(2)).view(b, length, self.n_heads, self.head_dim)  # (b, l, nh, hd)
             k = self.k_norm(k.flatten(2)).view(b, length, self.n_kv_heads, self.head_dim)  # (b, l, nkv, hd)
         elif self.qk_norm:  # over hd
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (b, nh, l, hd), (b, nkv, l, hd)
-        v = self.v_proj(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
+        v = projected("v").view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (b, nkv, l, hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v, gate
@@ -557,7 +581,7 @@ class Attention(nn.Module):
 
     def forward(
         self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
-        rope: tuple[Tensor, Tensor] | None, step: bool = False,
+        rope: tuple[Tensor, Tensor] | None, step: bool = False, adapters: dict | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x (b, l, d) at positions past_lengths[r] + 0 .. l - 1.
 
@@ -566,6 +590,7 @@ class Attention(nn.Module):
             past_lengths:         (b,) int64
             rope:                 (cos, sin), each (b, 1, l, rd), or None (no positions)
             step:                 l = 1 (a decode step): the cache is read where it lies (below)
+            adapters:             a zamba layer's LoRA on q / k / v (see `project`), or None
         Returns:
             out (b, l, d) and the new positions' (key, value), each (b, nkv, l, hd).
         """
@@ -573,7 +598,7 @@ class Attention(nn.Module):
         P = past_key.shape[2]
         nkv, hd = self.n_kv_heads, self.head_dim
         rep = self.n_heads // nkv  # query heads per kv head: kv head j serves j*rep .. j*rep+rep-1
-        q, k, v, gate = self.project(x, rope)
+        q, k, v, gate = self.project(x, rope, adapters)
 
         # Each kv head's query heads are rows of one product: K/V are not copied per query head.
         # A step (l = 1) also attends the past slots and its own position in two products whose
@@ -609,24 +634,31 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Gated SiLU, down(silu(gate(x)) * up(x)) (Bamba, Granite), or squared ReLU, down(relu(up(x))^2)
-    (Nemotron-H); `d_ff` wide unless a width is given."""
+    """Gated SiLU, down(silu(gate(x)) * up(x)) (Bamba, Granite), gated GELU, down(gelu(gate(x)) *
+    up(x)) (Zamba2), or squared ReLU, down(relu(up(x))^2) (Nemotron-H); `d_ff` wide unless a width
+    is given."""
 
     def __init__(self, config: HybridConfig, width: int | None = None):
         super().__init__()
         d, f, bias = config.d_model, width or config.d_ff, config.mlp_bias
         gate_multiplier, down_multiplier = config.mlp_multipliers
-        self.gated = config.mlp_act == "silu_gated"
+        self.gated = config.mlp_act in ("silu_gated", "gelu_gated")
+        self.act = F.gelu if config.mlp_act == "gelu_gated" else F.silu  # (exact GELU, transformers' "gelu")
         if self.gated:
             self.gate_proj = scaled_linear(d, f, bias, gate_multiplier)
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = scaled_linear(f, d, bias, down_multiplier)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (..., d) -> (..., d)."""
-        if self.gated:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., d)
-        return self.down_proj(torch.square(F.relu(self.up_proj(x))))  # (..., d)
+    def forward(self, x: Tensor, adapter: nn.Module | None = None) -> Tensor:
+        """x (..., d) -> (..., d). `adapter` (a zamba layer's LoRA, gated only): its (..., 2 f), gate
+        then up, added to the projections."""
+        if not self.gated:
+            return self.down_proj(torch.square(F.relu(self.up_proj(x))))  # (..., d)
+        gate, up = self.gate_proj(x), self.up_proj(x)  # (..., f) each
+        if adapter is not None:
+            extra_gate, extra_up = adapter(x).chunk(2, dim=-1)  # (..., f) each
+            gate, up = gate + extra_gate, up + extra_up
+        return self.down_proj(self.act(gate) * up)  # (..., d)
 
 
 def softmax_top_k(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -876,6 +908,33 @@ class SiLUGate(nn.Module):
         return y.float() * F.silu(z.float())
 
 
+class SharedBlock(nn.Module):
+    """Zamba2's shared transformer block: attention over cat(x, embedding) (2 d wide) after its
+    norm, then the gated MLP after a second norm; "zamba" layers call it in turn, each with its
+    own adapters (LoRA) and its own KV cache."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        d = config.d_model
+        self.norm = RMSNorm(2 * d, config.rms_norm_eps)
+        self.attention = Attention(config, d_in=2 * d)
+        self.mlp_norm = RMSNorm(d, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, embedded: Tensor, kv: LayerState, past_lengths: Tensor,
+                rope: tuple[Tensor, Tensor] | None, step: bool, adapters: dict, mlp_adapter: nn.Module | None
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x, embedded (b, l, d) -> the block's output (b, l, d) and the attention's new state."""
+        h = self.norm(torch.cat([x, embedded], dim=-1))  # (b, l, 2 d)
+        out, new_kv = self.attention(h, *kv, past_lengths, rope, step=step, adapters=adapters)  # (b, l, d)
+        return self.mlp(self.mlp_norm(out), mlp_adapter), new_kv
+
+
+def lora(d_in: int, rank: int, d_out: int) -> nn.Sequential:
+    """x -> up(down(x)): a low-rank adapter (its weights `0.weight` (rank, d_in), `1.weight` (d_out, rank))."""
+    return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=False))
+
+
 class HybridLayer(nn.Module):
     """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer, plus the experts' output
     when it has experts], r the residual multiplier; a "moe" layer's mixer is its experts plus its
@@ -896,7 +955,8 @@ class HybridLayer(nn.Module):
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
         # where the conv state sits in this layer's state tuple (None: no conv state)
-        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0, "deltanet": 0}.get(kind)
+        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0, "deltanet": 0, "zamba": 2}.get(kind)
+        self.block_id = config.layer_types[:index].count("zamba") % config.shared_blocks  # (a zamba layer's block)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
         self._build_mixer(config, kind, index)
         # the layer's own feed-forward (mlp_in_layer): its MLP, its experts, or both (see expert_layers)
@@ -921,6 +981,8 @@ class HybridLayer(nn.Module):
             self.mixer = mamba2_mixer(config)
             if kind == "parallel":
                 self.attention = Attention(config)
+            if kind == "zamba":  # the shared block's output -> the mixer's input; its own adapters
+                self._build_zamba(config)
         elif kind == "attention":
             self.mixer = Attention(config, config.sliding_window if index in config.sliding_window_layers else None)
         elif kind == "conv":
@@ -934,6 +996,27 @@ class HybridLayer(nn.Module):
             self.shared = MLP(config, config.d_ff_shared_expert)
         else:
             self.mixer = MLP(config)
+
+    def _build_zamba(self, config: HybridConfig) -> None:
+        d, r = config.d_model, config.shared_adapter_rank
+        self.linear = nn.Linear(d, d, bias=False)
+        if r:
+            self.mlp_adapter = lora(d, r, 2 * config.d_ff)  # gate then up
+        if r and config.shared_attention_adapters:
+            self.adapters = nn.ModuleDict({name: lora(2 * d, r, width) for name, width in
+                                           (("q", config.n_heads * config.head_dim),
+                                            ("k", config.n_kv_heads * config.head_dim),
+                                            ("v", config.n_kv_heads * config.head_dim))})
+
+    def _zamba(self, x: Tensor, state: LayerState, past_lengths: Tensor, rope, scan: Scan, step: bool,
+               shared: SharedBlock, embedded: Tensor) -> tuple[Tensor, LayerState]:
+        """A zamba layer: x + mixer(norm(x + linear(shared(x, embedded)))) -> (b, l, d) and its
+        state (key, value, conv_state, ssm_state)."""
+        adapters = dict(self.adapters) if hasattr(self, "adapters") else {}
+        t, new_kv = shared(x, embedded, state[:2], past_lengths, rope, step, adapters,
+                           getattr(self, "mlp_adapter", None))  # (b, l, d)
+        out, new_ssm = self._mamba(self.norm(x + self.linear(t)), state[2:], scan, step)
+        return self._residual(x, out), (*new_kv, *new_ssm)
 
     def _residual(self, x: Tensor, out: Tensor) -> Tensor:
         return x + (out if self.residual_multiplier == 1 else out * self.residual_multiplier)
@@ -960,10 +1043,14 @@ class HybridLayer(nn.Module):
     def forward(
         self, x: Tensor, state: LayerState, past_lengths: Tensor, rope: tuple[Tensor, Tensor] | None,
         scan: Scan, step: bool, selective_scan: Scan = selective_scan_ref, delta_rule: Scan = gated_delta_ref,
+        shared: SharedBlock | None = None, embedded: Tensor | None = None,
     ) -> tuple[Tensor, LayerState]:
         """x (b, l, d) -> (b, l, d) and this layer's new state (the new positions' K/V for attention).
         `step`: l = 1 and the mamba2 mixer takes its single-token path. `scan`: the Mamba-2 mixers',
-        `selective_scan`: the Mamba-1 mixers', `delta_rule`: the Gated DeltaNets'."""
+        `selective_scan`: the Mamba-1 mixers', `delta_rule`: the Gated DeltaNets'. A zamba layer's
+        `shared` block and the model's `embedded` tokens (b, l, d)."""
+        if self.kind == "zamba":
+            return self._zamba(x, state, past_lengths, rope, scan, step, shared, embedded)
         h = x if self.norm_after else self.norm(x)
         if self.kind == "mamba2":
             out, new_state = self._mamba(h, state, scan, step)
@@ -1017,6 +1104,8 @@ class HybridLM(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.d_model)
         self.layers = nn.ModuleList([HybridLayer(config, kind, i) for i, kind in enumerate(config.layer_types)])
+        if "zamba" in config.layer_types:  # owned here once, called by the zamba layers in turn
+            self.shared_blocks = nn.ModuleList([SharedBlock(config) for _ in range(config.shared_blocks)])
         self.norm_f = RMSNorm(config.d_model, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (rd / 2,)
@@ -1065,10 +1154,11 @@ class HybridLM(nn.Module):
             rope = self._rope(positions, x.dtype, self.inv_freq)
             if hasattr(self, "local_inv_freq"):
                 local = self._rope(positions, x.dtype, self.local_inv_freq)
-        new_state = []
+        new_state, embedded = [], x
         for layer, layer_state in zip(self.layers, state, strict=True):
+            shared = self.shared_blocks[layer.block_id] if layer.kind == "zamba" else None
             x, layer_state = layer(x, layer_state, past_lengths, local if layer.local_rope else rope, scan, step,
-                                   selective_scan, delta_rule)
+                                   selective_scan, delta_rule, shared, embedded)
             new_state.append(layer_state)
         logits = self.lm_head(self.norm_f(x)).float()[..., : self.config.vocab_size]  # (b, l, v)
         if self.config.logits_scaling != 1:

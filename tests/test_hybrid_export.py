@@ -99,7 +99,8 @@ def assert_decode_equals_transformers(hf, m, length: int, n_steps: int, seed: in
     assert_states_equal(state, [tuple(t.numpy() for t in layer) for layer in want_state], kinds_of(hf))
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3",
+                                  "zamba2"])
 def test_a_prompt_fed_in_turns_gives_transformers_logits(exported, name):
     """A chat's turns: a prefill, then more prefills continuing the same rows (each reads the
     slots the rows hold, its cache cut to them or read whole with its spare slots), then a step:
@@ -155,7 +156,8 @@ def test_a_fresh_prompt_reads_no_spare_cache_slots(exported):
     assert seen["past_conv_state.0"].shape == (1, 96 + 2 * 2 * 16, 4)  # replaced state: as it is
 
 
-@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3"])
+@pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3",
+                                  "zamba2"])
 def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name):
     """The cached eager decoder that bench, the demo and training drive (its KV cache appended
     through the same state layout as the runtime's; Falcon-H1's layers hold both kinds): a
@@ -168,7 +170,8 @@ def test_the_eager_model_behind_the_step_api_equals_transformers(exported, name)
     assert_decode_equals_transformers(hf, eager, 17, 8, seed=5)
 
 
-@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "lfm2-tied", "jamba", "qwen3_5", "olmo_hybrid-nope", "lfm3"])
+@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "lfm2-tied", "jamba", "qwen3_5", "olmo_hybrid-nope", "lfm3",
+                                  "zamba2-plain"])
 def test_rows_at_different_positions_share_each_call(exported, name):
     """Right-padded prompts of unequal length in one prefill, then every row stepped together
     (each at its own position): each row's logits and state equal transformers' for it alone."""
@@ -233,7 +236,7 @@ def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exporte
 
 
 @pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "lfm2-moe", "jamba", "qwen3_5",
-                                  "olmo_hybrid", "lfm3"])
+                                  "olmo_hybrid", "lfm3", "zamba2"])
 def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported, name):
     _, m, out = exported(name)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])
@@ -263,7 +266,7 @@ def test_a_damaged_weight_fails_naming_its_layer(exported, tmp_path, graph, laye
     assert failing[0].divergence.layer == f"layers.{layer}"
 
 
-@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5", "olmo_hybrid"])
+@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "zamba2"])
 def test_int4_keeps_float_only_the_mamba2_mixers_in_proj(exported, tmp_path, name):
     """A Mamba-2 mixer's in_proj (Δ, B, C of the scan) stays float32, and a Mamba-1 mixer's x_proj
     and dt_proj (Jamba), and a Gated DeltaNet's in_proj (its keys and queries), a_proj and b_proj

@@ -247,12 +247,37 @@ def _lfm3_plain():
     ))
 
 
+def _zamba2():
+    # Zamba2: Mamba-2 layers, and hybrid layers that first call one of 2 shared transformer
+    # blocks in turn (attention 128 wide over cat(x, embedding), heads of 32 scaled by 16^-0.5,
+    # RoPE; a gated GELU MLP) with each layer's own LoRA on q/k/v and the MLP, its output through
+    # the layer's own linear into the Mamba-2 input; 3 hybrid layers, so block 0 serves two
+    return transformers.Zamba2ForCausalLM(transformers.Zamba2Config(
+        hidden_size=64, num_hidden_layers=6, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid", "mamba"], n_mamba_heads=8,
+        mamba_d_state=16, mamba_ngroups=2, chunk_size=16, num_mem_blocks=2, use_shared_attention_adapter=True,
+        adapter_rank=4, use_mem_rope=True, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    ))
+
+
+def _zamba2_plain():
+    # one shared block, adapters on its MLP only, no positions, biases (add_bias_linear), GQA 4:2, tied
+    return transformers.Zamba2ForCausalLM(transformers.Zamba2Config(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, layers_block_type=["hybrid", "mamba", "hybrid", "mamba"], n_mamba_heads=8,
+        mamba_d_state=16, chunk_size=16, adapter_rank=4, add_bias_linear=True, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
              "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5,
              "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next, "olmo_hybrid": _olmo_hybrid,
-             "olmo_hybrid-nope": _olmo_hybrid_nope, "lfm3": _lfm3, "lfm3-plain": _lfm3_plain}
+             "olmo_hybrid-nope": _olmo_hybrid_nope, "lfm3": _lfm3, "lfm3-plain": _lfm3_plain,
+             "zamba2": _zamba2, "zamba2-plain": _zamba2_plain}
 
 
 def _hf(name: str, seed: int):
@@ -289,6 +314,10 @@ def _randomize(model, seed: int):
     for name, b in model.named_buffers():
         if name.endswith("e_score_correction_bias") or name.endswith("expert_bias"):  # a router's choice bias, of the scores' order
             b.copy_(0.2 * torch.randn(b.shape, generator=gen))
+    # Zamba2's later calls of a shared block hold copies that transformers 5 does not tie in memory
+    # (a published checkpoint saves each block once, and loads it into every call): tied here
+    for copy, first in (getattr(getattr(model, "model", None), "_tied_weights_keys", None) or {}).items():
+        model.model.get_submodule(copy).load_state_dict(model.model.get_submodule(first).state_dict())
     return model.eval()
 
 
@@ -633,7 +662,6 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "jamba", "expert_layer_offset": 2}, "expert_layer_offset=2"),
     ({"model_type": "jamba", "num_experts": 1, "attn_layer_offset": 8}, "attn_layer_offset=8"),
     ({"model_type": "jamba", "num_experts": 1, "hidden_act": "gelu"}, "hidden_act"),
-    ({"model_type": "zamba2"}, "model_type='zamba2'"),
     ({"model_type": "falcon_h1", "mamba_proj_bias": True}, "projectors_bias"),
     ({"model_type": "falcon_h1", "mamba_d_ssm": 1000}, "mamba_d_ssm"),
     ({"model_type": "falcon_h1", "lm_head_multiplier": 0}, "lm_head_multiplier"),
@@ -658,6 +686,12 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "qwen3_next", "mlp_only_layers": "3"}, "mlp_only_layers='3'"),
     ({"model_type": "kimi_linear"}, "model_type='kimi_linear'"),
     ({"model_type": "olmo_hybrid", "hidden_act": "gelu"}, "hidden_act"),
+    ({"model_type": "zamba2", "rms_norm_eps": 1e-6}, "rms_norm_eps"),
+    ({"model_type": "zamba2", "hidden_act": "relu"}, "hidden_act"),
+    ({"model_type": "zamba2", "use_mem_rope": True, "use_long_context": True}, "use_long_context"),
+    ({"model_type": "zamba2", "n_mamba_heads": 7}, "n_mamba_heads=7"),
+    ({"model_type": "zamba2", "num_hidden_layers": 2, "layers_block_type": ["mamba", "attention"]},
+     "layers_block_type"),
     ({"model_type": "olmo_hybrid", "num_hidden_layers": 2, "layer_types": ["linear_attention", "sliding_attention"]},
      "layer_types"),
     ({"model_type": "olmo_hybrid", "linear_allow_neg_eigval": "yes"}, "linear_allow_neg_eigval"),
@@ -676,6 +710,7 @@ def test_config_refusals_name_the_key(config, key):
     ("ssm_multipliers", [1.0] * 4), ("key_multiplier", math.nan), ("mamba_gated_norm", "yes"),
     ("delta_k_heads", 3), ("delta_v_dim", 0), ("attention_output_gate", 1), ("qk_norm_across_heads", 1),
     ("attention_post_norm", "yes"), ("delta_negative_eigenvalues", 0), ("delta_norm_eps", 0.0),
+    ("shared_blocks", 0), ("shared_adapter_rank", -1), ("shared_attention_adapters", 1),
 ])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -929,3 +964,25 @@ def test_lfm3_refusals_name_the_key(change, message):
 def test_window_and_rope_fields_are_checked(fields, name):
     with pytest.raises(ValueError, match=name):
         HybridConfig(**fields)
+
+
+def test_zamba2_shared_blocks_read_as_published_and_untied_copies_are_named(tmp_path):
+    """Zamba2's shared blocks as a published checkpoint saves them (once, under the first hybrid
+    layer of each block, with every hybrid layer's adapters there) and as transformers holds them
+    (a copy under every hybrid layer) load to the same weights; copies that differ are refused
+    naming both keys (they would be two models)."""
+    hf = _hf("zamba2", 0)
+    config = hybrid_config_from_json(hf.config.to_dict())
+    held = convert_state_dict(hf.state_dict(), config)
+    assert set(held) == set(HybridLM(config).state_dict())
+    published = {k: v for k, v in hf.state_dict().items() if not k.startswith("model.layers.4.shared_transformer.")
+                 or "adapter_list.2." in k}  # layer 4 calls block 0 again: only its adapters of its own
+    moved = {k.replace("layers.4.", "layers.1.") if "adapter_list.2." in k else k: v for k, v in published.items()}
+    for key, value in convert_state_dict(moved, config).items():
+        assert torch.equal(value, held[key]), key
+    untied = dict(hf.state_dict())
+    key = "model.layers.4.shared_transformer.self_attn.o_proj.weight"
+    untied[key] = untied[key] + 1
+    with pytest.raises(ValueError, match=rf"{re.escape(key)} and model.layers.1.shared_transformer.self_attn.o_proj"
+                                         r".weight are the same weight"):
+        convert_state_dict(untied, config)

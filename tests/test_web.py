@@ -1065,14 +1065,22 @@ def _lfm3(transformers, vocab: int):
         bos_token_id=None))
 
 
-@pytest.mark.parametrize("name", ["falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3"])
+def _zamba2(transformers, vocab: int):
+    return transformers.Zamba2ForCausalLM(transformers.Zamba2Config(  # (_randomize ties the block's two calls)
+        hidden_size=64, num_hidden_layers=3, vocab_size=vocab, intermediate_size=96, num_attention_heads=4,
+        layers_block_type=["hybrid", "mamba", "hybrid"], n_mamba_heads=8, mamba_d_state=16, chunk_size=16,
+        adapter_rank=4, use_shared_attention_adapter=True, eos_token_id=None, pad_token_id=0, bos_token_id=None))
+
+
+@pytest.mark.parametrize("name", ["falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3", "zamba2"])
 def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, name):
     """Falcon-H1 (attention beside a Mamba-2 mixer in every layer, so each layer's state has both
     kinds; μP multipliers), LFM2 (short convolutions beside attention with per-head q/k norms),
     Jamba (Mamba-1 mixers, their scan one ONNX Scan, beside attention) and Qwen3.5 (Gated
     DeltaNets, their delta rule chunked under one ONNX Scan, beside gated attention) and
     OLMo-hybrid (reflecting DeltaNets beside post-norm attention without positions) and LFM3
-    (a 4-position sliding window beside full attention): the page's greedy tokens are
+    (a 4-position sliding window beside full attention) and Zamba2 (a shared attention block
+    called by two layers, each with its own adapters and cache): the page's greedy tokens are
     transformers' own `generate`'s."""
     import torch
     import transformers
@@ -1083,7 +1091,7 @@ def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, nam
     tok = byte_level_bpe()
     torch.manual_seed(0)
     cases = {"falcon_h1": _falcon_h1, "lfm2": _lfm2, "jamba": _jamba, "qwen3_5": _qwen3_5,
-             "olmo_hybrid": _olmo_hybrid, "lfm3": _lfm3}
+             "olmo_hybrid": _olmo_hybrid, "lfm3": _lfm3, "zamba2": _zamba2}
     hf = _randomize(cases[name](transformers, tok.get_vocab_size()), 0)
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))

@@ -1,6 +1,6 @@
 """Hybrid attention + Mamba-2, Mamba-1, short-convolution or Gated DeltaNet language models (IBM
 Granite-4.0-H and Bamba, NVIDIA Nemotron-H, TII Falcon-H1, Liquid AI LFM2, LFM2-MoE and LFM3, AI21 Jamba,
-Qwen3.5, Qwen3-Next, AI2 OLMo-hybrid): prefill.onnx +
+Qwen3.5, Qwen3-Next, AI2 OLMo-hybrid, Zyphra Zamba2): prefill.onnx +
 step.onnx over one state of two kinds — an appended KV cache in the attention layers and
 replaced conv/SSM tensors in the others. The declaration the registry reads
 (torch-free)."""
@@ -15,7 +15,7 @@ from seqexport.families.recurrent import GRAPHS
 EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free here)
 MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "jamba", "qwen3_5",
                "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next",
-               "olmo_hybrid", "lfm3")  # transformers' layouts read here
+               "olmo_hybrid", "lfm3", "zamba2")  # transformers' layouts read here
 
 
 def _keep_float(config: dict) -> tuple[str, ...]:
@@ -23,7 +23,7 @@ def _keep_float(config: dict) -> tuple[str, ...]:
     the state. A short conv's in_proj (LFM2) is quantised: its window of a few tokens forgets the
     error, as an attention layer's projections do."""
     mamba2 = tuple(f"*layers.{i}.mixer.in_proj" for i, kind in enumerate(config["layer_types"])
-                   if kind in ("mamba2", "parallel"))
+                   if kind in ("mamba2", "parallel", "zamba"))
     # a Mamba-1 mixer's x_proj and dt_proj make Δ, B and C (Mamba's own rule)
     mamba1 = tuple(f"*layers.{i}.mixer.{p}" for i, kind in enumerate(config["layer_types"]) if kind == "mamba"
                    for p in ("x_proj", "dt_proj"))

@@ -17,24 +17,27 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from seqexport.models.hybrid import ATTENTION_KINDS, HybridLM
+from seqexport.models.hybrid import Attention, HybridLM
 
 
 def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
-                   rope: tuple[Tensor, Tensor] | None, step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                   rope: tuple[Tensor, Tensor] | None, step: bool = False,
+                   adapters: dict | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """`models.hybrid.Attention.forward`, its attention one scaled_dot_product_attention (for a
     step as for a prefill)."""
     b, length, _ = x.shape
     P = past_key.shape[2]
-    q, k, v, gate = self.project(x, rope)  # (b, nh, l, hd), (b, nkv, l, hd) x2, the gate or None
+    q, k, v, gate = self.project(x, rope, adapters)  # (b, nh, l, hd), (b, nkv, l, hd) x2, the gate or None
     keys = torch.cat([past_key.to(k.dtype), k], dim=2)  # (b, nkv, P + l, hd)
     values = torch.cat([past_value.to(v.dtype), v], dim=2)  # (b, nkv, P + l, hd)
     # visible: the valid past slots, and the new positions up to and including the query's own
     past_visible, causal = self.visible(past_lengths, P, length)  # (b, 1, 1 or l, P), (l, l); a window's too
     visible = torch.cat([past_visible.expand(b, 1, length, P), causal.expand(b, 1, length, length)],
                         dim=-1)  # (b, 1, l, P + l)
+    # enable_gqa only where the kv heads are fewer: torch.onnx's translation refuses it for equal
+    # counts (multi-head attention: Zamba2's shared blocks)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale,
-                                         enable_gqa=True)  # (b, nh, l, hd)
+                                         enable_gqa=self.n_heads != self.n_kv_heads)  # (b, nh, l, hd)
     out = out.transpose(1, 2).reshape(b, length, self.n_heads * self.head_dim)  # (b, l, nh * hd)
     return self.output(out, gate), self.new_state(past_key, past_value, k, v)
 
@@ -42,8 +45,7 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
 @contextmanager
 def fused_attention(model: HybridLM, fused: bool = True):
     """Within: every attention layer of `model` runs `_fused_forward` (nothing when not `fused`)."""
-    mixers = [getattr(layer, "attention", layer.mixer) for layer in model.layers
-              if layer.kind in ATTENTION_KINDS] if fused else []
+    mixers = [m for m in model.modules() if isinstance(m, Attention)] if fused else []  # (zamba's: in shared blocks)
     for m in mixers:
         m.forward = types.MethodType(_fused_forward, m)
     try:

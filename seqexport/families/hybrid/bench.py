@@ -56,7 +56,7 @@ def step_cases(rt, model, batches, contexts, prompt_len: int, rng: np.random.Gen
 def prefill_cases(rt, model, batches, contexts, rng: np.random.Generator, notes: list[str]):
     chunk = chunk_of(model.config, rt.manifest)
     return recurrent.prefill_cases(rt, model, batches, contexts, rng, scan=partial(ssd_grouped, chunk=chunk),
-                                   lowering=f"chunked SSD, chunk {chunk}" if {"mamba2", "parallel"} & set(
+                                   lowering=f"chunked SSD, chunk {chunk}" if {"mamba2", "parallel", "zamba"} & set(
                                        model.config.layer_types) else "the references (no Mamba-2 layer to chunk)")
 
 

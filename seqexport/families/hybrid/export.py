@@ -42,7 +42,7 @@ from seqexport.families.mamba.step_graph import mixer_step
 from seqexport.families.mamba2.export import CHUNK
 from seqexport.families.mamba2.export import _conv_state_at_ends as mamba2_conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
-from seqexport.models.hybrid import HybridLM, ShortConv, gated_delta_ref
+from seqexport.models.hybrid import ATTENTION_KINDS, HybridLM, ShortConv, gated_delta_ref
 from seqexport.models.mamba import selective_scan_ref
 from seqexport.models.mamba2 import ssd_sequential
 from seqexport.parity.inputs import random_inputs
@@ -200,7 +200,7 @@ def _tables(model: HybridLM, experts: dict | None) -> tuple[dict | None, dict | 
 
 def _scans(kinds: list[str], chunk: int) -> str:
     """What the prefill's recurrences are lowered to, as the export's progress line names them."""
-    parts = [f"chunked SSD, chunk {chunk}" if {"mamba2", "parallel"} & set(kinds) else "",
+    parts = [f"chunked SSD, chunk {chunk}" if {"mamba2", "parallel", "zamba"} & set(kinds) else "",
              "selective scan as one Scan" if "mamba" in kinds else "",
              f"delta rule in chunks of {DELTA_CHUNK}" if "deltanet" in kinds else ""]
     return "; ".join(p for p in parts if p) or "no scan"
@@ -225,7 +225,7 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     used is recorded, only for a model that has experts."""
     opset = check_attention(attention, opset)
     kinds = ckpt.config.layer_types
-    if not any(k in ("attention", "parallel") and i not in ckpt.config.sliding_window_layers for i, k in enumerate(kinds)):
+    if not any(k in ATTENTION_KINDS and i not in ckpt.config.sliding_window_layers for i, k in enumerate(kinds)):
         raise UsageError(f"layer_types={kinds} has no full attention layer; expected at least one 'attention' or "
                          "'parallel' layer (the graphs count each row's positions by its cache; Mamba-2 layers "
                          "alone export as `seqexport export mamba2`)")

@@ -1,6 +1,6 @@
 """Read the hybrid checkpoint layouts into `models.hybrid.HybridLM`.
 
-Fifteen config layouts, told apart by `family` / `model_type`:
+Sixteen config layouts, told apart by `family` / `model_type`:
 
 - ours: the keys of `HybridConfig` plus `"family": "hybrid"`;
 - transformers' `BambaConfig` (`model_type: "bamba"`): attention at `attn_layer_indices`, Mamba-2
@@ -95,6 +95,19 @@ Fifteen config layouts, told apart by `family` / `model_type`:
   unless `rope_parameters` holds `rope_theta: null` (as the released checkpoints do: no
   positions), scaled by head_dim^-0.5; every layer ends with its gated MLP.
 
+- transformers' `Zamba2Config` (`model_type: "zamba2"`, Zyphra's Zamba2): `layers_block_type`
+  ("mamba" / "linear_attention": a pre-norm Mamba-2 layer without an MLP; "hybrid": the same
+  after a call of one of `num_mem_blocks` shared transformer blocks, taken in turn, on cat(x,
+  the embedding) — attention 2 * hidden_size wide in heads of 2 * hidden_size / heads, scaled by
+  (head_dim / 2)^-0.5, RoPE only with `use_mem_rope`, then a gated MLP (`hidden_act`, gelu by
+  default, `intermediate_size` or 4 * hidden_size wide) — whose output, through the layer's own
+  `linear`, joins the Mamba-2 layer's input); each hybrid layer's own LoRA adapters of
+  `adapter_rank` on the block's MLP gate/up, and on its q/k/v with
+  `use_shared_attention_adapter`; the mixer `mamba_expand * hidden_size` wide in `n_mamba_heads`
+  heads, its conv biased, Δ clamped at `time_step_min`; `add_bias_linear` biases in_proj,
+  out_proj and the MLP. Its mixers' gated norms have epsilon 1e-5 whatever `rms_norm_eps` says:
+  another `rms_norm_eps` is refused.
+
 Nemotron-H's mixture-of-experts layers ("moe" / "E": `n_routed_experts` squared-ReLU experts of
 `moe_intermediate_size`, `num_experts_per_tok` a token, a sigmoid router whose choice adds
 `e_score_correction_bias` within the best `topk_group` of `n_group` groups, weights normalised
@@ -113,6 +126,7 @@ checkpoint loaded as it is:
 """
 
 import math
+import re
 from dataclasses import fields
 from functools import partial
 
@@ -209,6 +223,13 @@ _LFM3_DEFAULTS = dict(
 )
 _LFM3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
               "full_attention": {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5}}
+_ZAMBA2_DEFAULTS = dict(
+    vocab_size=32000, hidden_size=2560, num_hidden_layers=54, layers_block_type=None, mamba_d_state=64,
+    mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, time_step_min=0.001, n_mamba_heads=8, chunk_size=256,
+    add_bias_linear=False, intermediate_size=None, hidden_act="gelu", num_attention_heads=32, num_key_value_heads=None,
+    num_mem_blocks=1, use_shared_attention_adapter=False, adapter_rank=128, use_mem_rope=False, rope_parameters=None,
+    rms_norm_eps=1e-5, use_long_context=False, tie_word_embeddings=True,
+)
 _LFM2_ALIASES = dict(block_ff_dim="intermediate_size", tie_embedding="tie_word_embeddings")  # read as the latter
 # Older Nemotron-H config.json names that NemotronHConfig still reads (old name -> new name).
 _NEMOTRON_H_ALIASES = dict(mamba_n_groups="n_groups", mamba_d_conv="conv_kernel", mamba_dt_min="time_step_min",
@@ -263,7 +284,7 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
         return HybridConfig.from_dict({k: v for k, v in d.items() if k != "family"})
     readers = {"bamba": _from_bamba, "granitemoehybrid": _from_granite, "nemotron_h": _from_nemotron_h,
                "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "lfm3": _from_lfm3,
-               "jamba": _from_jamba,
+               "jamba": _from_jamba, "zamba2": _from_zamba2,
                "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5, "qwen3_5_moe": _from_qwen3_5,
                "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5, "olmo_hybrid": _from_olmo_hybrid}
     if d.get("model_type") in readers:
@@ -613,6 +634,46 @@ def _from_lfm3(d: dict) -> HybridConfig:
     )
 
 
+def _zamba2_layer_types(d: dict) -> list[str]:
+    n, types = d["num_hidden_layers"], d.get("layer_types") or d["layers_block_type"]
+    if types is None:  # as Zamba2Config derives them (its docstring's 54 layers)
+        types = ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 3 + ["hybrid"] \
+            + ["mamba"] * 2
+    if not isinstance(types, list) or len(types) != n or set(types) - {"mamba", "linear_attention", "hybrid"}:
+        raise ValueError(f"layers_block_type={types!r}; expected num_hidden_layers={n} entries, each 'mamba' "
+                         "('linear_attention') or 'hybrid'")
+    return ["zamba" if t == "hybrid" else "mamba2" for t in types]
+
+
+def _from_zamba2(d: dict) -> HybridConfig:
+    d = {**_ZAMBA2_DEFAULTS, **d}
+    _require_value(d, "hidden_act", ("gelu", "silu"), " (the shared block's gated MLP)")
+    _require_value(d, "rms_norm_eps", (1e-5,), " (its Mamba-2 mixers' gated norms have 1e-5, the others this: "
+                   "ours have one)")
+    for key in ("use_shared_attention_adapter", "use_mem_rope", "add_bias_linear"):
+        _require_value(d, key, (True, False))
+    if d["use_mem_rope"] and d["use_long_context"]:
+        raise ValueError("use_long_context=True (a rescaled RoPE) is not supported; expected false")
+    width, heads = d["hidden_size"], d["n_mamba_heads"]
+    inner = int(d["mamba_expand"] * width)
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or inner % heads:
+        raise ValueError(f"n_mamba_heads={heads!r} must divide mamba_expand * hidden_size = {inner}")
+    sizes = _attention_sizes({**d, "head_dim": None})
+    sizes["head_dim"] = 2 * width // sizes["n_heads"]  # heads over cat(x, embedding): 2 * hidden_size wide
+    return HybridConfig(
+        d_model=width, vocab_size=d["vocab_size"], layer_types=_zamba2_layer_types(d), mlp_in_layer=False,
+        mlp_act=f"{d['hidden_act']}_gated", mlp_bias=d["add_bias_linear"], d_ff=d["intermediate_size"] or 4 * width,
+        **sizes, attention_multiplier=(sizes["head_dim"] / 2) ** -0.5, rope=d["use_mem_rope"],
+        **(_rope(d, "zamba2", default_factor=None) if d["use_mem_rope"] else {}),
+        mamba_nheads=heads, headdim=inner // heads, ngroups=d["mamba_ngroups"], d_state=d["mamba_d_state"],
+        d_conv=d["mamba_d_conv"], chunk_size=d["chunk_size"], mamba_bias=d["add_bias_linear"], conv_bias=True,
+        dt_min_limit=_number(d["time_step_min"], "time_step_min"), dt_max_limit=None,
+        shared_blocks=d["num_mem_blocks"], shared_adapter_rank=d["adapter_rank"],
+        shared_attention_adapters=d["use_shared_attention_adapter"], rms_norm_eps=d["rms_norm_eps"],
+        tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 def _from_jamba(d: dict) -> HybridConfig:
     d = {**_JAMBA_DEFAULTS, **d}
     _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba conv both use it)")
@@ -753,6 +814,8 @@ def _layout_of(state: dict[str, Tensor]) -> str:
         return "ours"
     if any(".linear_attn.g_proj." in k or ".post_feedforward_layernorm." in k for k in state):
         return "olmo_hybrid"
+    if any(".shared_transformer." in k or ".mamba_decoder." in k for k in state):
+        return "zamba2"
     if "model.embedding_norm.weight" in state:
         return "lfm2"  # (and lfm2_moe and lfm3: LFM2's names, and their experts' or norms')
     if "model.language_model.embed_tokens.weight" in state or any(
@@ -852,6 +915,8 @@ def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
         return _qwen3_5_key(key)
     if layout == "olmo_hybrid":
         return _olmo_hybrid_key(key)
+    if layout == "zamba2":
+        return _zamba2_key(key)
     return _bamba_key(key, parallel)
 
 
@@ -963,6 +1028,69 @@ def _olmo_hybrid_key(key: str) -> str | None:
     return None
 
 
+def _zamba2_key(key: str) -> str | None:
+    """Zamba2's names -> ours: a layer's `mamba` (`mamba_decoder.mamba`) -> `mixer`, its
+    `input_layernorm` (`mamba_decoder.input_layernorm`) -> `norm`, `linear` as it is,
+    `model.final_layernorm` -> `norm_f`; `shared_transformer.*` named `zamba2_shared.{i}.*` here:
+    `_zamba2_weights` places it (a shared block's weight, or one hybrid layer's adapter)."""
+    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+                         "model.final_layernorm.weight": "norm_f.weight"})
+    if not isinstance(split, tuple):
+        return split
+    i, module, rest = split
+    if module == "mamba_decoder":
+        module, _, rest = rest.partition(".")
+    if module in ("mamba", "input_layernorm", "linear"):
+        return f"layers.{i}.{ {'mamba': 'mixer', 'input_layernorm': 'norm'}.get(module, module)}.{rest}"
+    return f"zamba2_shared.{i}.{rest}" if module == "shared_transformer" else None
+
+
+_ZAMBA2_ADAPTER = re.compile(r"(?:self_attn\.linear_([qkv])_adapter_list|feed_forward\.gate_up_proj_adapter_list)"
+                             r"\.(\d+)\.([01])\.weight")
+_ZAMBA2_BLOCK = {"input_layernorm": "norm", "pre_ff_layernorm": "mlp_norm", "self_attn": "attention",
+                 "feed_forward": "mlp"}
+
+
+def _zamba2_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
+    """In place: Zamba2's shared transformer weights (held under every hybrid layer in memory,
+    saved under the first of each block) -> `shared_blocks.{b}` (hybrid layer n calls block
+    n % shared_blocks), its fused MLP `gate_up_proj` (gate rows, then up) split; each adapter
+    (`…adapter_list.{n}`: hybrid layer n's, wherever saved) -> that layer's `adapters` /
+    `mlp_adapter`. One weight named twice must be the same tensor (ValueError naming both)."""
+    hybrid = [i for i, kind in enumerate(config.layer_types) if kind == "zamba"]
+    for key in [k for k in out if k.startswith("zamba2_shared.")]:
+        value, saved = out.pop(key), source.pop(key, key)
+        _, i, rest = key.split(".", 2)
+        placed = _zamba2_place(rest, int(i), hybrid, config.shared_blocks, value)
+        for name, part in (placed or {saved: value}).items():  # (unplaced: kept as saved, for the unknown-key check)
+            if name in out and not torch.equal(out[name], part):
+                raise ValueError(f"{saved} and {source.get(name, name)} are the same weight of this config "
+                                 f"({name}) but differ; expected tied copies")
+            out[name], source[name] = part, saved
+
+
+def _zamba2_place(rest: str, i: int, hybrid: list[int], blocks: int, value: Tensor) -> dict[str, Tensor] | None:
+    """One `shared_transformer.{rest}` weight of layer i -> {our name: tensor}, or None (no place)."""
+    adapter = _ZAMBA2_ADAPTER.fullmatch(rest)
+    if adapter:
+        which, n, part = adapter.groups()
+        if int(n) >= len(hybrid):
+            return None
+        where = f"adapters.{which}" if which else "mlp_adapter"
+        return {f"layers.{hybrid[int(n)]}.{where}.{part}.weight": value}
+    if i not in hybrid:
+        return None
+    module, _, tail = rest.partition(".")
+    if module not in _ZAMBA2_BLOCK:
+        return None
+    stem = f"shared_blocks.{hybrid.index(i) % blocks}.{_ZAMBA2_BLOCK[module]}"
+    if tail.startswith("gate_up_proj.") and value.shape[0] % 2 == 0:  # (2 f, .): gate then up
+        gate, up = value.chunk(2, dim=0)
+        kind = tail.removeprefix("gate_up_proj.")
+        return {f"{stem}.gate_proj.{kind}": gate, f"{stem}.up_proj.{kind}": up}
+    return {f"{stem}.{tail}": value}
+
+
 def _olmo_hybrid_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
     """In place: each layer's `post_attention_layernorm` to where it acts (an attention layer's
     output norm `norm`, a DeltaNet layer's MLP pre-norm `mlp_norm`), and a DeltaNet's q, k and v
@@ -1038,7 +1166,7 @@ def _unfuse_qwen3_next(out: dict[str, Tensor], config: HybridConfig, source: dic
             out[f"{stem}.{name}.weight"], source[f"{stem}.{name}.weight"] = weight, saved_as
 
 
-_REGROUPERS = {"qwen3_5": _qwen3_5_weights, "olmo_hybrid": _olmo_hybrid_weights}
+_REGROUPERS = {"qwen3_5": _qwen3_5_weights, "olmo_hybrid": _olmo_hybrid_weights, "zamba2": _zamba2_weights}
 
 
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:

@@ -10,6 +10,7 @@ kinds (seqexport.state), per layer as the config's `layer_types` say:
     "mamba2"     past_conv_state.{i} (batch, conv_dim, d_conv), past_ssm_state.{i}
                  (batch, nheads, headdim, d_state) float32: replaced whole each call
     "parallel"   both: the attention's key|value, then the mixer's conv|ssm (Falcon-H1)
+    "zamba"      both: its call of the shared block's attention, then its mixer's (Zamba2)
     "conv"       past_conv_state.{i} (batch, d_model, short_conv_kernel): replaced whole (LFM2)
     "mamba"      past_conv_state.{i} (batch, d_inner, d_conv), past_ssm_state.{i} (batch, d_inner,
                  d_state) float32, d_inner = mamba1_expand * d_model: replaced whole (Jamba's Mamba-1)
@@ -62,10 +63,11 @@ def _present(name: str) -> str:
 def layer_inputs(kind: str, i: int, windowed: bool = False) -> tuple[str, ...]:
     """Layer i's state inputs, in the order of the model's per-layer tuple (`windowed`: a
     sliding-window attention layer's window)."""
-    kv = tuple((past_window if windowed else past_kv)(i, kv) for kv in KV) if kind in ("attention", "parallel") else ()
+    kv = tuple((past_window if windowed else past_kv)(i, kv) for kv in KV) \
+        if kind in ("attention", "parallel", "zamba") else ()
     if kind == "conv":
         return (past_conv(i),)
-    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba", "deltanet") else ())
+    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba", "deltanet", "zamba") else ())
 
 
 def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
