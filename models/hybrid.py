@@ -11,7 +11,10 @@ beside attention without positions) and of Qwen3.5 ("deltanet" layers: a Gated D
 gated delta rule over a (dk, dv) state per value head, beside attention whose output is gated
 by a sigmoid of a second half of q_proj), of AI2's OLMo-hybrid (Gated DeltaNets whose writes
 may reflect the state, beside post-norm attention normed across its heads) and of Liquid AI's
-LFM3 (short convs beside sliding-window and full attention, gated per head, sandwich-normed).
+LFM3 (short convs beside sliding-window and full attention, gated per head, sandwich-normed)
+and of Zyphra's Zamba2 ("zamba" layers: a Mamba-2 layer that first calls one of a few shared
+transformer blocks on cat(x, embedding), with its own adapters, and adds its output to the
+mixer's input).
 The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
 the Mamba-1 mixer that of `models.mamba`, reused as they are.
 
@@ -41,6 +44,8 @@ Dimension letters (reused as ONNX dim names and runtime names):
 State, per layer, a tuple (returned new, never written in place, so every entry point exports):
     "mamba2"     (conv_state (b, c, k), ssm_state (b, h, p, n) float32)   replaced whole each call
     "parallel"   (key, value, conv_state, ssm_state): the attention's then the mixer's
+    "zamba"      (key, value, conv_state, ssm_state): its call of the shared block's attention, then
+                 its mixer's (as "parallel")
     "conv"       (conv_state (b, d, ks),): the last ks inputs of the short conv     replaced whole each call
     "mamba"      (conv_state (b, d_in1, k), ssm_state (b, d_in1, n) float32): Jamba's Mamba-1 mixer,
                  d_in1 = mamba1_expand * d (see models/mamba.py)                  replaced whole each call
@@ -92,6 +97,9 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.mixer.* (the same), layers.{i}.shared.{up_proj,down_proj}.*     "moe" layers
     layers.{i}.shared.{gate_proj,up_proj,down_proj}.*, layers.{i}.shared_gate.weight (1, d)
                                                   beside the experts with gated_shared_expert
+    layers.{i}.mixer.* (as "mamba2"), layers.{i}.linear.weight (d, d), layers.{i}.mlp_adapter.{0,1}.weight,
+        layers.{i}.adapters.{q,k,v}.{0,1}.weight (LoRA: (r, in), (out, r))                  "zamba"
+    shared_blocks.{b}.{norm (2 d,), attention.{q,k,v,o}_proj, mlp_norm, mlp.*}      zamba's blocks
     norm_f.weight, lm_head.weight                         (lm_head tied to embed_tokens if asked)
 (`gate_proj` exists only for the gated MLP, `mlp_act="silu_gated"`.)
 """
@@ -309,6 +317,8 @@ class HybridConfig(DictConfig):
         rank = self.shared_adapter_rank
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ValueError(f"{name}.shared_adapter_rank must be an int >= 0, got {rank!r}")
+        if self.mlp_act == "gelu_gated" and self.n_experts:  # (the experts and their lowerings: SiLU or ReLU²)
+            raise ValueError(f"{name}.mlp_act='gelu_gated' has no experts form; expected n_experts=0")
         if "zamba" in self.layer_types and self.mlp_in_layer:
             raise ValueError(f"{name}: 'zamba' layers feed their shared block's MLP, not one of their own; "
                              "expected mlp_in_layer=False")

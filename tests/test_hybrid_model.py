@@ -711,6 +711,7 @@ def test_config_refusals_name_the_key(config, key):
     ("delta_k_heads", 3), ("delta_v_dim", 0), ("attention_output_gate", 1), ("qk_norm_across_heads", 1),
     ("attention_post_norm", "yes"), ("delta_negative_eigenvalues", 0), ("delta_norm_eps", 0.0),
     ("shared_blocks", 0), ("shared_adapter_rank", -1), ("shared_attention_adapters", 1),
+    ("mlp_act", "gelu"),
 ])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -960,6 +961,8 @@ def test_lfm3_refusals_name_the_key(change, message):
     ({"sliding_window": 0}, "sliding_window"), ({"sliding_rope_theta": -1.0}, "sliding_rope_theta"),
     ({"rope_proportional": True, "partial_rotary_factor": 0.1}, "rope_proportional"),
     ({"sandwich_norm": 1}, "sandwich_norm"), ({"attention_head_gate": "no"}, "attention_head_gate"),
+    ({"mlp_act": "gelu_gated", "n_experts": 2, "experts_per_token": 1}, "no experts form"),
+    ({"layer_types": ["zamba", "mamba2"]}, "expected mlp_in_layer=False"),
 ])
 def test_window_and_rope_fields_are_checked(fields, name):
     with pytest.raises(ValueError, match=name):

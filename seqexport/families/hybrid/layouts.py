@@ -1040,11 +1040,12 @@ def _zamba2_key(key: str) -> str | None:
     i, module, rest = split
     if module == "mamba_decoder":
         module, _, rest = rest.partition(".")
-    if module in ("mamba", "input_layernorm", "linear"):
-        return f"layers.{i}.{ {'mamba': 'mixer', 'input_layernorm': 'norm'}.get(module, module)}.{rest}"
+    if module in _ZAMBA2_LAYER:
+        return f"layers.{i}.{_ZAMBA2_LAYER[module]}.{rest}"
     return f"zamba2_shared.{i}.{rest}" if module == "shared_transformer" else None
 
 
+_ZAMBA2_LAYER = {"mamba": "mixer", "input_layernorm": "norm", "linear": "linear"}
 _ZAMBA2_ADAPTER = re.compile(r"(?:self_attn\.linear_([qkv])_adapter_list|feed_forward\.gate_up_proj_adapter_list)"
                              r"\.(\d+)\.([01])\.weight")
 _ZAMBA2_BLOCK = {"input_layernorm": "norm", "pre_ff_layernorm": "mlp_norm", "self_attn": "attention",
