@@ -2228,7 +2228,7 @@ FAULTS = (
           ('tests/test_hybrid_model.py::test_zamba2_shared_blocks_read_as_published_and_untied_copies_are_named',)),
     Fault('M592', 'fused attention: enable_gqa for multi-head attention too (torch.onnx refuses it)',
           'seqexport/families/hybrid/attention.py', 'enable_gqa=self.n_heads != self.n_kv_heads)',
-          'enable_gqa=True)', ('tests/test_fused_attention.py',)),
+          'enable_gqa=True)', ('tests/test_fused_attention.py::test_fused_export_takes_multi_head_attention',)),
     Fault('M593', 'hybrid export: a model without full attention exported until its spec fails',
           'seqexport/families/hybrid/export.py',
           'if not any(k in ATTENTION_KINDS and i not in ckpt.config.sliding_window_layers for i, k in enumerate(kinds)):',

@@ -133,6 +133,22 @@ def test_fused_hybrid_prefill_then_steps_equal_transformers(fused_hybrid, length
     assert_decode_equals_transformers(hf, m, length, 8, seed=length)
 
 
+def test_fused_export_takes_multi_head_attention(tmp_path):
+    """As many kv heads as query heads (no GQA): the fused export writes ONNX's Attention and
+    validates (torch.onnx refused `enable_gqa` there, so every multi-head hybrid failed)."""
+    from seqexport.models.hybrid import HybridConfig, HybridLM
+
+    from seqexport.checkpoints.io import save_checkpoint
+
+    config = HybridConfig(layer_types=["mamba2", "attention"], n_heads=4, n_kv_heads=4)
+    save_checkpoint(HybridLM(config), config, "hybrid", tmp_path / "ckpt")
+    result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(tmp_path / "ckpt"), "--out",
+                                      str(tmp_path / "x"), "--attention", "fused"])
+    assert result.exit_code == 0, result.output
+    assert op_types(tmp_path / "x" / "step.onnx").count("Attention") == 1
+    assert validate(tmp_path / "x", steps=3, write_summary=False)
+
+
 def test_fused_hybrid_validates(fused_hybrid):
     assert validate(fused_hybrid[2], steps=4, write_summary=False)
 
