@@ -226,9 +226,9 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     opset = check_attention(attention, opset)
     kinds = ckpt.config.layer_types
     if not any(k in ATTENTION_KINDS and i not in ckpt.config.sliding_window_layers for i, k in enumerate(kinds)):
-        raise UsageError(f"layer_types={kinds} has no full attention layer; expected at least one 'attention' or "
-                         "'parallel' layer (the graphs count each row's positions by its cache; Mamba-2 layers "
-                         "alone export as `seqexport export mamba2`)")
+        raise UsageError(f"layer_types={kinds} has no full attention layer; expected at least one of "
+                         f"{list(ATTENTION_KINDS)} outside sliding_window_layers (the graphs count each row's "
+                         "positions by its cache; Mamba-2 layers alone export as `seqexport export mamba2`)")
     specs = specs_for(ckpt.config, dtype)
     model = model_in_dtype(ckpt.model, dtype)
     tdtype = next(model.parameters()).dtype
