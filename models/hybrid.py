@@ -452,14 +452,19 @@ class HybridConfig(DictConfig):
         return (self.vocab_size + m - 1) // m * m
 
 
+def inverse_frequencies(theta: float, rd: int, pairs: int | None = None) -> Tensor:
+    """theta^(-2j / rd) for the first `pairs` (all rd / 2 by default), then 0 (pairs that stay
+    as they are) -> (rd / 2,)."""
+    pairs = rd // 2 if pairs is None else pairs
+    turned = 1.0 / (theta ** (torch.arange(0, 2 * pairs, 2, dtype=torch.float32) / rd))
+    return torch.cat([turned, torch.zeros(rd // 2 - pairs)])
+
+
 def rope_frequencies(config: HybridConfig) -> Tensor:
     """RoPE's inverse frequencies (rd / 2,): theta^(-2j / rd), j < rd / 2; rope_proportional:
     theta^(-2j / hd) for the rotated pairs, then 0 (those pairs stay as they are)."""
-    rd, theta = config.rotary_dim, config.rope_theta
-    if not config.rope_proportional:
-        return 1.0 / (theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
-    turned = 1.0 / (theta ** (torch.arange(0, 2 * config.rotated_pairs, 2, dtype=torch.float32) / rd))
-    return torch.cat([turned, torch.zeros(rd // 2 - config.rotated_pairs)])
+    pairs = config.rotated_pairs if config.rope_proportional else None
+    return inverse_frequencies(config.rope_theta, config.rotary_dim, pairs)
 
 
 class ScaledLinear(nn.Linear):
@@ -487,14 +492,11 @@ class Attention(nn.Module):
 
     `window`: a query sees only the last `window` positions, its own included (a sliding window),
     and the cache is the window itself, (b, nkv, window, hd), replaced each call: slot j holds
-    position past_lengths - window + j (right-aligned; a negative position is no token yet).
-    `row_ends` (b,), set by an exporter around a right-padded prefill: each row's new window is
-    taken at its own last token, not at the padded end."""
+    position past_lengths - window + j (right-aligned; a negative position is no token yet)."""
 
     def __init__(self, config: HybridConfig, window: int | None = None, d_in: int | None = None):
         super().__init__()
         self.window = window
-        self.row_ends: Tensor | None = None
         d, nh, nkv, hd = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
         width = d_in or d  # what q/k/v read (a zamba block's: 2 d)
         self.n_heads, self.n_kv_heads, self.head_dim = nh, nkv, hd
@@ -573,21 +575,13 @@ class Attention(nn.Module):
     def new_state(self, past_key: Tensor, past_value: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """What the layer's state becomes: the new positions' (k, v) (b, nkv, l, hd), which the
         caller appends; or, with a window, the window itself (b, nkv, window, hd): the last
-        `window` positions of the past and the new ones, ending at each row's end (`row_ends`)
-        or at the call's last position."""
+        `window` positions of the past and the new ones (an exporter of right-padded rows takes
+        them at each row's end instead)."""
         if self.window is None:
             return k, v
-        out = []
-        for past, new in ((past_key, k), (past_value, v)):
-            joined = torch.cat([past.to(new.dtype), new], dim=2)  # (b, nkv, P + l, hd)
-            ends = self.row_ends
-            if ends is None:
-                out.append(joined[:, :, joined.shape[2] - self.window:])  # (b, nkv, window, hd)
-            else:  # row r's positions P + ends[r] - window .. P + ends[r] - 1
-                b, nkv, _, hd = joined.shape
-                at = (ends + past.shape[2])[:, None] - self.window + torch.arange(self.window, device=ends.device)
-                out.append(torch.gather(joined, 2, at[:, None, :, None].expand(b, nkv, self.window, hd)))
-        return out[0], out[1]
+        key, value = (torch.cat([past.to(new.dtype), new], dim=2)  # (b, nkv, P + l, hd)
+                      for past, new in ((past_key, k), (past_value, v)))
+        return key[:, :, -self.window:], value[:, :, -self.window:]  # (b, nkv, window, hd) each
 
     def forward(
         self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -1120,8 +1114,7 @@ class HybridLM(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (rd / 2,)
         if config.sliding_rope_theta is not None:  # the sliding-window layers' own: the whole head
-            hd = config.head_dim
-            local = 1.0 / (config.sliding_rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))  # (hd / 2,)
+            local = inverse_frequencies(config.sliding_rope_theta, config.head_dim)  # (hd / 2,)
             self.register_buffer("local_inv_freq", local, persistent=False)
         self._init_weights()
         if config.tie_embeddings:

@@ -130,15 +130,19 @@ class PrefillGraph(nn.Module):
 @contextmanager
 def _windows_end_at(model: HybridLM, lengths):
     """Within: every sliding-window attention layer takes its new window at each row's own end
-    (`lengths` (b,): the rows' new tokens), not at the padded end."""
+    (`lengths` (b,): the rows' new tokens), not at the padded end, as a conv window is taken."""
+    def at_row_ends(self, past_key, past_value, k, v):  # past (b, nkv, P, hd), new (b, nkv, l, hd)
+        return tuple(ragged.at_ends(torch.cat([past.to(new.dtype), new], dim=2), lengths + past.shape[2],
+                                    self.window, axis=2) for past, new in ((past_key, k), (past_value, v)))
+
     windows = [layer.mixer for layer in model.layers if layer.kind == "attention" and layer.mixer.window]
     for m in windows:
-        m.row_ends = lengths
+        m.new_state = types.MethodType(at_row_ends, m)
     try:
         yield
     finally:
         for m in windows:
-            m.row_ends = None
+            del m.new_state  # the class's own again
 
 
 def _mamba1_step(self, hidden, conv_state, ssm_state):
