@@ -14,7 +14,9 @@ may reflect the state, beside post-norm attention normed across its heads) and o
 LFM3 (short convs beside sliding-window and full attention, gated per head, sandwich-normed)
 and of Zyphra's Zamba2 ("zamba" layers: a Mamba-2 layer that first calls one of a few shared
 transformer blocks on cat(x, embedding), with its own adapters, and adds its output to the
-mixer's input).
+mixer's input) and of Moonshot's Kimi-Linear ("kda" layers: Kimi Delta Attention, the gated delta
+rule with a decay per head and key channel; "mla" layers: multi-head latent attention without
+positions, whose cache is one latent and one shared key part a position).
 The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
 the Mamba-1 mixer that of `models.mamba`, reused as they are.
 
@@ -51,6 +53,9 @@ State, per layer, a tuple (returned new, never written in place, so every entry 
                  d_in1 = mamba1_expand * d (see models/mamba.py)                  replaced whole each call
     "deltanet"   (conv_state (b, 2 hk dk + hv dv, d_conv), state (b, hv, dk, dv) float32): Qwen3.5's
                  Gated DeltaNet, the delta rule's state per value head          replaced whole each call
+    "kda"        as "deltanet" (hk = hv): Kimi-Linear's Kimi Delta Attention   replaced whole each call
+    "mla"        (latent (b, 1, P, r), rope (b, 1, P, rd)): APPENDED as "attention"'s, r = mla_kv_rank,
+                 rd = mla_rope_dim: Kimi-Linear's latent attention
     "attention"  (key, value), each (b, nkv, P, hd): an APPENDED buffer. Row r's slots
                  0 .. past_lengths[r] - 1 are valid; the rest are ignored, whatever they hold.
                  Keys are stored after RoPE (as transformers' caches hold them). A call returns
@@ -88,6 +93,9 @@ onto them in `seqexport.families.hybrid.layouts`):
         .{dt,b,c}_layernorm.weight (mamba1_dt_norm)                                      "mamba"
     layers.{i}.mixer.{in_proj,z_proj,b_proj,a_proj,conv1d,out_proj}.*, .dt_bias, .A_log,
         .norm.weight (dv,)                                                              "deltanet"
+    layers.{i}.mixer.{in_proj,f_a_proj,f_b_proj,b_proj,g_a_proj,g_b_proj,conv1d,out_proj}.*, .dt_bias
+        (h dk,), .A_log (h,), .norm.weight (dv,)                                            "kda"
+    layers.{i}.mixer.{q_proj | q_a_proj,q_a_norm,q_b_proj; kv_a_proj,kv_a_norm,kv_b_proj,o_proj}.*  "mla"
     layers.{i}.mixer.q_proj (nh * 2 hd, d): each head's query rows, then its gate's   attention_output_gate
     layers.{i}.mixer.{gate_proj,up_proj,down_proj}.*                                    "mlp"
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.*   mlp_in_layer only
@@ -97,6 +105,7 @@ onto them in `seqexport.families.hybrid.layouts`):
     layers.{i}.mixer.* (the same), layers.{i}.shared.{up_proj,down_proj}.*     "moe" layers
     layers.{i}.shared.{gate_proj,up_proj,down_proj}.*, layers.{i}.shared_gate.weight (1, d)
                                                   beside the experts with gated_shared_expert
+                                                  (no shared_gate with plain_shared_expert)
     layers.{i}.mixer.* (as "mamba2"), layers.{i}.linear.weight (d, d), layers.{i}.mlp_adapter.{0,1}.weight,
         layers.{i}.adapters.{q,k,v}.{0,1}.weight (LoRA: (r, in), (out, r))                  "zamba"
     shared_blocks.{b}.{norm (2 d,), attention.{q,k,v,o}_proj, mlp_norm, mlp.*}      zamba's blocks
@@ -119,9 +128,10 @@ from torch import Tensor, nn
 LayerState = tuple[Tensor, ...]
 Scan = Callable[..., tuple[Tensor, Tensor]]
 
-LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv", "mamba", "deltanet", "zamba")
+LAYER_TYPES = ("mamba2", "attention", "mlp", "moe", "parallel", "conv", "mamba", "deltanet", "zamba", "kda", "mla")
 MAMBA_KINDS = ("mamba2", "parallel", "zamba")  # layers with a Mamba-2 mixer (and conv/SSM state)
-ATTENTION_KINDS = ("attention", "parallel", "zamba")  # layers with attention (and a KV cache)
+ATTENTION_KINDS = ("attention", "parallel", "zamba", "mla")  # layers with attention (and a KV cache)
+DELTA_KINDS = ("deltanet", "kda")  # layers with the gated delta rule (and conv and delta-rule state)
 EXPERT_ROUTINGS = ("softmax", "sigmoid")
 MLP_ACTS = ("silu_gated", "relu2", "gelu_gated")
 
@@ -167,6 +177,8 @@ class HybridConfig(DictConfig):
     # a shared expert MLP (d_ff_shared_expert wide) beside the experts of each layer that has them,
     # its output times sigmoid(shared_gate(h)) (Qwen3.5-MoE, Qwen3-Next); needs mlp_in_layer
     gated_shared_expert: bool = False
+    # the same shared expert MLP added as it is, ungated (Kimi-Linear); needs mlp_in_layer and experts
+    plain_shared_expert: bool = False
     # where experts sit with mlp_in_layer: None = beside every layer's MLP (Granite); a list of layer
     # indices = instead of the MLP in those layers, the others keeping their MLP (LFM2-MoE: from
     # num_dense_layers on; Jamba: every expert_layer_period-th)
@@ -241,6 +253,17 @@ class HybridConfig(DictConfig):
     # (OLMo-hybrid's allow_neg_eigval); False: β = sigmoid(b) in (0, 1)
     delta_negative_eigenvalues: bool = False
     delta_norm_eps: float | None = None  # the output's gated RMSNorm epsilon; None = rms_norm_eps (OLMo: 1e-5)
+    # "kda" layers (Kimi-Linear's Kimi Delta Attention): the gated delta rule with a decay per head
+    # and key channel; delta_v_heads heads (delta_k_heads equal to it), delta_k_dim = delta_v_dim
+    # "mla" layers (Kimi-Linear's multi-head latent attention, no positions: rope must be False):
+    # n_heads heads read one cached latent of mla_kv_rank (their keys' first mla_nope_dim dims and
+    # values of mla_v_dim through kv_b_proj) and one cached key part of mla_rope_dim every head shares
+    mla_kv_rank: int = 32  # kv_lora_rank (r)
+    mla_q_rank: int | None = None  # q_lora_rank: queries through an RMS-normed bottleneck; None: one q_proj
+    mla_nope_dim: int = 16  # qk_nope_head_dim
+    mla_rope_dim: int = 8  # qk_rope_head_dim (not rotated here: Kimi-Linear has no positions)
+    mla_v_dim: int = 16  # v_head_dim
+    mla_norm_eps: float = 1e-6  # the latent's (and q's bottleneck's) RMSNorm (transformers' default, not rms_norm_eps)
     # "zamba" layers (Zamba2's hybrid layers): a shared transformer block, one of `shared_blocks` in
     # turn, reads cat(x, the embedding) (2 d wide, attention heads of head_dim over it); its output,
     # through the layer's own d x d `linear`, joins the input of the layer's Mamba-2 mixer
@@ -283,7 +306,7 @@ class HybridConfig(DictConfig):
         ints = ("d_model", "vocab_size", "d_ff", "n_heads", "n_kv_heads", "head_dim", "mamba_nheads", "headdim",
                 "ngroups", "d_state", "d_conv", "chunk_size", "pad_vocab_size_multiple", "short_conv_kernel",
                 "mamba1_expand", "delta_k_heads", "delta_v_heads", "delta_k_dim", "delta_v_dim", "sliding_window",
-                "shared_blocks")
+                "shared_blocks", "mla_kv_rank", "mla_nope_dim", "mla_rope_dim", "mla_v_dim")
         for key in ints:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -292,10 +315,11 @@ class HybridConfig(DictConfig):
                     "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
                     "mamba1_dt_norm", "attention_output_gate", "gated_shared_expert", "qk_norm_across_heads",
                     "attention_post_norm", "delta_negative_eigenvalues", "rope_proportional",
-                    "attention_head_gate", "sandwich_norm", "shared_attention_adapters"):
+                    "attention_head_gate", "sandwich_norm", "shared_attention_adapters", "plain_shared_expert"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
-        positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps"]
+        positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps",
+                    "mla_norm_eps"]
         positive += [key for key in ("attention_multiplier", "delta_norm_eps", "sliding_rope_theta")
                      if getattr(self, key) is not None]
         for key in positive:
@@ -357,6 +381,23 @@ class HybridConfig(DictConfig):
         if self.delta_v_heads % self.delta_k_heads:
             raise ValueError(f"{name}.delta_k_heads={self.delta_k_heads} must divide "
                              f"delta_v_heads={self.delta_v_heads}")
+        self._check_kimi()
+
+    def _check_kimi(self) -> None:
+        """"kda" layers: one key head per value head, keys and values of one size; "mla" layers: no
+        positions (their rope dims are a key part every head shares, not rotated)."""
+        name = type(self).__name__
+        if "kda" in self.layer_types and (self.delta_k_heads != self.delta_v_heads
+                                          or self.delta_k_dim != self.delta_v_dim):
+            raise ValueError(f"{name}: 'kda' layers have as many key heads as value heads, of one size; got "
+                             f"delta_k_heads={self.delta_k_heads}, delta_v_heads={self.delta_v_heads}, "
+                             f"delta_k_dim={self.delta_k_dim}, delta_v_dim={self.delta_v_dim}")
+        if "mla" in self.layer_types and self.rope:
+            raise ValueError(f"{name}: 'mla' layers are read without positions (Kimi-Linear's); expected "
+                             "rope=False (a rotated MLA, DeepSeek's, is not supported)")
+        r = self.mla_q_rank
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
+            raise ValueError(f"{name}.mla_q_rank must be None or a positive int, got {r!r}")
 
     def _check_dt_limits(self) -> None:
         name = type(self).__name__
@@ -393,10 +434,18 @@ class HybridConfig(DictConfig):
                              f"{self.n_layer - 1} with mlp_in_layer and n_experts >= 1")
         if where is not None:
             self.expert_layers = sorted(set(where))
-        if self.gated_shared_expert and not (self.mlp_in_layer and self.n_experts):
-            raise ValueError(f"{name}.gated_shared_expert sits beside a layer's experts; expected mlp_in_layer and "
-                             f"n_experts >= 1, got mlp_in_layer={self.mlp_in_layer}, n_experts={self.n_experts}")
+        self._check_shared_expert()
         self._check_expert_counts()
+
+    def _check_shared_expert(self) -> None:
+        name = type(self).__name__
+        for key in ("gated_shared_expert", "plain_shared_expert"):
+            if getattr(self, key) and not (self.mlp_in_layer and self.n_experts):
+                raise ValueError(f"{name}.{key} sits beside a layer's experts; expected mlp_in_layer and "
+                                 f"n_experts >= 1, got mlp_in_layer={self.mlp_in_layer}, n_experts={self.n_experts}")
+        if self.gated_shared_expert and self.plain_shared_expert:
+            raise ValueError(f"{name}: gated_shared_expert and plain_shared_expert are two forms of one shared "
+                             "expert; expected at most one")
 
     def _check_expert_counts(self) -> None:
         """k, the groups and where the experts sit fit each other."""
@@ -487,6 +536,14 @@ def scaled_linear(d_in: int, d_out: int, bias: bool, out_scale=1.0) -> nn.Linear
     return nn.Linear(d_in, d_out, bias=bias) if neutral else ScaledLinear(d_in, d_out, bias, out_scale)
 
 
+def visible_slots(past_lengths: Tensor, P: int, length: int) -> tuple[Tensor, Tensor]:
+    """What each of l new queries sees of an appended cache: its valid past slots (b, 1, 1, P),
+    and the new positions up to and including its own (l, l)."""
+    slots = torch.arange(P, device=past_lengths.device)
+    causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=past_lengths.device))  # (l, l)
+    return (slots[None, :] < past_lengths[:, None])[:, None, None, :], causal  # (b, 1, 1, P)
+
+
 class Attention(nn.Module):
     """Causal self-attention over an appended KV buffer plus the new positions; GQA, RoPE or none.
 
@@ -560,10 +617,10 @@ class Attention(nn.Module):
         """What each query sees: the valid past slots (b, 1, 1, P), and the new positions up to and
         including its own (l, l). With a window (P = window slots, right-aligned), only positions
         p - window < . <= p for a query at p: the past slots then (b, 1, l, P)."""
+        if self.window is None:
+            return visible_slots(past_lengths, P, length)
         slots = torch.arange(P, device=past_lengths.device)
         causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=past_lengths.device))  # (l, l)
-        if self.window is None:
-            return (slots[None, :] < past_lengths[:, None])[:, None, None, :], causal  # (b, 1, 1, P)
         # slot j holds position past_lengths - P + j; query t is at past_lengths + t and sees it
         # while t + P - j < window: the slots j > t + P - window
         t = torch.arange(length, device=past_lengths.device)
@@ -635,6 +692,82 @@ class Attention(nn.Module):
             out = torch.matmul(probs, torch.cat([past_value, v], dim=2))  # (b, nkv, rep * l, hd)
         out = out.view(b, self.n_heads, length, hd).transpose(1, 2).reshape(b, length, self.n_heads * hd)  # (b, l, nh * hd)
         return self.output(out, gate), self.new_state(past_key, past_value, k, v)
+
+
+class LatentAttention(nn.Module):
+    """Kimi-Linear's multi-head latent attention (DeepSeek-V2's MLA, without positions): the cache
+    holds, per position, one RMS-normed latent c (r) and one key part k_r (rd) that every head
+    shares; head j's key is [W_uk[j] c; k_r] and its value W_uv[j] c (kv_b_proj's rows). The
+    product is taken in the latent (DeepSeek's absorbed form, equal to expanding the keys): the
+    query's first nope dims through W_uk[j] meet c, its last rd dims meet k_r, and the heads'
+    outputs, weighted sums of c, go through W_uv[j]; so a step reads r + rd numbers per cached
+    position instead of nh (nope + rd + dv)."""
+
+    def __init__(self, config: HybridConfig):
+        super().__init__()
+        d, nh = config.d_model, config.n_heads
+        r, self.nope, self.rd, self.dv = config.mla_kv_rank, config.mla_nope_dim, config.mla_rope_dim, config.mla_v_dim
+        self.n_heads, self.rank = nh, r
+        bias, eps = config.attention_bias, config.mla_norm_eps
+        width = nh * (self.nope + self.rd)  # the queries
+        if config.mla_q_rank is None:
+            self.q_proj = nn.Linear(d, width, bias=False)
+        else:  # through a normed bottleneck
+            self.q_a_proj = nn.Linear(d, config.mla_q_rank, bias=bias)
+            self.q_a_norm = RMSNorm(config.mla_q_rank, eps)
+            self.q_b_proj = nn.Linear(config.mla_q_rank, width, bias=False)
+        self.kv_a_proj = nn.Linear(d, r + self.rd, bias=bias)  # the latent, then the shared key part
+        self.kv_a_norm = RMSNorm(r, eps)
+        self.kv_b_proj = nn.Linear(r, nh * (self.nope + self.dv), bias=False)  # per head: W_uk rows, then W_uv rows
+        self.o_proj = nn.Linear(nh * self.dv, d, bias=bias)
+        multiplier = config.attention_multiplier
+        self.scale = multiplier if multiplier is not None else (self.nope + self.rd) ** -0.5
+
+    def queries(self, x: Tensor) -> Tensor:
+        """x (b, l, d) -> q (b, nh, l, nope + rd)."""
+        b, length, _ = x.shape
+        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
+        return q.view(b, length, self.n_heads, self.nope + self.rd).transpose(1, 2)
+
+    def forward(self, x: Tensor, past_latent: Tensor, past_rope: Tensor, past_lengths: Tensor,
+                step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x (b, l, d) at positions past_lengths[r] + 0 .. l - 1; past_latent (b, 1, P, r) and
+        past_rope (b, 1, P, rd), row r's first past_lengths[r] slots valid; `step`: l = 1, the
+        cache read where it lies (as `Attention`'s step) -> out (b, l, d) and the new positions'
+        (latent (b, 1, l, r), key part (b, 1, l, rd))."""
+        b, length, _ = x.shape
+        P = past_latent.shape[2]
+        q_nope, q_rope = self.queries(x).split([self.nope, self.rd], dim=-1)  # (b, nh, l, nope), (b, nh, l, rd)
+        latent, rope = self.kv_a_proj(x).split([self.rank, self.rd], dim=-1)  # (b, l, r), (b, l, rd)
+        latent, rope = self.kv_a_norm(latent)[:, None], rope[:, None]  # (b, 1, l, r), (b, 1, l, rd)
+        w = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.dv, self.rank)  # (nh, nope + dv, r)
+        q_latent = torch.matmul(q_nope, w[:, :self.nope])  # (b, nh, l, r): q through W_uk
+        past_latent, past_rope = past_latent.to(x.dtype), past_rope.to(x.dtype)
+
+        def scores_of(c: Tensor, k_r: Tensor) -> Tensor:  # c (b, 1, m, r), k_r (b, 1, m, rd) -> (b, nh, l, m)
+            return torch.matmul(q_latent, c.transpose(-1, -2)) + torch.matmul(q_rope, k_r.transpose(-1, -2))
+
+        if step:  # the past and the new position in two products (no copy of the cache)
+            scores = torch.cat([scores_of(past_latent, past_rope), scores_of(latent, rope)], dim=-1)
+        else:
+            latents = torch.cat([past_latent, latent], dim=2)  # (b, 1, P + l, r)
+            scores = scores_of(latents, torch.cat([past_rope, rope], dim=2))  # (b, nh, l, P + l)
+        past_visible, causal = visible_slots(past_lengths, P, length)  # (b, 1, 1, P), (l, l)
+        visible = torch.cat([past_visible.expand(b, 1, length, P), causal.expand(b, 1, length, length)], dim=-1)
+        scores = (scores * self.scale).masked_fill(~visible, torch.finfo(scores.dtype).min)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)  # (b, nh, l, P + l)
+        if step:
+            mixed = torch.matmul(probs[..., :P], past_latent) + torch.matmul(probs[..., P:], latent)  # (b, nh, 1, r)
+        else:
+            mixed = torch.matmul(probs, latents)  # (b, nh, l, r)
+        out = torch.matmul(mixed, w[:, self.nope:].transpose(1, 2))  # (b, nh, l, dv): through W_uv
+        out = out.transpose(1, 2).reshape(b, length, self.n_heads * self.dv)  # (b, l, nh * dv)
+        return self.o_proj(out), (latent, rope)
+
+    def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+        """An empty cache (P = 0): latents (b, 1, 0, r), key parts (b, 1, 0, rd)."""
+        return (torch.zeros(batch, 1, 0, self.rank, dtype=dtype, device=device),
+                torch.zeros(batch, 1, 0, self.rd, dtype=dtype, device=device))
 
 
 class MLP(nn.Module):
@@ -808,8 +941,10 @@ def delta_rule_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s:
 
         S <- exp(g) S;  S <- S + k (β (v - Sᵀk))ᵀ;  y = Sᵀq
 
-    q, k (b, h, dk); v (b, h, dv); g, beta (b, h); s (b, h, dk, dv) -> y (b, h, dv), the new s."""
-    s = s * g.exp()[..., None, None]  # (b, h, dk, dv): decayed
+    q, k (b, h, dk); v (b, h, dv); g (b, h), or (b, h, dk) a decay per key channel (Kimi's: row i
+    of S times exp(g_i)); beta (b, h); s (b, h, dk, dv) -> y (b, h, dv), the new s."""
+    decay = g.exp()
+    s = s * (decay[..., None] if g.dim() == 3 else decay[..., None, None])  # (b, h, dk, dv): decayed
     recalled = torch.matmul(k[:, :, None], s)  # (b, h, 1, dv): what s gives for k
     s = s + torch.matmul(k[..., None], (v[:, :, None] - recalled) * beta[..., None, None])  # (b, h, dk, dv)
     return torch.matmul(q[:, :, None], s)[:, :, 0], s
@@ -819,8 +954,9 @@ def gated_delta_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s0
     """The gated delta rule token by token (the reference a lowering must equal).
 
     q, k (b, l, h, dk): L2-normed, q also scaled by dk^-0.5; v (b, l, h, dv); g (b, l, h) log
-    decays <= 0; beta (b, l, h) in (0, 1); s0 (b, h, dk, dv) -> y (b, l, h, dv), s (b, h, dk, dv),
-    both float32. A token with g = 0 and beta = 0 leaves s as it is."""
+    decays <= 0, or (b, l, h, dk) one per key channel; beta (b, l, h) in (0, 2); s0 (b, h, dk, dv)
+    -> y (b, l, h, dv), s (b, h, dk, dv), both float32. A token with g = 0 and beta = 0 leaves s
+    as it is."""
     s, ys = s0.float(), []
     q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
     for t in range(q.shape[1]):
@@ -851,16 +987,30 @@ class GatedDeltaNet(nn.Module):
         c, width = config.delta_conv_dim, self.hv * self.dv
         self.kernel = k
         self.in_proj = nn.Linear(d, c, bias=False)  # q | k | v: the conv's inputs
-        self.z_proj = nn.Linear(d, width, bias=False)  # the output gate
         self.b_proj = nn.Linear(d, self.hv, bias=False)  # β before its sigmoid
-        self.a_proj = nn.Linear(d, self.hv, bias=False)  # the decay's input
         self.conv1d = nn.Conv1d(c, c, kernel_size=k, groups=c, padding=k - 1, bias=False)
+        self.beta_scale = 2.0 if config.delta_negative_eigenvalues else 1.0
+        self.eps = config.rms_norm_eps if config.delta_norm_eps is None else config.delta_norm_eps
+        self._build_gates(config)
+        self.out_proj = nn.Linear(width, d, bias=False)
+
+    def _build_gates(self, config: HybridConfig) -> None:
+        """The decay's and the output gate's weights."""
+        d = config.d_model
+        self.z_proj = nn.Linear(d, self.hv * self.dv, bias=False)  # the output gate
+        self.a_proj = nn.Linear(d, self.hv, bias=False)  # the decay's input
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.log(torch.empty(self.hv).uniform_(1, 16)))
-        self.beta_scale = 2.0 if config.delta_negative_eigenvalues else 1.0
-        eps = config.rms_norm_eps if config.delta_norm_eps is None else config.delta_norm_eps
-        self.norm = RMSNormGated(self.dv, self.dv, eps, norm_before_gate=True)  # per head, shared
-        self.out_proj = nn.Linear(width, d, bias=False)
+        self.norm = RMSNormGated(self.dv, self.dv, self.eps, norm_before_gate=True)  # per head, shared
+
+    def log_decay(self, h: Tensor) -> Tensor:
+        """h (b, l, d) -> g (b, l, hv) float32: each value head's log decay, <= 0."""
+        return -self.A_log.float().exp() * F.softplus(self.a_proj(h).float() + self.dt_bias.float())
+
+    def gated(self, y: Tensor, h: Tensor) -> Tensor:
+        """The rule's output y (b, l, hv, dv) float32, normed per head and gated -> (b, l, hv, dv) float32."""
+        b, length, _ = h.shape
+        return self.norm(y, self.z_proj(h).reshape(b, length, self.hv, self.dv))
 
     def forward(self, h: Tensor, conv_state: Tensor, state: Tensor, rule: Scan = gated_delta_ref,
                 step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -882,15 +1032,42 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.b_proj(h).float())  # (b, l, hv)
         if self.beta_scale != 1:
             beta = beta * self.beta_scale
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(h).float() + self.dt_bias.float())  # (b, l, hv)
-        y, state = rule(q, k, v.reshape(b, length, self.hv, self.dv), g, beta, state)  # (b, l, hv, dv)
-        y = self.norm(y, self.z_proj(h).reshape(b, length, self.hv, self.dv))  # (b, l, hv, dv) float32
+        y, state = rule(q, k, v.reshape(b, length, self.hv, self.dv), self.log_decay(h), beta, state)  # (b, l, hv, dv)
+        y = self.gated(y, h)  # (b, l, hv, dv) float32
         return self.out_proj(y.reshape(b, length, -1).to(h.dtype)), (new_conv, state)
 
     def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         c = self.in_proj.out_features
         return (torch.zeros(batch, c, self.kernel, dtype=dtype, device=device),
                 torch.zeros(batch, self.hv, self.dk, self.dv, dtype=torch.float32, device=device))
+
+
+class KimiDeltaAttention(GatedDeltaNet):
+    """Kimi-Linear's Kimi Delta Attention: a Gated DeltaNet (q, k, v as its, one key head per
+    value head) whose decay is per head AND key channel, g = -exp(A_log) softplus(f_b(f_a(h)) +
+    dt_bias), (b, l, h, dk); its output RMS-normed per head and gated by sigmoid(g_b(g_a(h)))."""
+
+    def _build_gates(self, config: HybridConfig) -> None:
+        d, h, dk = config.d_model, self.hv, self.dk
+        self.f_a_proj = nn.Linear(d, dk, bias=False)  # the decay's input, low rank
+        self.f_b_proj = nn.Linear(dk, h * dk, bias=False)
+        self.dt_bias = nn.Parameter(torch.zeros(h * dk))
+        self.A_log = nn.Parameter(torch.log(torch.empty(h).uniform_(1, 16)))
+        self.g_a_proj = nn.Linear(d, self.dv, bias=False)  # the output gate, low rank
+        self.g_b_proj = nn.Linear(self.dv, h * self.dv, bias=False)
+        self.norm = RMSNorm(self.dv, self.eps)  # per head, shared
+
+    def log_decay(self, h: Tensor) -> Tensor:
+        """h (b, l, d) -> g (b, l, h, dk) float32: a log decay per head and key channel, <= 0."""
+        b, length, _ = h.shape
+        x = self.f_b_proj(self.f_a_proj(h)).float() + self.dt_bias.float()  # (b, l, h dk)
+        x = x.view(b, length, self.hv, self.dk)  # (b, l, h, dk)
+        return -self.A_log.float().exp()[:, None] * F.softplus(x)
+
+    def gated(self, y: Tensor, h: Tensor) -> Tensor:
+        b, length, _ = h.shape
+        gate = self.g_b_proj(self.g_a_proj(h)).float().view(b, length, self.hv, self.dv)  # (b, l, h, dv)
+        return self.norm(y) * torch.sigmoid(gate)
 
 
 def mamba1_mixer(config: HybridConfig) -> MambaMixer:
@@ -939,6 +1116,10 @@ def lora(d_in: int, rank: int, d_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=False))
 
 
+_MIXERS = {"conv": ShortConv, "mamba": mamba1_mixer, "deltanet": GatedDeltaNet, "kda": KimiDeltaAttention,
+           "mla": LatentAttention}  # the kinds whose mixer is built from the config alone
+
+
 class HybridLayer(nn.Module):
     """x + r * mixer(norm(x)) [then x + r * mlp(mlp_norm(x)) when mlp_in_layer, plus the experts' output
     when it has experts], r the residual multiplier; a "moe" layer's mixer is its experts plus its
@@ -959,7 +1140,8 @@ class HybridLayer(nn.Module):
         self.ssm_multipliers = (config.ssm_in_multiplier, config.ssm_out_multiplier)
         self.attention_multipliers = (config.attention_in_multiplier, config.attention_out_multiplier)
         # where the conv state sits in this layer's state tuple (None: no conv state)
-        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0, "deltanet": 0, "zamba": 2}.get(kind)
+        self.conv_index = {"mamba2": 0, "parallel": 2, "conv": 0, "mamba": 0, "deltanet": 0, "zamba": 2,
+                           "kda": 0}.get(kind)
         self.block_id = config.layer_types[:index].count("zamba") % config.shared_blocks  # (a zamba layer's block)
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
         self._build_mixer(config, kind, index)
@@ -975,9 +1157,10 @@ class HybridLayer(nn.Module):
         self.mlp = MLP(config) if feed_forward and (where is None or index not in where) else None
         self.experts = Experts(config) if feed_forward and config.n_experts and (where is None or index in where) \
             else None
-        if self.experts is not None and config.gated_shared_expert:  # beside the experts, gated per token
-            self.shared = MLP(config, config.d_ff_shared_expert)
-            self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
+        if self.experts is not None and (config.gated_shared_expert or config.plain_shared_expert):
+            self.shared = MLP(config, config.d_ff_shared_expert)  # beside the experts
+            if config.gated_shared_expert:  # gated per token
+                self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
 
     def _build_mixer(self, config: HybridConfig, kind: str, index: int) -> None:
         """The layer's mixer (a "parallel" layer's attention beside it; a "moe" layer's shared MLP)."""
@@ -989,12 +1172,8 @@ class HybridLayer(nn.Module):
                 self._build_zamba(config)
         elif kind == "attention":
             self.mixer = Attention(config, config.sliding_window if index in config.sliding_window_layers else None)
-        elif kind == "conv":
-            self.mixer = ShortConv(config)
-        elif kind == "mamba":
-            self.mixer = mamba1_mixer(config)
-        elif kind == "deltanet":
-            self.mixer = GatedDeltaNet(config)
+        elif kind in _MIXERS:
+            self.mixer = _MIXERS[kind](config)
         elif kind == "moe":
             self.mixer = Experts(config)
             self.shared = MLP(config, config.d_ff_shared_expert)
@@ -1056,29 +1235,35 @@ class HybridLayer(nn.Module):
         if self.kind == "zamba":
             return self._zamba(x, state, past_lengths, rope, scan, step, shared, embedded)
         h = x if self.norm_after else self.norm(x)
-        if self.kind == "mamba2":
-            out, new_state = self._mamba(h, state, scan, step)
-        elif self.kind == "mamba":
-            out, new_state = self._mamba(h, state, selective_scan, step)
-        elif self.kind == "parallel":  # state: (key, value, conv_state, ssm_state)
-            out, new_ssm = self._mamba(h, state[2:], scan, step)
-            attended, new_kv = self._attention(self.attention, h, state[:2], past_lengths, rope, step)
-            out, new_state = out + attended, (*new_kv, *new_ssm)
-        elif self.kind == "attention":
-            out, new_state = self._attention(self.mixer, h, state, past_lengths, rope, step)
-        elif self.kind == "conv":
-            out, new_state = self.mixer(h, *state, step=step)
-        elif self.kind == "deltanet":
-            out, new_state = self.mixer(h, *state, rule=delta_rule, step=step)
-        elif self.kind == "moe":
-            out, new_state = self.mixer(h) + self.shared(h), ()
-        else:
-            out, new_state = self.mixer(h), ()
+        out, new_state = self._mix(h, state, past_lengths, rope, scan, step, selective_scan, delta_rule)
         x = self._residual(x, self._normed_output(out, self.norm, "post_norm"))
         if self.mlp is not None or self.experts is not None:
             fed = self._feed_forward(x if self.norm_after else self.mlp_norm(x))
             x = self._residual(x, self._normed_output(fed, self.mlp_norm, "post_mlp_norm"))
         return x, new_state
+
+    def _mix(self, h: Tensor, state: LayerState, past_lengths: Tensor, rope: tuple[Tensor, Tensor] | None,
+             scan: Scan, step: bool, selective_scan: Scan, delta_rule: Scan) -> tuple[Tensor, LayerState]:
+        """The layer's mixer on its normed input h (b, l, d) -> out (b, l, d), its new state."""
+        if self.kind == "mamba2":
+            return self._mamba(h, state, scan, step)
+        if self.kind == "mamba":
+            return self._mamba(h, state, selective_scan, step)
+        if self.kind == "parallel":  # state: (key, value, conv_state, ssm_state)
+            out, new_ssm = self._mamba(h, state[2:], scan, step)
+            attended, new_kv = self._attention(self.attention, h, state[:2], past_lengths, rope, step)
+            return out + attended, (*new_kv, *new_ssm)
+        if self.kind == "attention":
+            return self._attention(self.mixer, h, state, past_lengths, rope, step)
+        if self.kind == "conv":
+            return self.mixer(h, *state, step=step)
+        if self.kind in DELTA_KINDS:
+            return self.mixer(h, *state, rule=delta_rule, step=step)
+        if self.kind == "mla":
+            return self.mixer(h, *state, past_lengths, step=step)
+        if self.kind == "moe":
+            return self.mixer(h) + self.shared(h), ()
+        return self.mixer(h), ()
 
     def _normed_output(self, out: Tensor, before: nn.Module, after: str) -> Tensor:
         """A branch's output (b, l, d) as the residual takes it: normed by the branch's own norm
@@ -1093,6 +1278,8 @@ class HybridLayer(nn.Module):
         parts = [f(h) for f in (self.experts, self.mlp) if f is not None]
         if hasattr(self, "shared_gate"):  # the gated shared expert (a "moe" layer's shared is its mixer's)
             parts.append(torch.sigmoid(self.shared_gate(h)) * self.shared(h))
+        elif self.experts is not None and hasattr(self, "shared"):  # the plain one
+            parts.append(self.shared(h))
         out = parts[0]
         for part in parts[1:]:
             out = out + part
@@ -1220,6 +1407,8 @@ class HybridLM(nn.Module):
                        for _ in range(2))
             has_conv = layer.conv_index is not None  # a Mamba-2 mixer or a short conv
             ssm = layer.mixer.allocate_inference_cache(batch, dtype, device) if has_conv else ()
+            if layer.kind == "mla":  # its latents and shared key parts, P = 0
+                kv = layer.mixer.allocate_inference_cache(batch, dtype, device)
             state.append((kv if layer.kind in ATTENTION_KINDS else ()) + tuple(ssm))
         return state
 

@@ -134,3 +134,79 @@ def test_strong_decays_leave_no_subnormal_float_anywhere_in_the_graph():
     seen, subnormal = subnormal_tensors(exported_rule(), feeds)
     assert seen > 30, f"only {seen} float tensors seen"
     assert not subnormal, f"subnormal floats in {len(subnormal)} tensors: {dict(list(subnormal.items())[:8])}"
+
+
+# ---- a decay per key channel (Kimi-Linear's KDA): the same op, g (b, l, h, dk) ----
+
+def sequential_per_channel(q, k, v, g, beta, s0):
+    """Per row and head: S = diag(e^g) S (row a of S times e^{g_a}); S = S + k (β (v - Sᵀk))ᵀ;
+    y = Sᵀq, token by token."""
+    s, ys = s0.clone(), []
+    for t in range(q.shape[1]):
+        q_t, k_t, v_t = q[:, t], k[:, t], v[:, t]  # (b, h, dk | dv)
+        s = s * torch.exp(g[:, t])[..., None]  # (b, h, dk, dv): each key row its own decay
+        recalled = torch.einsum("bhkv,bhk->bhv", s, k_t)
+        s = s + torch.einsum("bhk,bhv->bhkv", k_t, (v_t - recalled) * beta[:, t][..., None])
+        ys.append(torch.einsum("bhkv,bhk->bhv", s, q_t))
+    return torch.stack(ys, 1), s
+
+
+def per_channel_inputs(batch: int, length: int, seed: int, decay: str = "spread"):
+    """`make_inputs` with g (b, l, h, dk): "spread" a rate per channel (e^g from 1 to e^-3 a
+    token), "split" half of the channels never decayed and half erased every token (e^-60),
+    "total", "none", and "repeated" (one key, β = 1, no decay)."""
+    q, k, v, _, beta, s0 = make_inputs(batch, length, seed, "repeated" if decay == "repeated" else "spread")
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = (batch, length, H, DK)
+    if decay == "spread":
+        g = -torch.rand(shape, generator=gen) * 3
+    elif decay == "split":
+        g = torch.where(torch.arange(DK) < DK // 2, 0.0, -60.0).expand(shape).clone()
+    else:
+        g = torch.full(shape, -60.0 if decay == "total" else 0.0)
+    return q, k, v, g, beta, s0
+
+
+@pytest.fixture(scope="module")
+def channel_session():
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    dims = {0: batch, 1: length}
+    proto = torch.onnx.export(
+        Rule().eval(), per_channel_inputs(2, 20, seed=0), input_names=["q", "k", "v", "g", "beta", "s0"],
+        output_names=["y", "s"], dynamic_shapes=(dims,) * 5 + ({0: batch},),
+        custom_translation_table=translation_table(), dynamo=True, verbose=False).model_proto
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("decay", ["spread", "split", "none", "total", "repeated"])
+def test_per_channel_decays_match_the_sequential_rule(channel_session, decay):
+    for length in LENGTHS:
+        for batch in (1, 3):
+            assert_near_float64(channel_session, per_channel_inputs(batch, length, seed=length + batch, decay=decay),
+                                sequential_per_channel, f"per-channel {decay} decays, b={batch} l={length}")
+
+
+def test_per_channel_decays_match_transformers_kda():
+    """The eager rule (what the model and the op run) against transformers' own chunked KDA
+    (`chunk_kimi_delta_attention`, Kimi-Linear's torch path), both from the same inputs."""
+    kda = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear").chunk_kimi_delta_attention
+    q, k, v, g, beta, s0 = inputs = per_channel_inputs(2, 70, seed=4)
+    y, s = gated_delta_ref(*inputs)
+    their_y, their_s = kda(q * DK ** 0.5, k, v, g, beta, initial_state=s0, output_final_state=True)
+    torch.testing.assert_close(y, their_y, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s, their_s, rtol=1e-4, atol=1e-4)
+
+
+def test_a_padded_token_leaves_a_per_channel_state_as_it_is(channel_session):
+    q, k, v, g, beta, s0 = per_channel_inputs(1, 23, seed=5)
+    g[:, 9:], beta[:, 9:] = 0.0, 0.0
+    _, state = channel_session.run(None, {i.name: x.numpy() for i, x in zip(
+        channel_session.get_inputs(), (q, k, v, g, beta, s0), strict=True)})
+    _, at_end = sequential_per_channel(*(x[:, :9].double() for x in (q, k, v, g, beta)), s0.double())
+    np.testing.assert_allclose(state, at_end.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_per_channel_eager_rule_is_the_sequential_rule():
+    inputs = per_channel_inputs(2, 21, seed=3)
+    assert_op_is_sequential(gated_delta_chunked, inputs, sequential_per_channel)
+    assert_op_is_sequential(gated_delta_ref, inputs, sequential_per_channel)

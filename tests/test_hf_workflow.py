@@ -48,18 +48,16 @@ def test_hf_mamba_checkpoint_exports_validates_and_generates(tmp_path, architect
 
 @pytest.mark.parametrize("command", ["mamba", "hybrid"])
 def test_a_layout_no_family_reads_is_refused_naming_it_and_the_layouts_read(tmp_path, command):
-    """A Kimi-Linear checkpoint (Kimi Delta Attention beside MLA; no family reads it): exit 2, its
-    model_type named, and every family's public layouts listed (not only Mamba's)."""
-    cfg = transformers.KimiLinearConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                        num_key_value_heads=2, intermediate_size=64, moe_intermediate_size=16,
-                                        num_local_experts=4, num_experts_per_tok=2, kv_lora_rank=16,
-                                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, linear_head_dim=8,
-                                        linear_num_heads=4, pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    transformers.KimiLinearForCausalLM(cfg).save_pretrained(tmp_path / "kimi")
-    result = CliRunner().invoke(cli, ["export", command, "--checkpoint", str(tmp_path / "kimi"),
+    """A MiniMax-Text checkpoint (lightning attention beside softmax attention; no family reads
+    it): exit 2, its model_type named, and every family's public layouts listed (not only Mamba's)."""
+    cfg = transformers.MiniMaxConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=8, intermediate_size=64, num_local_experts=4,
+                                     num_experts_per_tok=2, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    transformers.MiniMaxForCausalLM(cfg).save_pretrained(tmp_path / "minimax")
+    result = CliRunner().invoke(cli, ["export", command, "--checkpoint", str(tmp_path / "minimax"),
                                       "--out", str(tmp_path / "onnx")])
     assert result.exit_code == 2, result.output
-    assert "model_type 'kimi_linear'" in result.output and "Traceback" not in result.output
+    assert "model_type 'minimax'" in result.output and "Traceback" not in result.output
     for read in ("'falcon_mamba'", "'mamba2'", "'granitemoehybrid'", "'nemotron_h'", "'lfm2'", "'jamba'",
                  "RWKV-7 weights file"):
         assert read in result.output, read

@@ -271,13 +271,42 @@ def _zamba2_plain():
     ))
 
 
+def _kimi_linear():
+    # Kimi-Linear: KDA layers (the gated delta rule with a decay per head and key channel, 4 heads
+    # of 16) beside latent attention (MLA without positions: a 24-wide cached latent and an 8-wide
+    # shared key part; keys 16 + 8 and values 12 a head), the first layer's MLP dense, the others'
+    # 8 experts in 2 groups (2 a token from the best group, sigmoid scores with a choice bias,
+    # renormalised, times 2.446) beside a shared expert added as it is
+    return transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=96, moe_intermediate_size=32,
+        num_attention_heads=4, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        num_local_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, linear_num_heads=4, linear_head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+        pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    ))
+
+
+def _kimi_linear_q():
+    # latent attention whose queries go through a 20-wide normed bottleneck (q_lora_rank), two
+    # shared experts, every MLP dense below layer 2 (first_k_dense_replace), layers as
+    # KimiLinearConfig derives them (attention at 4)
+    return transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(
+        hidden_size=64, num_hidden_layers=6, vocab_size=VOCAB, intermediate_size=96, moe_intermediate_size=32,
+        num_attention_heads=2, kv_lora_rank=16, q_lora_rank=20, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+        num_local_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=2,
+        linear_num_heads=2, linear_head_dim=24, first_k_dense_replace=2, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
              "lfm2-moe": _lfm2_moe, "jamba": _jamba, "jamba-moe": _jamba_moe, "qwen3_5": _qwen3_5,
              "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next, "olmo_hybrid": _olmo_hybrid,
              "olmo_hybrid-nope": _olmo_hybrid_nope, "lfm3": _lfm3, "lfm3-plain": _lfm3_plain,
-             "zamba2": _zamba2, "zamba2-plain": _zamba2_plain}
+             "zamba2": _zamba2, "zamba2-plain": _zamba2_plain, "kimi_linear": _kimi_linear,
+             "kimi_linear-q": _kimi_linear_q}
 
 
 def _hf(name: str, seed: int):
@@ -684,7 +713,19 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "qwen3_5", "text_config": None}, "text_config"),
     ({"model_type": "qwen3_next", "decoder_sparse_step": 0}, "decoder_sparse_step=0"),
     ({"model_type": "qwen3_next", "mlp_only_layers": "3"}, "mlp_only_layers='3'"),
-    ({"model_type": "kimi_linear"}, "model_type='kimi_linear'"),
+    ({"model_type": "minimax"}, "model_type='minimax'"),
+    ({"model_type": "kimi_linear", "hidden_act": "gelu"}, "hidden_act"),
+    ({"model_type": "kimi_linear", "mla_use_nope": False}, "mla_use_nope"),
+    ({"model_type": "kimi_linear", "moe_router_activation_func": "softmax"}, "moe_router_activation_func"),
+    ({"model_type": "kimi_linear", "num_hidden_layers": 2, "layer_types": ["linear_attention", "sliding_attention"]},
+     "layer_types"),
+    ({"model_type": "kimi_linear", "num_hidden_layers": 2, "mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ({"model_type": "kimi_linear", "num_hidden_layers": 2, "linear_attn_config": {"full_attn_layers": [0],
+                                                                                   "kda_layers": [2]}},
+     r"linear_attn_config.full_attn_layers holds 0"),
+    ({"model_type": "kimi_linear", "first_k_dense_replace": -1}, "first_k_dense_replace"),
+    ({"model_type": "kimi_linear", "num_shared_experts": 1.5}, "num_shared_experts"),
+    ({"model_type": "kimi_linear", "q_lora_rank": 0}, "mla_q_rank"),
     ({"model_type": "olmo_hybrid", "hidden_act": "gelu"}, "hidden_act"),
     ({"model_type": "zamba2", "rms_norm_eps": 1e-6}, "rms_norm_eps"),
     ({"model_type": "zamba2", "hidden_act": "relu"}, "hidden_act"),

@@ -143,8 +143,27 @@ def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0:
         x = op.Reshape(op.Pad(x, pads, op.Constant(value_float=0.0)), shape)  # (b, c, C, h[, n])
         return op.Transpose(x, perm=[1, 0, 3, 2] if n is None else [1, 0, 3, 2, 4])
 
+    per_channel = g.shape is not None and len(g.shape) == 4  # Kimi's KDA: (b, l, h, dk)
     q, k, v = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # (c, b, h, C, dk | dv)
-    g, beta = chunks(g), chunks(beta)  # (c, b, h, C)
+    g, beta = chunks(g, dk if per_channel else None), chunks(beta)  # (c, b, h, C[, dk]), (c, b, h, C)
+    if per_channel:
+        g_q, h_p = _per_channel(q, k, v, g, beta, dk)
+    else:
+        g_q, h_p = _per_head(q, k, v, g, beta, dk)
+    s_last, y = emit(
+        "Scan",
+        [s0, g_q, h_p],  # (c, b, h, dk + C, dk | dv)
+        {"body": _chunk_body(dk, dv), "num_scan_inputs": 2},
+        num_outputs=2,
+    )  # (b, h, dk, dv), (c, b, h, C, dv)
+    y = op.Transpose(y, perm=[1, 0, 3, 2, 4])  # (b, c, C, h, dv)
+    y = op.Reshape(y, op.Concat(op.Constant(value_ints=[0, -1]), heads, op.Constant(value_ints=[dv]), axis=0))
+    return op.Slice(y, zero, length, op.Constant(value_ints=[1])), s_last  # (b, l, h, dv), (b, h, dk, dv)
+
+
+def _per_head(q, k, v, g, beta, dk: int):
+    """A chunk's [Gm; Qm] (c, b, h, dk + C, dk) and [Hm; Pm] (c, b, h, dk + C, dv) from q, k
+    (c, b, h, C, dk), v (…, dv), g and beta (c, b, h, C): one decay per head and token."""
     # the decays, each an exponential of at most 0 taken once (see the module's docstring)
     cum = op.CumSum(g, op.Constant(value_int=3))  # (c, b, h, C): G_t, t inclusive
     last = op.Slice(cum, [CHUNK - 1], [CHUNK], [3])  # (c, b, h, 1): G_C
@@ -173,13 +192,41 @@ def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0:
     decays = op.Concat(op.Expand(to_end, op.Constant(value_ints=[1, 1, 1, dk, 1])), decay,
                        axis=3)  # (c, b, h, dk + C, C)
     h_p = op.MatMul(op.Mul(with_t, decays), op.Mul(v, op.Unsqueeze(beta, [4])))  # (c, b, h, dk + C, dv)
+    return g_q, h_p
 
-    s_last, y = emit(
-        "Scan",
-        [s0, g_q, h_p],  # (c, b, h, dk + C, dk | dv)
-        {"body": _chunk_body(dk, dv), "num_scan_inputs": 2},
-        num_outputs=2,
-    )  # (b, h, dk, dv), (c, b, h, C, dv)
-    y = op.Transpose(y, perm=[1, 0, 3, 2, 4])  # (b, c, C, h, dv)
-    y = op.Reshape(y, op.Concat(op.Constant(value_ints=[0, -1]), heads, op.Constant(value_ints=[dv]), axis=0))
-    return op.Slice(y, zero, length, op.Constant(value_ints=[1])), s_last  # (b, l, h, dv), (b, h, dk, dv)
+
+def _per_channel(q, k, v, g, beta, dk: int):
+    """`_per_head`'s [Gm; Qm] and [Hm; Pm] where g (c, b, h, C, dk) decays each key channel on
+    its own (Kimi's KDA: row a of S times e^{g_a}). The decays no longer factor out of a
+    product of keys, so they are taken inside it, per channel, as transformers' chunked KDA
+    does: with G the cumulative log decays (C, dk) and D_ija = e^{G_ia - G_ja} (i >= j, else 0),
+
+        L = strict_lower(Σ_a (βk)_ia k_ja D_ija),  T = (I + L)⁻¹,  A = lower(Σ_a q_ia k_ja D_ija)
+        W = T·(βk ⊙ e^G),  U = T·(βv),  K = k ⊙ e^{G_C - G}
+        Gm = diag(e^{G_C}) - Kᵀ·W,  Hm = Kᵀ·U,  Qm = q ⊙ e^G - A·W,  Pm = A·U
+
+    (so S_C = Gm·S0 + Hm and Y = Qm·S0 + Pm, as in the module's docstring). Every exponential is
+    of a difference of at most 0; the (C, C, dk) terms of L and A are summed over a, (c, b, h,
+    C, C, dk) at once: C times the keys' size, C = 16."""
+    cum = op.CumSum(g, op.Constant(value_int=3))  # (c, b, h, C, dk): G_t, t inclusive
+    last = op.Slice(cum, [CHUNK - 1], [CHUNK], [3])  # (c, b, h, 1, dk): G_C
+    diff = op.Sub(op.Unsqueeze(cum, [4]), op.Unsqueeze(cum, [3]))  # (c, b, h, C, C, dk): G_i - G_j
+    lower = np.tril(np.ones((CHUNK, CHUNK), bool))[:, :, None]  # (C, C, 1): i >= j
+    decay = _exp(op.Where(op.Constant(value=ir.tensor(lower)), diff, op.Constant(value_float=-math.inf)))  # D
+
+    def summed(x, y):  # x, y (c, b, h, C, dk) -> Σ_a x_ia y_ja D_ija (c, b, h, C, C)
+        return op.ReduceSum(op.Mul(op.Mul(op.Unsqueeze(x, [4]), op.Unsqueeze(y, [3])), decay),
+                            op.Constant(value_ints=[5]), keepdims=0)
+
+    k_beta = op.Mul(k, op.Unsqueeze(beta, [4]))  # (c, b, h, C, dk)
+    strict = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32), -1)))
+    t = _unit_lower_inverse(op.Mul(summed(k_beta, k), strict))  # (c, b, h, C, C)
+    a = summed(q, k)  # (c, b, h, C, C): D is 0 above the diagonal
+    w = op.MatMul(t, op.Mul(k_beta, _exp(cum)))  # (c, b, h, C, dk)
+    u = op.MatMul(t, op.Mul(v, op.Unsqueeze(beta, [4])))  # (c, b, h, C, dv)
+    k_end = op.Mul(k, _exp(op.Sub(last, cum)))  # (c, b, h, C, dk): k ⊙ e^{G_C - G}
+    diagonal = op.Mul(_t(_exp(last)), op.Constant(value=ir.tensor(np.eye(dk, dtype=np.float32))))  # (…, dk, dk)
+    g_m = op.Sub(diagonal, op.MatMul(_t(k_end), w))  # (c, b, h, dk, dk)
+    q_m = op.Sub(op.Mul(q, _exp(cum)), op.MatMul(a, w))  # (c, b, h, C, dk)
+    h_p = op.MatMul(op.Concat(_t(k_end), a, axis=3), u)  # [Kᵀ; A]·U (c, b, h, dk + C, dv)
+    return op.Concat(g_m, q_m, axis=3), h_p

@@ -42,7 +42,13 @@ from seqexport.families.mamba.step_graph import mixer_step
 from seqexport.families.mamba2.export import CHUNK
 from seqexport.families.mamba2.export import _conv_state_at_ends as mamba2_conv_state_at_ends
 from seqexport.families.mamba2.ssd import ssd_grouped
-from seqexport.models.hybrid import ATTENTION_KINDS, HybridLM, ShortConv, gated_delta_ref
+from seqexport.models.hybrid import (
+    ATTENTION_KINDS,
+    DELTA_KINDS,
+    HybridLM,
+    ShortConv,
+    gated_delta_ref,
+)
 from seqexport.models.mamba import selective_scan_ref
 from seqexport.models.mamba2 import ssd_sequential
 from seqexport.parity.inputs import random_inputs
@@ -81,7 +87,7 @@ def _conv_state_at_ends(layer, projected, conv_state, lengths):
         return ragged.conv_window_at_ends(conv_state, ShortConv.conv_input(projected), lengths)
     if layer.kind == "mamba":
         return mamba1_conv_state_at_ends(layer.mixer, projected, conv_state, lengths)
-    if layer.kind == "deltanet":
+    if layer.kind in DELTA_KINDS:
         return ragged.conv_window_at_ends(conv_state, projected.transpose(1, 2), lengths)
     return mamba2_conv_state_at_ends(layer.mixer, projected, conv_state, lengths)
 
@@ -108,9 +114,9 @@ class PrefillGraph(nn.Module):
         def selective_scan(u, delta, A, B, C, D, h0):  # delta (b, l, d_in): 0 past a row's end keeps h
             return self.selective_scan(u, delta * ragged.valid(attention_mask, delta), A, B, C, D, h0)
 
-        def delta_rule(q, k, v, g, beta, s0):  # g, beta (b, l, h): 0 past a row's end keeps s
-            live = ragged.valid(attention_mask, g)
-            return self.delta_rule(q, k, v, g * live, beta * live, s0)
+        def delta_rule(q, k, v, g, beta, s0):  # g (b, l, h[, dk]), beta (b, l, h): 0 past a row's end keeps s
+            return self.delta_rule(q, k, v, g * ragged.valid(attention_mask, g),
+                                   beta * ragged.valid(attention_mask, beta), s0)
 
         layers = layers_of(self.model, state)
         convs = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
@@ -197,7 +203,7 @@ def _tables(model: HybridLM, experts: dict | None) -> tuple[dict | None, dict | 
     if "mamba" in kinds:
         prefill.update(custom_translation_table(MAMBA1_LOWERING))
         step.update(custom_translation_table(None))
-    if "deltanet" in kinds:
+    if set(DELTA_KINDS) & set(kinds):
         prefill.update(delta_translation_table())
     return prefill or None, step or None
 
@@ -206,7 +212,7 @@ def _scans(kinds: list[str], chunk: int) -> str:
     """What the prefill's recurrences are lowered to, as the export's progress line names them."""
     parts = [f"chunked SSD, chunk {chunk}" if {"mamba2", "parallel", "zamba"} & set(kinds) else "",
              "selective scan as one Scan" if "mamba" in kinds else "",
-             f"delta rule in chunks of {DELTA_CHUNK}" if "deltanet" in kinds else ""]
+             f"delta rule in chunks of {DELTA_CHUNK}" if set(DELTA_KINDS) & set(kinds) else ""]
     return "; ".join(p for p in parts if p) or "no scan"
 
 

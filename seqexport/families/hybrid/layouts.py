@@ -223,6 +223,18 @@ _LFM3_DEFAULTS = dict(
 )
 _LFM3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
               "full_attention": {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5}}
+_KIMI_LINEAR_DEFAULTS = dict(  # KimiLinearConfig's, under the names its config.json is saved with
+    vocab_size=163840, hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024, num_hidden_layers=27,
+    num_attention_heads=32, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, v_head_dim=128,
+    qk_nope_head_dim=128, num_expert_group=1, topk_group=1, num_experts_per_token=8, moe_renormalize=True,
+    hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, num_experts=256,
+    num_shared_experts=1, routed_scaling_factor=2.446, linear_head_dim=128, linear_num_heads=32,
+    linear_conv_kernel_dim=4, layer_types=None, mlp_layer_types=None,
+)
+# KimiLinearConfig's attribute_map: a config.json may carry either name
+_KIMI_LINEAR_ALIASES = dict(num_local_experts="num_experts", num_experts_per_tok="num_experts_per_token",
+                            n_group="num_expert_group", n_shared_experts="num_shared_experts",
+                            norm_topk_prob="moe_renormalize")
 _ZAMBA2_DEFAULTS = dict(
     vocab_size=32000, hidden_size=2560, num_hidden_layers=54, layers_block_type=None, mamba_d_state=64,
     mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, time_step_min=0.001, n_mamba_heads=8, chunk_size=256,
@@ -286,7 +298,8 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
                "falcon_h1": _from_falcon_h1, "lfm2": _from_lfm2, "lfm2_moe": _from_lfm2_moe, "lfm3": _from_lfm3,
                "jamba": _from_jamba, "zamba2": _from_zamba2,
                "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5, "qwen3_5_moe": _from_qwen3_5,
-               "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5, "olmo_hybrid": _from_olmo_hybrid}
+               "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5, "olmo_hybrid": _from_olmo_hybrid,
+               "kimi_linear": _from_kimi_linear}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -674,6 +687,89 @@ def _from_zamba2(d: dict) -> HybridConfig:
     )
 
 
+def _kimi_linear_types(d: dict) -> tuple[list[str], list[str]]:
+    """Each layer's mixer ("full_attention" / "linear_attention") and feed-forward ("dense" /
+    "sparse") as KimiLinearConfig derives them: its `layer_types`, else `linear_attn_config`'s
+    1-indexed `full_attn_layers` and `kda_layers` (the published checkpoints'), else attention
+    where i % 4 == 0 past 0; its `mlp_layer_types`, else dense below `first_k_dense_replace` (1)."""
+    n, linear = d["num_hidden_layers"], d.get("linear_attn_config") or {}
+    types = d["layer_types"]
+    if types is None and "full_attn_layers" in linear and "kda_layers" in linear:
+        types = [None] * n
+        for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+            for layer in linear[key]:
+                if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= n:
+                    raise ValueError(f"linear_attn_config.{key} holds {layer!r}; expected layer numbers 1 .. {n}")
+                types[layer - 1] = kind
+    elif types is None:
+        types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or set(types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"layer_types={types!r}; expected num_hidden_layers={n} entries, each 'linear_attention' "
+                         "or 'full_attention'")
+    mlp = d["mlp_layer_types"]
+    if mlp is None:
+        first = d.get("first_k_dense_replace", 1)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"first_k_dense_replace={first!r}; expected an int >= 0")
+        mlp = ["dense" if i < first else "sparse" for i in range(n)]
+    if not isinstance(mlp, list) or len(mlp) != n or set(mlp) - {"dense", "sparse"}:
+        raise ValueError(f"mlp_layer_types={mlp!r}; expected num_hidden_layers={n} entries, each 'dense' or 'sparse'")
+    return ["mla" if t == "full_attention" else "kda" for t in types], mlp
+
+
+def _kimi_linear_experts(d: dict, mlp: list[str]) -> dict:
+    """The "sparse" layers' experts instead of the MLP: `num_experts` of `moe_intermediate_size`,
+    `num_experts_per_token` a token by a sigmoid router choosing with `e_score_correction_bias`
+    within the best `topk_group` of `num_expert_group` groups, weights renormalised
+    (`moe_renormalize`) and times `routed_scaling_factor`; beside them `num_shared_experts` shared
+    MLPs (one of their total width), added as they are."""
+    layers = [i for i, t in enumerate(mlp) if t == "sparse"]
+    if not layers:
+        return {}
+    shared = d["num_shared_experts"]
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise ValueError(f"num_shared_experts={shared!r}; expected an int >= 0")
+    return dict(n_experts=d["num_experts"], experts_per_token=d["num_experts_per_token"],
+                d_ff_expert=d["moe_intermediate_size"], expert_routing="sigmoid",
+                n_expert_groups=d["num_expert_group"], expert_groups_per_token=d["topk_group"],
+                normalize_expert_weights=d["moe_renormalize"], expert_weights_eps=1e-20,
+                routed_scaling_factor=_number(d["routed_scaling_factor"], "routed_scaling_factor"),
+                expert_layers=layers, plain_shared_expert=shared > 0,
+                d_ff_shared_expert=max(1, d["moe_intermediate_size"] * shared))
+
+
+def _from_kimi_linear(d: dict) -> HybridConfig:
+    d = dict(d)
+    for alias, name in _KIMI_LINEAR_ALIASES.items():
+        if alias in d and name not in d:
+            d[name] = d[alias]
+    linear = d.get("linear_attn_config") or {}
+    if not isinstance(linear, dict):
+        raise ValueError(f"linear_attn_config={linear!r}; expected a dict")
+    for theirs, ours in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
+                         ("short_conv_kernel_size", "linear_conv_kernel_dim")):
+        if theirs in linear:
+            d[ours] = linear[theirs]
+    d = {**_KIMI_LINEAR_DEFAULTS, **d}
+    _require_value(d, "hidden_act", ("silu",), " (the MLPs, the experts and the KDA's conv use it)")
+    if "moe_router_activation_func" in d:
+        _require_value(d, "moe_router_activation_func", ("sigmoid",))
+    if "mla_use_nope" in d:  # (False: a rotated MLA, which transformers' Kimi-Linear does not run either)
+        _require_value(d, "mla_use_nope", (True,))
+    types, mlp = _kimi_linear_types(d)
+    heads = d["num_attention_heads"]
+    return HybridConfig(
+        d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=types, mlp_in_layer=True,
+        mlp_act="silu_gated", mlp_bias=False, d_ff=d["intermediate_size"], **_kimi_linear_experts(d, mlp),
+        n_heads=heads, n_kv_heads=heads, head_dim=d["qk_nope_head_dim"] + d["qk_rope_head_dim"], rope=False,
+        attention_bias=d["attention_bias"], mla_kv_rank=d["kv_lora_rank"], mla_q_rank=d["q_lora_rank"],
+        mla_nope_dim=d["qk_nope_head_dim"], mla_rope_dim=d["qk_rope_head_dim"], mla_v_dim=d["v_head_dim"],
+        d_conv=d["linear_conv_kernel_dim"], delta_k_heads=d["linear_num_heads"], delta_v_heads=d["linear_num_heads"],
+        delta_k_dim=d["linear_head_dim"], delta_v_dim=d["linear_head_dim"], rms_norm_eps=d["rms_norm_eps"],
+        tie_embeddings=d["tie_word_embeddings"], pad_vocab_size_multiple=1,
+    )
+
+
 def _from_jamba(d: dict) -> HybridConfig:
     d = {**_JAMBA_DEFAULTS, **d}
     _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba conv both use it)")
@@ -816,6 +912,9 @@ def _layout_of(state: dict[str, Tensor]) -> str:
         return "olmo_hybrid"
     if any(".shared_transformer." in k or ".mamba_decoder." in k for k in state):
         return "zamba2"
+    if any(".self_attn.kv_a_proj_with_mqa." in k or ".self_attn.f_a_proj." in k or ".self_attn.forget_gate." in k
+           for k in state):
+        return "kimi_linear"
     if "model.embedding_norm.weight" in state:
         return "lfm2"  # (and lfm2_moe and lfm3: LFM2's names, and their experts' or norms')
     if "model.language_model.embed_tokens.weight" in state or any(
@@ -899,7 +998,8 @@ def _stack_saved_experts(out: dict[str, Tensor], config: HybridConfig, names=("w
 
 _STACKERS = {"nemotron_h": _stack_experts, "lfm2": _stack_saved_experts,
              "bamba": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj")),  # (Jamba's)
-             "qwen3_5": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj"))}
+             "qwen3_5": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj")),
+             "kimi_linear": _stack_saved_experts}
 
 
 def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
@@ -917,6 +1017,8 @@ def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
         return _olmo_hybrid_key(key)
     if layout == "zamba2":
         return _zamba2_key(key)
+    if layout == "kimi_linear":
+        return _kimi_linear_key(key)
     return _bamba_key(key, parallel)
 
 
@@ -1045,6 +1147,57 @@ def _zamba2_key(key: str) -> str | None:
     return f"zamba2_shared.{i}.{rest}" if module == "shared_transformer" else None
 
 
+def _kimi_linear_key(key: str) -> str | None:
+    """Kimi-Linear's names, as saved or as transformers holds them -> ours: `self_attn` -> `mixer`
+    (a KDA's `forget_gate.` dropped, `o_norm` -> `norm`; its q/k/v projections, its saved
+    q/k/v convs and `o_proj` placed by `_kimi_linear_weights`; an MLA's `kv_a_proj_with_mqa`,
+    `{q_a,kv_a}_layernorm` -> `kv_a_proj`, `{q_a,kv_a}_norm`), `input_layernorm` /
+    `post_attention_layernorm` -> `norm` / `mlp_norm`, `mlp` and `block_sparse_moe` (as saved) ->
+    `mlp` (dense), `experts` (`gate` -> `router`, its `e_score_correction_bias` -> `router_bias`),
+    `shared` (`shared_experts`), `model.norm` -> `norm_f`."""
+    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+                         "model.norm.weight": "norm_f.weight"})
+    if not isinstance(split, tuple):
+        return split
+    i, module, rest = split
+    name, dot, tail = rest.partition(".")
+    if module == "self_attn":
+        if name == "forget_gate":
+            name, dot, tail = tail.partition(".")
+        return f"layers.{i}.mixer.{_KIMI_LINEAR_ATTENTION.get(name, name)}{dot}{tail}"
+    if module in ("mlp", "block_sparse_moe"):
+        if name == "gate":
+            return f"layers.{i}.experts.{_KIMI_LINEAR_ROUTER.get(tail, tail)}"
+        if name in ("experts", "shared_experts"):
+            return f"layers.{i}.{'shared' if name == 'shared_experts' else 'experts'}.{tail}"
+        return f"layers.{i}.mlp.{rest}"
+    if module in ("input_layernorm", "post_attention_layernorm"):
+        return f"layers.{i}.{'norm' if module == 'input_layernorm' else 'mlp_norm'}.{rest}"
+    return None
+
+
+_KIMI_LINEAR_ATTENTION = {"o_norm": "norm", "kv_a_proj_with_mqa": "kv_a_proj", "q_a_layernorm": "q_a_norm",
+                          "kv_a_layernorm": "kv_a_norm"}
+_KIMI_LINEAR_ROUTER = {"weight": "router.weight", "e_score_correction_bias": "router_bias"}
+
+
+def _kimi_linear_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
+    """In place: each KDA's q, k and v projections (and, as saved, convs) joined rows after rows
+    into `in_proj` (`conv1d`), the conv's channel order; its `o_proj` -> `out_proj` (an MLA
+    layer's keeps its name); its `A_log` (1, 1, h, 1) -> (h,)."""
+    for i, kind in enumerate(config.layer_types):
+        if kind != "kda":
+            continue
+        stem = f"layers.{i}.mixer"
+        _join(out, source, i, [f"{p}_proj.weight" for p in "qkv"], "in_proj.weight", "kimi_linear", "self_attn")
+        _join(out, source, i, [f"{p}_conv1d.weight" for p in "qkv"], "conv1d.weight", "kimi_linear", "self_attn")
+        for key in [k for k in out if k.startswith(f"{stem}.o_proj.")]:
+            new = f"{stem}.out_proj.{key.rsplit('.', 1)[1]}"
+            out[new], source[new] = out.pop(key), source.pop(key, key)
+        if f"{stem}.A_log" in out and out[f"{stem}.A_log"].numel() == config.delta_v_heads:
+            out[f"{stem}.A_log"] = out[f"{stem}.A_log"].reshape(-1)  # (h,)
+
+
 _ZAMBA2_LAYER = {"mamba": "mixer", "input_layernorm": "norm", "linear": "linear"}
 _ZAMBA2_ADAPTER = re.compile(r"(?:self_attn\.linear_([qkv])_adapter_list|feed_forward\.gate_up_proj_adapter_list)"
                              r"\.(\d+)\.([01])\.weight")
@@ -1108,16 +1261,17 @@ def _olmo_hybrid_weights(out: dict[str, Tensor], config: HybridConfig, source: d
             _join(out, source, i, [f"{p}_conv1d.weight" for p in "qkv"], "conv1d.weight")
 
 
-def _join(out: dict[str, Tensor], source: dict[str, str], i: int, parts: list[str], into: str) -> None:
-    """Layer i's DeltaNet weights `parts` (as saved apart) -> one `into`, rows in that order; none
-    of them: nothing. ValueError naming a missing part as saved."""
+def _join(out: dict[str, Tensor], source: dict[str, str], i: int, parts: list[str], into: str,
+          layout: str = "olmo_hybrid", module: str = "linear_attn") -> None:
+    """Layer i's DeltaNet weights `parts` (as saved apart, under `module`) -> one `into`, rows in
+    that order; none of them: nothing. ValueError naming a missing part as saved."""
     stem = f"layers.{i}.mixer"
     keys = [f"{stem}.{p}" for p in parts]
     if not any(k in out for k in keys):
         return
-    missing = [f"model.layers.{i}.linear_attn.{p}" for p, k in zip(parts, keys) if k not in out]
+    missing = [f"model.layers.{i}.{module}.{p}" for p, k in zip(parts, keys) if k not in out]
     if missing:
-        raise ValueError(f"state dict (olmo_hybrid layout) lacks {missing}: layer {i}'s Gated DeltaNet is saved "
+        raise ValueError(f"state dict ({layout} layout) lacks {missing}: layer {i}'s Gated DeltaNet is saved "
                          f"with {', '.join(parts)} apart, and needs each")
     out[f"{stem}.{into}"] = torch.cat([out.pop(k) for k in keys])
     source[f"{stem}.{into}"] = source.pop(keys[0], keys[0])
@@ -1167,7 +1321,8 @@ def _unfuse_qwen3_next(out: dict[str, Tensor], config: HybridConfig, source: dic
             out[f"{stem}.{name}.weight"], source[f"{stem}.{name}.weight"] = weight, saved_as
 
 
-_REGROUPERS = {"qwen3_5": _qwen3_5_weights, "olmo_hybrid": _olmo_hybrid_weights, "zamba2": _zamba2_weights}
+_REGROUPERS = {"qwen3_5": _qwen3_5_weights, "olmo_hybrid": _olmo_hybrid_weights, "zamba2": _zamba2_weights,
+               "kimi_linear": _kimi_linear_weights}
 
 
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:

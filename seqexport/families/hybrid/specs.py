@@ -17,6 +17,10 @@ kinds (seqexport.state), per layer as the config's `layer_types` say:
     "deltanet"   past_conv_state.{i} (batch, 2 hk dk + hv dv, d_conv), past_ssm_state.{i} (batch, hv,
                  dk, dv) float32, the delta rule's state per value head: replaced whole (Qwen3.5's
                  Gated DeltaNet; hk, hv, dk, dv = delta_k_heads, delta_v_heads, delta_k_dim, delta_v_dim)
+    "kda"        as "deltanet", one key head per value head (Kimi-Linear's Kimi Delta Attention)
+    "mla"        past_key_values.{i}.latent (batch, 1, past_len, mla_kv_rank) and
+                 past_key_values.{i}.rope (batch, 1, past_len, mla_rope_dim): appended as
+                 "attention"'s, a latent and a key part every head shares (Kimi-Linear's latent attention)
     "mlp", "moe" no state
 
 Row r's new tokens take positions past_lengths[r] onwards: rows at different positions share a
@@ -28,6 +32,8 @@ from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP, G
 
 PAST_LENGTHS = "past_lengths"  # (batch,) valid attention cache slots of each row
 KV = ("key", "value")
+LATENT = ("latent", "rope")  # an "mla" layer's cache
+DELTA_KINDS = ("deltanet", "kda")
 
 __all__ = ["ATTENTION_MASK", "INPUT_IDS", "KV", "LOGITS", "LOGITS_TO_KEEP", "PAST_LENGTHS", "graph_specs",
            "is_kv", "layer_inputs", "past_conv", "past_kv", "past_ssm", "past_window"]
@@ -67,7 +73,10 @@ def layer_inputs(kind: str, i: int, windowed: bool = False) -> tuple[str, ...]:
         if kind in ("attention", "parallel", "zamba") else ()
     if kind == "conv":
         return (past_conv(i),)
-    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba", "deltanet", "zamba") else ())
+    if kind == "mla":
+        return tuple(past_kv(i, part) for part in LATENT)
+    return kv + ((past_conv(i), past_ssm(i)) if kind in ("mamba2", "parallel", "mamba", *DELTA_KINDS, "zamba")
+                 else ())
 
 
 def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
@@ -89,13 +98,16 @@ def graph_specs(config: dict, dtype: str = "float32") -> dict[str, GraphSpec]:
         role = "state" if past else ""
         dims = {past_kv(i, kv): (dtype, ("batch", nkv, "past_len" if past else length, hd)) for kv in KV}
         dims |= {past_window(i, kv): (dtype, ("batch", nkv, config.get("sliding_window"), hd)) for kv in KV}
+        if kind == "mla":  # (older manifests lack the keys: read only where there is one)
+            dims |= {past_kv(i, part): (dtype, ("batch", 1, "past_len" if past else length, config[key]))
+                     for part, key in zip(LATENT, ("mla_kv_rank", "mla_rope_dim"), strict=True)}
         dims[past_conv(i)] = (dtype, ("batch", config["d_model"], config["short_conv_kernel"]) if kind == "conv"
                               else ("batch", mamba1_inner(), config["d_conv"]) if kind == "mamba"
-                              else ("batch", delta_conv_dim(), config["d_conv"]) if kind == "deltanet"
+                              else ("batch", delta_conv_dim(), config["d_conv"]) if kind in DELTA_KINDS
                               else ("batch", conv_dim, config["d_conv"]))
         dims[past_ssm(i)] = ("float32", ("batch", mamba1_inner(), config["d_state"]) if kind == "mamba"
                              else ("batch", config["delta_v_heads"], config["delta_k_dim"], config["delta_v_dim"])
-                             if kind == "deltanet"
+                             if kind in DELTA_KINDS
                              else ("batch", config["mamba_nheads"], config["headdim"], config["d_state"]))
         return tuple(TensorSpec(n if past else _present(n), *dims[n], role)
                      for n in layer_inputs(kind, i, i in windowed))
