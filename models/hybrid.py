@@ -729,6 +729,25 @@ class LatentAttention(nn.Module):
         q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
         return q.view(b, length, self.n_heads, self.nope + self.rd).transpose(1, 2)
 
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x (b, l, d) -> the queries in the latent (b, nh, l, r: their first nope dims through
+        W_uk) and their shared part (b, nh, l, rd); the new positions' latents (b, 1, l, r) and
+        key parts (b, 1, l, rd)."""
+        q_nope, q_rope = self.queries(x).split([self.nope, self.rd], dim=-1)  # (b, nh, l, nope), (b, nh, l, rd)
+        latent, rope = self.kv_a_proj(x).split([self.rank, self.rd], dim=-1)  # (b, l, r), (b, l, rd)
+        latent, rope = self.kv_a_norm(latent)[:, None], rope[:, None]  # (b, 1, l, r), (b, 1, l, rd)
+        return torch.matmul(q_nope, self._w()[:, :self.nope]), q_rope, latent, rope  # (nh, nope, r): W_uk
+
+    def _w(self) -> Tensor:
+        """kv_b_proj's weight per head, (nh, nope + dv, r): W_uk's rows, then W_uv's."""
+        return self.kv_b_proj.weight.view(self.n_heads, self.nope + self.dv, self.rank)
+
+    def output(self, mixed: Tensor) -> Tensor:
+        """The heads' weighted sums of latents (b, nh, l, r) -> through W_uv, then o_proj (b, l, d)."""
+        b, _, length, _ = mixed.shape
+        out = torch.matmul(mixed, self._w()[:, self.nope:].transpose(1, 2))  # (b, nh, l, dv)
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, self.n_heads * self.dv))  # (b, l, nh * dv) -> d
+
     def forward(self, x: Tensor, past_latent: Tensor, past_rope: Tensor, past_lengths: Tensor,
                 step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x (b, l, d) at positions past_lengths[r] + 0 .. l - 1; past_latent (b, 1, P, r) and
@@ -737,11 +756,7 @@ class LatentAttention(nn.Module):
         (latent (b, 1, l, r), key part (b, 1, l, rd))."""
         b, length, _ = x.shape
         P = past_latent.shape[2]
-        q_nope, q_rope = self.queries(x).split([self.nope, self.rd], dim=-1)  # (b, nh, l, nope), (b, nh, l, rd)
-        latent, rope = self.kv_a_proj(x).split([self.rank, self.rd], dim=-1)  # (b, l, r), (b, l, rd)
-        latent, rope = self.kv_a_norm(latent)[:, None], rope[:, None]  # (b, 1, l, r), (b, 1, l, rd)
-        w = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.dv, self.rank)  # (nh, nope + dv, r)
-        q_latent = torch.matmul(q_nope, w[:, :self.nope])  # (b, nh, l, r): q through W_uk
+        q_latent, q_rope, latent, rope = self.project(x)
         past_latent, past_rope = past_latent.to(x.dtype), past_rope.to(x.dtype)
 
         def scores_of(c: Tensor, k_r: Tensor) -> Tensor:  # c (b, 1, m, r), k_r (b, 1, m, rd) -> (b, nh, l, m)
@@ -760,9 +775,7 @@ class LatentAttention(nn.Module):
             mixed = torch.matmul(probs[..., :P], past_latent) + torch.matmul(probs[..., P:], latent)  # (b, nh, 1, r)
         else:
             mixed = torch.matmul(probs, latents)  # (b, nh, l, r)
-        out = torch.matmul(mixed, w[:, self.nope:].transpose(1, 2))  # (b, nh, l, dv): through W_uv
-        out = out.transpose(1, 2).reshape(b, length, self.n_heads * self.dv)  # (b, l, nh * dv)
-        return self.o_proj(out), (latent, rope)
+        return self.output(mixed), (latent, rope)
 
     def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         """An empty cache (P = 0): latents (b, 1, 0, r), key parts (b, 1, 0, rd)."""

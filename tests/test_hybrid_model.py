@@ -934,6 +934,58 @@ def test_olmo_hybrid_read_as_saved_and_as_held_and_a_missing_piece_is_named(tmp_
             convert_state_dict({k: v for k, v in saved.items() if k != missing}, config)
 
 
+def test_kimi_linear_read_as_saved_and_as_held_and_a_missing_piece_is_named(tmp_path):
+    """Kimi-Linear as saved (Moonshot's names: the KDA's forget gate's weights directly under
+    `self_attn`, its conv split into q/k/v_conv1d, `block_sparse_moe` with one tensor per expert
+    w1 / w3 / w2, `A_log` (1, 1, h, 1); its dense MLP under `mlp` as published or under
+    `block_sparse_moe` as transformers' save writes it) and as transformers holds it in memory
+    (`forget_gate.`, one `conv1d`, stacked experts) load to the same weights; a piece missing is
+    named as saved."""
+    hf = _hf("kimi_linear", 0)
+    hf.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert "model.layers.0.self_attn.q_conv1d.weight" in saved and "model.layers.2.block_sparse_moe.experts.7.w3.weight" \
+        in saved and saved["model.layers.0.self_attn.A_log"].shape == (1, 1, 4, 1)
+    config = hybrid_config_from_json(json.loads((tmp_path / "config.json").read_text()))
+    assert config.layer_types == ["kda", "mla", "kda", "kda", "mla"] and config.expert_layers == [1, 2, 3, 4]
+    held = convert_state_dict(hf.state_dict(), config)
+    assert set(held) == set(HybridLM(config).state_dict())
+    published = {k.replace("layers.0.block_sparse_moe.", "layers.0.mlp."): v for k, v in saved.items()}
+    for layout in (saved, published):
+        for key, value in convert_state_dict(layout, config).items():
+            assert torch.equal(value, held[key]), key
+    for missing in ("model.layers.3.self_attn.k_conv1d.weight", "model.layers.0.self_attn.v_proj.weight"):
+        with pytest.raises(ValueError, match=rf"lacks \['{re.escape(missing)}'\]"):
+            convert_state_dict({k: v for k, v in saved.items() if k != missing}, config)
+    with pytest.raises(ValueError, match=r"experts 0 \.\. 7 .*missing \['experts\.5\.w2\.weight'\]"):
+        convert_state_dict({k: v for k, v in saved.items() if k != "model.layers.2.block_sparse_moe.experts.5.w2.weight"},
+                           config)
+
+
+def test_kimi_linear_config_reads_as_transformers_derives_it():
+    """Moonshot's published config.json form (`linear_attn_config` with 1-indexed
+    `full_attn_layers` / `kda_layers`, its head size, heads and conv; `first_k_dense_replace`;
+    `num_experts_per_token`, `num_shared_experts`) and a config without layer lists read as
+    KimiLinearConfig derives them."""
+    published = {"hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4, "vocab_size": VOCAB,
+                 "linear_attn_config": {"full_attn_layers": [4, 8], "kda_layers": [1, 2, 3, 5, 6, 7], "head_dim": 24,
+                                        "num_heads": 2, "short_conv_kernel_size": 3},
+                 "first_k_dense_replace": 2, "num_experts": 8, "num_experts_per_token": 3, "num_shared_experts": 2,
+                 "moe_intermediate_size": 16, "mla_use_nope": True, "moe_router_activation_func": "sigmoid"}
+    for fields in (published, {k: v for k, v in published.items() if k not in ("linear_attn_config",
+                                                                                  "first_k_dense_replace")}):
+        theirs = transformers.KimiLinearConfig(**fields, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+        ours = hybrid_config_from_json({"model_type": "kimi_linear", **fields})
+        assert ours.layer_types == ["mla" if t == "full_attention" else "kda" for t in theirs.layer_types]
+        assert ours.expert_layers == [i for i, t in enumerate(theirs.mlp_layer_types) if t == "sparse"]
+        assert (ours.delta_v_heads, ours.delta_k_dim, ours.d_conv) == (
+            theirs.linear_num_heads, theirs.linear_head_dim, theirs.linear_conv_kernel_dim)
+        assert (ours.n_experts, ours.experts_per_token, ours.d_ff_shared_expert) == (
+            theirs.num_local_experts, theirs.num_experts_per_tok, 16 * theirs.n_shared_experts)
+    assert hybrid_config_from_json({"model_type": "kimi_linear", **published}).layer_types == \
+        ["kda"] * 3 + ["mla"] + ["kda"] * 3 + ["mla"]
+
+
 def test_olmo_hybrid_config_without_derived_keys_reads_as_transformers_derives_them():
     """A config.json without layer_types or the DeltaNet's sizes: read as OlmoHybridConfig
     derives them (every 4th layer attends, the last when none would; heads and head sizes from

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from seqexport.models.hybrid import Attention, HybridLM
+from seqexport.models.hybrid import Attention, HybridLM, LatentAttention, visible_slots
 
 
 def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
@@ -42,12 +42,32 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
     return self.output(out, gate), self.new_state(past_key, past_value, k, v)
 
 
+def _fused_latent_forward(self, x: Tensor, past_latent: Tensor, past_rope: Tensor, past_lengths: Tensor,
+                          step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """`models.hybrid.LatentAttention.forward` with one scaled_dot_product_attention: in the
+    latent its heads are multi-query attention over one kv head, keys [c; k_r] (r + rd) and
+    values c (r)."""
+    b, length, _ = x.shape
+    P = past_latent.shape[2]
+    q_latent, q_rope, latent, rope = self.project(x)  # (b, nh, l, r), (b, nh, l, rd), (b, 1, l, r), (b, 1, l, rd)
+    latents = torch.cat([past_latent.to(latent.dtype), latent], dim=2)  # (b, 1, P + l, r)
+    keys = torch.cat([latents, torch.cat([past_rope.to(rope.dtype), rope], dim=2)], dim=-1)  # (b, 1, P + l, r + rd)
+    past_visible, causal = visible_slots(past_lengths, P, length)  # (b, 1, 1, P), (l, l)
+    visible = torch.cat([past_visible.expand(b, 1, length, P), causal.expand(b, 1, length, length)],
+                        dim=-1)  # (b, 1, l, P + l)
+    mixed = F.scaled_dot_product_attention(torch.cat([q_latent, q_rope], dim=-1), keys, latents, attn_mask=visible,
+                                           scale=self.scale, enable_gqa=self.n_heads != 1)  # (b, nh, l, r)
+    return self.output(mixed), (latent, rope)
+
+
 @contextmanager
 def fused_attention(model: HybridLM, fused: bool = True):
-    """Within: every attention layer of `model` runs `_fused_forward` (nothing when not `fused`)."""
-    mixers = [m for m in model.modules() if isinstance(m, Attention)] if fused else []  # (zamba's: in shared blocks)
-    for m in mixers:
-        m.forward = types.MethodType(_fused_forward, m)
+    """Within: every attention layer of `model` runs `_fused_forward` (a latent attention layer
+    `_fused_latent_forward`; nothing when not `fused`)."""
+    mixers = [m for m in model.modules() if isinstance(m, Attention | LatentAttention)] if fused else []
+    for m in mixers:  # (zamba's attention: in shared blocks)
+        forward = _fused_latent_forward if isinstance(m, LatentAttention) else _fused_forward
+        m.forward = types.MethodType(forward, m)
     try:
         yield model
     finally:
