@@ -46,10 +46,14 @@ def inputs(heads: int, dim: int, length: int, per_channel: bool):
 
 def theirs(per_channel: bool):
     if per_channel:
-        from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention as rule
+        from transformers.models.kimi_linear.modeling_kimi_linear import (
+            chunk_kimi_delta_attention as rule,
+        )
         return lambda q, k, v, g, beta, s0: rule(q * q.shape[-1] ** 0.5, k, v, g, beta, initial_state=s0,
                                                  output_final_state=True)
-    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule as rule
+    from transformers.models.qwen3_next.modeling_qwen3_next import (
+        torch_chunk_gated_delta_rule as rule,
+    )
     return lambda q, k, v, g, beta, s0: rule(q * q.shape[-1] ** 0.5, k, v, g, beta, initial_state=s0,
                                              output_final_state=True, use_qk_l2norm_in_kernel=False)
 
