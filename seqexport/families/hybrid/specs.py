@@ -33,7 +33,7 @@ from seqexport.specs import ATTENTION_MASK, INPUT_IDS, LOGITS, LOGITS_TO_KEEP, G
 PAST_LENGTHS = "past_lengths"  # (batch,) valid attention cache slots of each row
 KV = ("key", "value")
 LATENT = ("latent", "rope")  # an "mla" layer's cache
-DELTA_KINDS = ("deltanet", "kda")
+DELTA_KINDS = ("deltanet", "kda")  # (models.hybrid.DELTA_KINDS: this module is read without torch)
 
 __all__ = ["ATTENTION_MASK", "INPUT_IDS", "KV", "LOGITS", "LOGITS_TO_KEEP", "PAST_LENGTHS", "graph_specs",
            "is_kv", "layer_inputs", "past_conv", "past_kv", "past_ssm", "past_window"]
