@@ -105,14 +105,17 @@ def test_exact_reflections_lose_no_more_than_transformers_chunked_rule(session):
                 f"l={length} {name}: {err:.2e} from float64, transformers' chunked rule {their_err:.2e}")
 
 
-def test_a_padded_token_leaves_the_state_as_it_is(session):
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-head", "per-channel"])
+def test_a_padded_token_leaves_the_state_as_it_is(request, per_channel):
     """g = 0 and β = 0 past a row's end (how the prefill masks right-padded rows): the state after
-    the padding is the state at the row's end."""
-    q, k, v, g, beta, s0 = make_inputs(1, 23, seed=5)
+    the padding is the state at the row's end, a decay per head or per key channel."""
+    run = request.getfixturevalue("channel_session" if per_channel else "session")
+    q, k, v, g, beta, s0 = (per_channel_inputs if per_channel else make_inputs)(1, 23, seed=5)
     g[:, 9:], beta[:, 9:] = 0.0, 0.0
-    _, state = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), (q, k, v, g, beta, s0),
-                                                                      strict=True)})
-    _, at_end = sequential(*(x[:, :9].double() for x in (q, k, v, g, beta)), s0.double())
+    _, state = run.run(None, {i.name: x.numpy() for i, x in zip(run.get_inputs(), (q, k, v, g, beta, s0),
+                                                                  strict=True)})
+    rule = sequential_per_channel if per_channel else sequential
+    _, at_end = rule(*(x[:, :9].double() for x in (q, k, v, g, beta)), s0.double())
     np.testing.assert_allclose(state, at_end.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -195,15 +198,6 @@ def test_per_channel_decays_match_transformers_kda():
     their_y, their_s = kda(q * DK ** 0.5, k, v, g, beta, initial_state=s0, output_final_state=True)
     torch.testing.assert_close(y, their_y, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s, their_s, rtol=1e-4, atol=1e-4)
-
-
-def test_a_padded_token_leaves_a_per_channel_state_as_it_is(channel_session):
-    q, k, v, g, beta, s0 = per_channel_inputs(1, 23, seed=5)
-    g[:, 9:], beta[:, 9:] = 0.0, 0.0
-    _, state = channel_session.run(None, {i.name: x.numpy() for i, x in zip(
-        channel_session.get_inputs(), (q, k, v, g, beta, s0), strict=True)})
-    _, at_end = sequential_per_channel(*(x[:, :9].double() for x in (q, k, v, g, beta)), s0.double())
-    np.testing.assert_allclose(state, at_end.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_per_channel_eager_rule_is_the_sequential_rule():

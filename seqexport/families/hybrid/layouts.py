@@ -1031,6 +1031,10 @@ def _nemotron_h_key(key: str) -> str | None:
     return key if key == "lm_head.weight" else None
 
 
+_TOP_LEVEL = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
+              "model.norm.weight": "norm_f.weight"}  # (transformers' most common names)
+
+
 def _split(key: str, top: dict[str, str]) -> str | tuple[str, str, str] | None:
     """A transformers key: a top-level one's new name (`top`), a layer's (i, module, rest) from
     `model.layers.{i}.{module}.{rest}`, or None."""
@@ -1094,8 +1098,7 @@ def _qwen3_5_key(key: str) -> str | None:
     `input_layernorm` / `post_attention_layernorm` -> `norm` / `mlp_norm`, `model.norm` -> `norm_f`."""
     if key.startswith("model.language_model."):
         key = "model." + key.removeprefix("model.language_model.")
-    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
-                         "model.norm.weight": "norm_f.weight"})
+    split = _split(key, _TOP_LEVEL)
     if not isinstance(split, tuple):
         return split
     i, module, rest = split
@@ -1117,8 +1120,7 @@ def _olmo_hybrid_key(key: str) -> str | None:
     `post_feedforward_layernorm` -> `mlp_norm`, `model.norm` -> `norm_f`;
     `post_attention_layernorm` (`feedforward_layer_norm`) is named so here: it is an attention
     layer's `norm` and a DeltaNet layer's `mlp_norm`, placed by `_olmo_hybrid_weights`."""
-    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
-                         "model.norm.weight": "norm_f.weight"})
+    split = _split(key, _TOP_LEVEL)
     if not isinstance(split, tuple):
         return split
     i, module, rest = split
@@ -1155,16 +1157,14 @@ def _kimi_linear_key(key: str) -> str | None:
     `post_attention_layernorm` -> `norm` / `mlp_norm`, `mlp` and `block_sparse_moe` (as saved) ->
     `mlp` (dense), `experts` (`gate` -> `router`, its `e_score_correction_bias` -> `router_bias`),
     `shared` (`shared_experts`), `model.norm` -> `norm_f`."""
-    split = _split(key, {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight",
-                         "model.norm.weight": "norm_f.weight"})
+    split = _split(key, _TOP_LEVEL)
     if not isinstance(split, tuple):
         return split
     i, module, rest = split
-    name, dot, tail = rest.partition(".")
     if module == "self_attn":
-        if name == "forget_gate":
-            name, dot, tail = tail.partition(".")
+        name, dot, tail = rest.removeprefix("forget_gate.").partition(".")
         return f"layers.{i}.mixer.{_KIMI_LINEAR_ATTENTION.get(name, name)}{dot}{tail}"
+    name, _, tail = rest.partition(".")
     if module in ("mlp", "block_sparse_moe"):
         if name == "gate":
             return f"layers.{i}.experts.{_KIMI_LINEAR_ROUTER.get(tail, tail)}"
