@@ -16,7 +16,8 @@ and of Zyphra's Zamba2 ("zamba" layers: a Mamba-2 layer that first calls one of 
 transformer blocks on cat(x, embedding), with its own adapters, and adds its output to the
 mixer's input) and of Moonshot's Kimi-Linear ("kda" layers: Kimi Delta Attention, the gated delta
 rule with a decay per head and key channel; "mla" layers: multi-head latent attention without
-positions, whose cache is one latent and one shared key part a position).
+positions, whose cache is one latent and one shared key part a position) and of inclusionAI's
+Ling 3 (the same kinds, the latent attention's shared key part turned by RoPE).
 The Mamba-2 mixer and RMSNorm are those of `models.mamba2`,
 the Mamba-1 mixer that of `models.mamba`, reused as they are.
 
@@ -255,15 +256,25 @@ class HybridConfig(DictConfig):
     delta_norm_eps: float | None = None  # the output's gated RMSNorm epsilon; None = rms_norm_eps (OLMo: 1e-5)
     # "kda" layers (Kimi-Linear's Kimi Delta Attention): the gated delta rule with a decay per head
     # and key channel; delta_v_heads heads (delta_k_heads equal to it), delta_k_dim = delta_v_dim
-    # "mla" layers (Kimi-Linear's multi-head latent attention, no positions: rope must be False):
-    # n_heads heads read one cached latent of mla_kv_rank (their keys' first mla_nope_dim dims and
-    # values of mla_v_dim through kv_b_proj) and one cached key part of mla_rope_dim every head shares
+    # "mla" layers (Kimi-Linear's multi-head latent attention, without positions; Ling 3's with
+    # RoPE): n_heads heads read one cached latent of mla_kv_rank (their keys' first mla_nope_dim
+    # dims and values of mla_v_dim through kv_b_proj) and one cached key part of mla_rope_dim
+    # every head shares
     mla_kv_rank: int = 32  # kv_lora_rank (r)
     mla_q_rank: int | None = None  # q_lora_rank: queries through an RMS-normed bottleneck; None: one q_proj
     mla_nope_dim: int = 16  # qk_nope_head_dim
-    mla_rope_dim: int = 8  # qk_rope_head_dim (not rotated here: Kimi-Linear has no positions)
+    mla_rope_dim: int = 8  # qk_rope_head_dim (turned only with rope: Kimi-Linear has no positions)
     mla_v_dim: int = 16  # v_head_dim
     mla_norm_eps: float = 1e-6  # the latent's (and q's bottleneck's) RMSNorm (transformers' default, not rms_norm_eps)
+    # with rope: the shared key part and each query's last mla_rope_dim dims turned (DeepSeek's
+    # interleaved pairs, head_dim = mla_rope_dim), the key part cached turned (Ling 3); with
+    # attention_head_gate each head's output times sigmoid(g_proj(x)) (Ling 3)
+    # "kda" layers' gates: True = low-rank (f_a_proj, f_b_proj; g_a_proj, g_b_proj: Kimi-Linear),
+    # False = one projection each (f_proj; g_proj: Ling 3)
+    kda_low_rank_gates: bool = True
+    # the decay's form: None = -exp(A_log) softplus(f + dt_bias) (Kimi-Linear); a bound b < 0 =
+    # b sigmoid(exp(A_log) (f + dt_bias)), a log decay in (b, 0) (Ling 3's "safe gate")
+    kda_gate_lower_bound: float | None = None
     # "zamba" layers (Zamba2's hybrid layers): a shared transformer block, one of `shared_blocks` in
     # turn, reads cat(x, the embedding) (2 d wide, attention heads of head_dim over it); its output,
     # through the layer's own d x d `linear`, joins the input of the layer's Mamba-2 mixer
@@ -315,7 +326,8 @@ class HybridConfig(DictConfig):
                     "tie_embeddings", "mamba_gated_norm", "mamba_norm_before_gate", "qk_norm", "short_conv_bias",
                     "mamba1_dt_norm", "attention_output_gate", "gated_shared_expert", "qk_norm_across_heads",
                     "attention_post_norm", "delta_negative_eigenvalues", "rope_proportional",
-                    "attention_head_gate", "sandwich_norm", "shared_attention_adapters", "plain_shared_expert"):
+                    "attention_head_gate", "sandwich_norm", "shared_attention_adapters", "plain_shared_expert",
+                    "kda_low_rank_gates"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{name}.{key} must be a bool, got {getattr(self, key)!r}")
         positive = ["rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling", "rms_norm_eps",
@@ -384,17 +396,22 @@ class HybridConfig(DictConfig):
         self._check_kimi()
 
     def _check_kimi(self) -> None:
-        """"kda" layers: one key head per value head, keys and values of one size; "mla" layers: no
-        positions (their rope dims are a key part every head shares, not rotated)."""
+        """"kda" layers: one key head per value head, keys and values of one size, a bound < 0;
+        "mla" layers with RoPE: it turns exactly their shared key dims."""
         name = type(self).__name__
         if "kda" in self.layer_types and (self.delta_k_heads != self.delta_v_heads
                                           or self.delta_k_dim != self.delta_v_dim):
             raise ValueError(f"{name}: 'kda' layers have as many key heads as value heads, of one size; got "
                              f"delta_k_heads={self.delta_k_heads}, delta_v_heads={self.delta_v_heads}, "
                              f"delta_k_dim={self.delta_k_dim}, delta_v_dim={self.delta_v_dim}")
-        if "mla" in self.layer_types and self.rope:
-            raise ValueError(f"{name}: 'mla' layers are read without positions (Kimi-Linear's); expected "
-                             "rope=False (a rotated MLA, DeepSeek's, is not supported)")
+        if "mla" in self.layer_types and self.rope and self.rotary_dim != self.mla_rope_dim:
+            raise ValueError(f"{name}: 'mla' layers turn their mla_rope_dim={self.mla_rope_dim} shared key dims; "
+                             f"expected rotary_dim (head_dim * partial_rotary_factor) equal to it, got "
+                             f"{self.rotary_dim}")
+        bound = self.kda_gate_lower_bound
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int | float)
+                                  or not -math.inf < bound < 0):
+            raise ValueError(f"{name}.kda_gate_lower_bound must be None or a finite number < 0, got {bound!r}")
         r = self.mla_q_rank
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
             raise ValueError(f"{name}.mla_q_rank must be None or a positive int, got {r!r}")
@@ -534,6 +551,16 @@ def scaled_linear(d_in: int, d_out: int, bias: bool, out_scale=1.0) -> nn.Linear
     """nn.Linear, or a ScaledLinear where a multiplier is not 1 (other models' graphs stay as they were)."""
     neutral = all(float(m) == 1.0 for m in (out_scale if isinstance(out_scale, list) else [out_scale]))
     return nn.Linear(d_in, d_out, bias=bias) if neutral else ScaledLinear(d_in, d_out, bias, out_scale)
+
+
+def rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """DeepSeek's RoPE: x (..., rd) as pairs (x[2j], x[2j + 1]), pair j turned by angle j, laid out
+    [first of each pair; second of each pair] (transformers' apply_rotary_pos_emb_interleave);
+    cos, sin (b, 1, l, rd) as `HybridLM._rope` gives them (their two halves alike)."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]  # (b, 1, l, rd / 2)
+    first, second = x[..., 0::2], x[..., 1::2]  # (..., rd / 2) each
+    return torch.cat([first * c - second * s, second * c + first * s], dim=-1)
 
 
 def visible_slots(past_lengths: Tensor, P: int, length: int) -> tuple[Tensor, Tensor]:
@@ -695,7 +722,8 @@ class Attention(nn.Module):
 
 
 class LatentAttention(nn.Module):
-    """Kimi-Linear's multi-head latent attention (DeepSeek-V2's MLA, without positions): the cache
+    """Kimi-Linear's multi-head latent attention (DeepSeek-V2's MLA; RoPE on the shared key part
+    only with config.rope, Ling 3's; a sigmoid gate per head with attention_head_gate): the cache
     holds, per position, one RMS-normed latent c (r) and one key part k_r (rd) that every head
     shares; head j's key is [W_uk[j] c; k_r] and its value W_uv[j] c (kv_b_proj's rows). The
     product is taken in the latent (DeepSeek's absorbed form, equal to expanding the keys): the
@@ -720,6 +748,8 @@ class LatentAttention(nn.Module):
         self.kv_a_norm = RMSNorm(r, eps)
         self.kv_b_proj = nn.Linear(r, nh * (self.nope + self.dv), bias=False)  # per head: W_uk rows, then W_uv rows
         self.o_proj = nn.Linear(nh * self.dv, d, bias=bias)
+        if config.attention_head_gate:  # one gate a head, from the layer's input
+            self.g_proj = nn.Linear(d, nh, bias=False)
         multiplier = config.attention_multiplier
         self.scale = multiplier if multiplier is not None else (self.nope + self.rd) ** -0.5
 
@@ -729,34 +759,41 @@ class LatentAttention(nn.Module):
         q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
         return q.view(b, length, self.n_heads, self.nope + self.rd).transpose(1, 2)
 
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, positions: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x (b, l, d) -> the queries in the latent (b, nh, l, r: their first nope dims through
         W_uk) and their shared part (b, nh, l, rd); the new positions' latents (b, 1, l, r) and
-        key parts (b, 1, l, rd)."""
+        key parts (b, 1, l, rd). `positions`: RoPE's (cos, sin) (b, 1, l, rd) turning the shared
+        parts, or None (no positions)."""
         q_nope, q_rope = self.queries(x).split([self.nope, self.rd], dim=-1)  # (b, nh, l, nope), (b, nh, l, rd)
         latent, rope = self.kv_a_proj(x).split([self.rank, self.rd], dim=-1)  # (b, l, r), (b, l, rd)
         latent, rope = self.kv_a_norm(latent)[:, None], rope[:, None]  # (b, 1, l, r), (b, 1, l, rd)
+        if positions is not None:
+            q_rope, rope = rope_interleaved(q_rope, *positions), rope_interleaved(rope, *positions)
         return torch.matmul(q_nope, self._w()[:, :self.nope]), q_rope, latent, rope  # (nh, nope, r): W_uk
 
     def _w(self) -> Tensor:
         """kv_b_proj's weight per head, (nh, nope + dv, r): W_uk's rows, then W_uv's."""
         return self.kv_b_proj.weight.view(self.n_heads, self.nope + self.dv, self.rank)
 
-    def output(self, mixed: Tensor) -> Tensor:
-        """The heads' weighted sums of latents (b, nh, l, r) -> through W_uv, then o_proj (b, l, d)."""
+    def output(self, mixed: Tensor, x: Tensor) -> Tensor:
+        """The heads' weighted sums of latents (b, nh, l, r) -> through W_uv (each head's times
+        sigmoid(g_proj(x)) where gated; x (b, l, d) the layer's input), then o_proj (b, l, d)."""
         b, _, length, _ = mixed.shape
-        out = torch.matmul(mixed, self._w()[:, self.nope:].transpose(1, 2))  # (b, nh, l, dv)
-        return self.o_proj(out.transpose(1, 2).reshape(b, length, self.n_heads * self.dv))  # (b, l, nh * dv) -> d
+        out = torch.matmul(mixed, self._w()[:, self.nope:].transpose(1, 2)).transpose(1, 2)  # (b, l, nh, dv)
+        if hasattr(self, "g_proj"):
+            out = out * torch.sigmoid(self.g_proj(x))[..., None]  # (b, l, nh, 1) a head
+        return self.o_proj(out.reshape(b, length, self.n_heads * self.dv))  # (b, l, nh * dv) -> d
 
     def forward(self, x: Tensor, past_latent: Tensor, past_rope: Tensor, past_lengths: Tensor,
-                step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                positions: tuple[Tensor, Tensor] | None = None, step: bool = False
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x (b, l, d) at positions past_lengths[r] + 0 .. l - 1; past_latent (b, 1, P, r) and
-        past_rope (b, 1, P, rd), row r's first past_lengths[r] slots valid; `step`: l = 1, the
-        cache read where it lies (as `Attention`'s step) -> out (b, l, d) and the new positions'
-        (latent (b, 1, l, r), key part (b, 1, l, rd))."""
+        past_rope (b, 1, P, rd), row r's first past_lengths[r] slots valid; `positions`: RoPE's
+        (cos, sin) or None; `step`: l = 1, the cache read where it lies (as `Attention`'s step)
+        -> out (b, l, d) and the new positions' (latent (b, 1, l, r), key part (b, 1, l, rd))."""
         b, length, _ = x.shape
         P = past_latent.shape[2]
-        q_latent, q_rope, latent, rope = self.project(x)
+        q_latent, q_rope, latent, rope = self.project(x, positions)
         past_latent, past_rope = past_latent.to(x.dtype), past_rope.to(x.dtype)
 
         def scores_of(c: Tensor, k_r: Tensor) -> Tensor:  # c (b, 1, m, r), k_r (b, 1, m, rd) -> (b, nh, l, m)
@@ -775,7 +812,7 @@ class LatentAttention(nn.Module):
             mixed = torch.matmul(probs[..., :P], past_latent) + torch.matmul(probs[..., P:], latent)  # (b, nh, 1, r)
         else:
             mixed = torch.matmul(probs, latents)  # (b, nh, l, r)
-        return self.output(mixed), (latent, rope)
+        return self.output(mixed, x), (latent, rope)
 
     def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         """An empty cache (P = 0): latents (b, 1, 0, r), key parts (b, 1, 0, rd)."""
@@ -1058,29 +1095,39 @@ class GatedDeltaNet(nn.Module):
 class KimiDeltaAttention(GatedDeltaNet):
     """Kimi-Linear's Kimi Delta Attention: a Gated DeltaNet (q, k, v as its, one key head per
     value head) whose decay is per head AND key channel, g = -exp(A_log) softplus(f_b(f_a(h)) +
-    dt_bias), (b, l, h, dk); its output RMS-normed per head and gated by sigmoid(g_b(g_a(h)))."""
+    dt_bias), (b, l, h, dk); its output RMS-normed per head and gated by sigmoid(g_b(g_a(h))).
+    Ling 3's: one projection for each gate (f_proj, g_proj), and g bounded, lower_bound *
+    sigmoid(exp(A_log) (f_proj(h) + dt_bias))."""
 
     def _build_gates(self, config: HybridConfig) -> None:
         d, h, dk = config.d_model, self.hv, self.dk
-        self.f_a_proj = nn.Linear(d, dk, bias=False)  # the decay's input, low rank
-        self.f_b_proj = nn.Linear(dk, h * dk, bias=False)
+        if config.kda_low_rank_gates:  # the decay's input and the output gate, each through dk
+            self.f_a_proj = nn.Linear(d, dk, bias=False)
+            self.f_b_proj = nn.Linear(dk, h * dk, bias=False)
+            self.g_a_proj = nn.Linear(d, self.dv, bias=False)
+            self.g_b_proj = nn.Linear(self.dv, h * self.dv, bias=False)
+        else:
+            self.f_proj = nn.Linear(d, h * dk, bias=False)
+            self.g_proj = nn.Linear(d, h * self.dv, bias=False)
         self.dt_bias = nn.Parameter(torch.zeros(h * dk))
         self.A_log = nn.Parameter(torch.log(torch.empty(h).uniform_(1, 16)))
-        self.g_a_proj = nn.Linear(d, self.dv, bias=False)  # the output gate, low rank
-        self.g_b_proj = nn.Linear(self.dv, h * self.dv, bias=False)
+        self.lower_bound = config.kda_gate_lower_bound
         self.norm = RMSNorm(self.dv, self.eps)  # per head, shared
 
     def log_decay(self, h: Tensor) -> Tensor:
         """h (b, l, d) -> g (b, l, h, dk) float32: a log decay per head and key channel, <= 0."""
         b, length, _ = h.shape
-        x = self.f_b_proj(self.f_a_proj(h)).float() + self.dt_bias.float()  # (b, l, h dk)
-        x = x.view(b, length, self.hv, self.dk)  # (b, l, h, dk)
-        return -self.A_log.float().exp()[:, None] * F.softplus(x)
+        f = self.f_proj(h) if hasattr(self, "f_proj") else self.f_b_proj(self.f_a_proj(h))  # (b, l, h dk)
+        x = (f.float() + self.dt_bias.float()).view(b, length, self.hv, self.dk)  # (b, l, h, dk)
+        rate = self.A_log.float().exp()[:, None]  # (h, 1)
+        if self.lower_bound is not None:  # bounded: in (lower_bound, 0)
+            return self.lower_bound * torch.sigmoid(rate * x)
+        return -rate * F.softplus(x)
 
     def gated(self, y: Tensor, h: Tensor) -> Tensor:
         b, length, _ = h.shape
-        gate = self.g_b_proj(self.g_a_proj(h)).float().view(b, length, self.hv, self.dv)  # (b, l, h, dv)
-        return self.norm(y) * torch.sigmoid(gate)
+        gate = self.g_proj(h) if hasattr(self, "g_proj") else self.g_b_proj(self.g_a_proj(h))  # (b, l, h dv)
+        return self.norm(y) * torch.sigmoid(gate.float().view(b, length, self.hv, self.dv))
 
 
 def mamba1_mixer(config: HybridConfig) -> MambaMixer:
@@ -1273,7 +1320,7 @@ class HybridLayer(nn.Module):
         if self.kind in DELTA_KINDS:
             return self.mixer(h, *state, rule=delta_rule, step=step)
         if self.kind == "mla":
-            return self.mixer(h, *state, past_lengths, step=step)
+            return self.mixer(h, *state, past_lengths, rope, step=step)
         if self.kind == "moe":
             return self.mixer(h) + self.shared(h), ()
         return self.mixer(h), ()

@@ -100,15 +100,16 @@ def test_beam_search_equals_transformers_generate(tmp_path, family):
     _check(_runtime_beams(tmp_path / "export", PROMPTS, BEAMS), reference, greedy)
 
 
-@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3", "zamba2", "kimi_linear"])
+@pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3", "zamba2", "kimi_linear",
+                                  "ling3"])
 def test_a_hybrid_beam_search_equals_transformers_generate(tmp_path, name):
     """Bamba (attention beside Mamba-2 layers), LFM2 (beside short convolutions), Jamba (beside
     Mamba-1 layers), Qwen3.5 (gated attention beside Gated DeltaNets) and OLMo-hybrid (post-norm
     attention beside Gated DeltaNets whose writes may reflect the state) and LFM3 (sliding-window
     and full attention beside short convolutions) and Zamba2 (shared attention blocks called by
     hybrid layers, each with its own cache rows) and Kimi-Linear (latent attention, its cached
-    latents, beside KDA layers, and experts): each beam's KV cache rows are reordered with its
-    conv / SSM state rows."""
+    latents, beside KDA layers, and experts) and Ling 3 (the same with RoPE turning the cached
+    key parts): each beam's KV cache rows are reordered with its conv / SSM state rows."""
     from tests.test_hybrid_model import _hf
 
     model = _hf(name, seed=1)

@@ -108,13 +108,15 @@ def test_fused_transformer_validates_and_generates_as_the_matmul_form(fused_tran
     assert rt.generate(a, prompts, options) == rt.generate(b, prompts, options)
 
 
-@pytest.fixture(scope="module", params=["granite-rope", "falcon_h1", "lfm2", "lfm3", "zamba2", "kimi_linear-q"])
+@pytest.fixture(scope="module", params=["granite-rope", "falcon_h1", "lfm2", "lfm3", "zamba2", "kimi_linear-q",
+                                        "ling3"])
 def fused_hybrid(tmp_path_factory, request):
     """transformers' Granite-4.0-H (dense, RoPE, GQA 4:2), Falcon-H1 (attention beside the
     Mamba-2 mixer in every layer, a key multiplier), LFM2 (short convs, per-head q/k norms) or
     LFM3 (sliding-window layers beside full ones, head gates) or Zamba2 (shared blocks, adapters)
     or Kimi-Linear (latent attention: multi-query attention in the latent, keys and values of
-    different sizes), exported with fused attention."""
+    different sizes) or Ling 3 (its latent attention with RoPE and a gate per head), exported
+    with fused attention."""
     tmp = tmp_path_factory.mktemp(f"{request.param}-fused")
     hf = _hf(request.param, seed=3)
     hf.save_pretrained(tmp / "hf")

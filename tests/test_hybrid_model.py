@@ -299,6 +299,30 @@ def _kimi_linear_q():
     ))
 
 
+def _ling3():
+    # Ling 3 (BailingHybrid): KDA layers with one projection for each gate and a bounded decay
+    # (in (-5, 0) a token), beside latent attention with DeepSeek's interleaved RoPE on its 8
+    # shared key dims (theta 500) and a gate per head; attention every 3rd layer; one dense MLP,
+    # then 8 experts in 4 groups (2 a token from the best 2 groups) beside a shared expert
+    return transformers.BailingHybridForCausalLM(transformers.BailingHybridConfig(
+        hidden_size=64, num_hidden_layers=6, vocab_size=VOCAB, intermediate_size=96, moe_intermediate_size=32,
+        num_attention_heads=4, head_dim=16, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        num_local_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, layer_group_size=3,
+        first_k_dense_replace=1, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    ))
+
+
+def _ling3_softplus():
+    # its decay unbounded (kda_safe_gate false: Kimi's softplus form), queries through a bottleneck
+    return transformers.BailingHybridForCausalLM(transformers.BailingHybridConfig(
+        hidden_size=64, num_hidden_layers=4, vocab_size=VOCAB, intermediate_size=96, moe_intermediate_size=32,
+        num_attention_heads=2, head_dim=24, kv_lora_rank=16, q_lora_rank=20, qk_nope_head_dim=8, qk_rope_head_dim=8,
+        v_head_dim=16, num_local_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, layer_group_size=2,
+        first_k_dense_replace=2, kda_safe_gate=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    ))
+
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
@@ -306,7 +330,7 @@ HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-
              "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next, "olmo_hybrid": _olmo_hybrid,
              "olmo_hybrid-nope": _olmo_hybrid_nope, "lfm3": _lfm3, "lfm3-plain": _lfm3_plain,
              "zamba2": _zamba2, "zamba2-plain": _zamba2_plain, "kimi_linear": _kimi_linear,
-             "kimi_linear-q": _kimi_linear_q}
+             "kimi_linear-q": _kimi_linear_q, "ling3": _ling3, "ling3-softplus": _ling3_softplus}
 
 
 def _hf(name: str, seed: int):
@@ -726,6 +750,12 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "kimi_linear", "first_k_dense_replace": -1}, "first_k_dense_replace"),
     ({"model_type": "kimi_linear", "num_shared_experts": 1.5}, "num_shared_experts"),
     ({"model_type": "kimi_linear", "q_lora_rank": 0}, "mla_q_rank"),
+    ({"model_type": "bailing_hybrid", "kda_safe_gate": "yes"}, "kda_safe_gate"),
+    ({"model_type": "bailing_hybrid", "hidden_act": "gelu"}, "hidden_act"),
+    ({"model_type": "bailing_hybrid", "layer_group_size": 0}, "layer_group_size"),
+    ({"model_type": "bailing_hybrid", "kda_lower_bound": 1.0}, "kda_gate_lower_bound"),
+    ({"model_type": "bailing_hybrid", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type='yarn'"),
+    ({"model_type": "bailing_hybrid", "num_hidden_layers": 2, "swiglu_limits": [0, 7]}, "expert_swiglu_limit_list"),
     ({"model_type": "olmo_hybrid", "hidden_act": "gelu"}, "hidden_act"),
     ({"model_type": "zamba2", "rms_norm_eps": 1e-6}, "rms_norm_eps"),
     ({"model_type": "zamba2", "hidden_act": "relu"}, "hidden_act"),
@@ -984,6 +1014,52 @@ def test_kimi_linear_config_reads_as_transformers_derives_it():
             theirs.num_local_experts, theirs.num_experts_per_tok, 16 * theirs.n_shared_experts)
     assert hybrid_config_from_json({"model_type": "kimi_linear", **published}).layer_types == \
         ["kda"] * 3 + ["mla"] + ["kda"] * 3 + ["mla"]
+
+
+def test_ling3_read_as_saved_and_as_held_its_mtp_layer_left_out(tmp_path):
+    """Ling 3 as saved (its own names: `word_embeddings`, `attention` with `dense` for o_proj, the
+    forget gate's f_proj / dt_bias / A_log under it, q/k/v_conv1d, `gate.expert_bias`, one
+    tensor per expert) and as transformers holds it load to the same weights; a multi-token-
+    prediction layer saved after the last (`model.layers.{num_hidden_layers}`, which
+    transformers does not load) is left out; a missing piece is named as saved."""
+    hf = _hf("ling3", 0)
+    hf.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert "model.word_embeddings.weight" in saved and "model.layers.0.attention.k_conv1d.weight" in saved
+    config = hybrid_config_from_json(json.loads((tmp_path / "config.json").read_text()))
+    assert config.layer_types == ["kda", "kda", "mla"] * 2 and config.rope and config.head_dim == 8
+    held = convert_state_dict(hf.state_dict(), config)
+    assert set(held) == set(HybridLM(config).state_dict())
+    mtp = {f"model.layers.6.{k.split('.', 3)[3]}": v for k, v in saved.items() if k.startswith("model.layers.2.")}
+    for layout in (saved, {**saved, **mtp}):
+        for key, value in convert_state_dict(layout, config).items():
+            assert torch.equal(value, held[key]), key
+    for missing in ("model.layers.3.attention.q_conv1d.weight", "model.layers.2.attention.g_proj.weight"):
+        with pytest.raises(ValueError, match=rf"lacks \['{re.escape(missing)}"):
+            convert_state_dict({k: v for k, v in saved.items() if k != missing}, config)
+
+
+def test_ling3_config_reads_as_transformers_derives_it():
+    """A config.json without layer lists (attention every `layer_group_size`-th layer, dense MLPs
+    below `first_k_dense_replace`), its published `head_dim` the KDA heads' size, RoPE on the
+    latent attention's `qk_rope_head_dim` dims at `rope_theta`; SwiGLU clipping refused."""
+    fields = {"hidden_size": 64, "num_hidden_layers": 7, "num_attention_heads": 4, "vocab_size": VOCAB,
+              "head_dim": 24, "qk_rope_head_dim": 8, "layer_group_size": 3, "first_k_dense_replace": 3,
+              "rope_theta": 1000.0, "kda_lower_bound": -3.0, "num_experts": 8, "num_expert_group": 2,
+              "topk_group": 1, "num_experts_per_tok": 2}
+    theirs = transformers.BailingHybridConfig(**fields, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    ours = hybrid_config_from_json({"model_type": "bailing_hybrid", **fields})
+    assert ours.layer_types == ["mla" if t == "full_attention" else "kda" for t in theirs.layer_types]
+    assert ours.expert_layers == [i for i, t in enumerate(theirs.mlp_layer_types) if t == "sparse"] == [3, 4, 5, 6]
+    assert (ours.delta_v_heads, ours.delta_k_dim, ours.d_conv) == (
+        theirs.linear_num_heads, theirs.linear_head_dim, theirs.linear_conv_kernel_dim) == (4, 24, 4)
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"] == 1000.0 and ours.rotary_dim == 8
+    assert ours.kda_gate_lower_bound == -3.0 and not ours.kda_low_rank_gates and ours.attention_head_gate
+    assert hybrid_config_from_json({"model_type": "bailing_hybrid", **fields, "kda_safe_gate": False}
+                                   ).kda_gate_lower_bound is None
+    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
+        with pytest.raises(ValueError, match=key):
+            hybrid_config_from_json({"model_type": "bailing_hybrid", **fields, key: [0, 0, 0, 7.0, 0, 0, 0]})
 
 
 def test_olmo_hybrid_config_without_derived_keys_reads_as_transformers_derives_them():

@@ -1081,8 +1081,16 @@ def _kimi_linear(transformers, vocab: int):
         bos_token_id=None))
 
 
+def _ling3(transformers, vocab: int):
+    return transformers.BailingHybridForCausalLM(transformers.BailingHybridConfig(
+        hidden_size=64, num_hidden_layers=3, vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32,
+        num_attention_heads=4, head_dim=16, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        num_local_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, layer_group_size=2,
+        first_k_dense_replace=1, eos_token_id=None, pad_token_id=0, bos_token_id=None))
+
+
 @pytest.mark.parametrize("name", ["falcon_h1", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "lfm3", "zamba2",
-                                  "kimi_linear"])
+                                  "kimi_linear", "ling3"])
 def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, name):
     """Falcon-H1 (attention beside a Mamba-2 mixer in every layer, so each layer's state has both
     kinds; μP multipliers), LFM2 (short convolutions beside attention with per-head q/k norms),
@@ -1091,8 +1099,9 @@ def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, nam
     OLMo-hybrid (reflecting DeltaNets beside post-norm attention without positions) and LFM3
     (a 4-position sliding window beside full attention) and Zamba2 (a shared attention block
     called by two layers, each with its own adapters and cache) and Kimi-Linear (KDA beside
-    latent attention, whose cache holds latents; experts): the page's greedy tokens are
-    transformers' own `generate`'s."""
+    latent attention, whose cache holds latents; experts) and Ling 3 (the same with RoPE on the
+    latent attention's shared key parts): the page's greedy tokens are transformers' own
+    `generate`'s."""
     import torch
     import transformers
 
@@ -1102,7 +1111,8 @@ def test_a_transformers_hybrid_decodes_in_the_page_as_transformers(tmp_path, nam
     tok = byte_level_bpe()
     torch.manual_seed(0)
     cases = {"falcon_h1": _falcon_h1, "lfm2": _lfm2, "jamba": _jamba, "qwen3_5": _qwen3_5,
-             "olmo_hybrid": _olmo_hybrid, "lfm3": _lfm3, "zamba2": _zamba2, "kimi_linear": _kimi_linear}
+             "olmo_hybrid": _olmo_hybrid, "lfm3": _lfm3, "zamba2": _zamba2, "kimi_linear": _kimi_linear,
+             "ling3": _ling3}
     hf = _randomize(cases[name](transformers, tok.get_vocab_size()), 0)
     hf.save_pretrained(tmp_path / "ckpt")
     tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))

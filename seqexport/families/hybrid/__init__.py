@@ -15,7 +15,7 @@ from seqexport.families.recurrent import GRAPHS
 EXPERT_FORMS = ("kernel", "dense")  # families/hybrid/experts.py (torch-free here)
 MODEL_TYPES = ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "jamba", "qwen3_5",
                "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next",
-               "olmo_hybrid", "lfm3", "zamba2", "kimi_linear")  # transformers' layouts read here
+               "olmo_hybrid", "lfm3", "zamba2", "kimi_linear", "bailing_hybrid")  # transformers' layouts read here
 
 
 def _keep_float(config: dict) -> tuple[str, ...]:
@@ -33,7 +33,8 @@ def _keep_float(config: dict) -> tuple[str, ...]:
                      for p in ("in_proj", "a_proj", "b_proj"))
     # a KDA's the same, its decay's input a low-rank pair (f_a_proj, f_b_proj)
     kda = tuple(f"*layers.{i}.mixer.{p}" for i, kind in enumerate(config["layer_types"]) if kind == "kda"
-                for p in ("in_proj", "f_a_proj", "f_b_proj", "b_proj"))
+                for p in (("in_proj", "f_a_proj", "f_b_proj", "b_proj") if config.get("kda_low_rank_gates", True)
+                          else ("in_proj", "f_proj", "b_proj")))
     return mamba2 + mamba1 + deltanet + kda
 
 

@@ -43,13 +43,14 @@ def _fused_forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_l
 
 
 def _fused_latent_forward(self, x: Tensor, past_latent: Tensor, past_rope: Tensor, past_lengths: Tensor,
-                          step: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                          positions: tuple[Tensor, Tensor] | None = None, step: bool = False
+                          ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """`models.hybrid.LatentAttention.forward` with one scaled_dot_product_attention: in the
     latent its heads are multi-query attention over one kv head, keys [c; k_r] (r + rd) and
     values c (r)."""
     b, length, _ = x.shape
     P = past_latent.shape[2]
-    q_latent, q_rope, latent, rope = self.project(x)  # (b, nh, l, r), (b, nh, l, rd), (b, 1, l, r), (b, 1, l, rd)
+    q_latent, q_rope, latent, rope = self.project(x, positions)  # (b, nh, l, r | rd), (b, 1, l, r | rd)
     latents = torch.cat([past_latent.to(latent.dtype), latent], dim=2)  # (b, 1, P + l, r)
     keys = torch.cat([latents, torch.cat([past_rope.to(rope.dtype), rope], dim=2)], dim=-1)  # (b, 1, P + l, r + rd)
     past_visible, causal = visible_slots(past_lengths, P, length)  # (b, 1, 1, P), (l, l)
@@ -57,7 +58,7 @@ def _fused_latent_forward(self, x: Tensor, past_latent: Tensor, past_rope: Tenso
                         dim=-1)  # (b, 1, l, P + l)
     mixed = F.scaled_dot_product_attention(torch.cat([q_latent, q_rope], dim=-1), keys, latents, attn_mask=visible,
                                            scale=self.scale, enable_gqa=self.n_heads != 1)  # (b, nh, l, r)
-    return self.output(mixed), (latent, rope)
+    return self.output(mixed, x), (latent, rope)
 
 
 @contextmanager

@@ -235,6 +235,15 @@ _KIMI_LINEAR_DEFAULTS = dict(  # KimiLinearConfig's, under the names its config.
 _KIMI_LINEAR_ALIASES = dict(num_local_experts="num_experts", num_experts_per_tok="num_experts_per_token",
                             n_group="num_expert_group", n_shared_experts="num_shared_experts",
                             norm_topk_prob="moe_renormalize")
+_BAILING_HYBRID_DEFAULTS = dict(  # BailingHybridConfig's (Ling 3), as its config.json is saved
+    {k: v for k, v in _KIMI_LINEAR_DEFAULTS.items() if not k.startswith("linear_")},  # (its KDA's: from head_dim)
+    vocab_size=157184, hidden_size=2560, intermediate_size=6144, moe_intermediate_size=768,
+    num_hidden_layers=42, routed_scaling_factor=2.5, num_expert_group=8, topk_group=4, rms_norm_eps=1e-6,
+    num_experts=512, head_dim=128, short_conv_kernel_size=4, layer_group_size=6, first_k_dense_replace=2,
+    kda_safe_gate=True, kda_lower_bound=-5.0, rope_theta=6_000_000.0,
+)
+_BAILING_HYBRID_ALIASES = dict(_KIMI_LINEAR_ALIASES, swiglu_limits="expert_swiglu_limit_list",
+                               swiglu_limits_shared="share_expert_swiglu_limit_list")
 _ZAMBA2_DEFAULTS = dict(
     vocab_size=32000, hidden_size=2560, num_hidden_layers=54, layers_block_type=None, mamba_d_state=64,
     mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, time_step_min=0.001, n_mamba_heads=8, chunk_size=256,
@@ -299,7 +308,7 @@ def hybrid_config_from_json(d: dict) -> HybridConfig:
                "jamba": _from_jamba, "zamba2": _from_zamba2,
                "qwen3_5": _from_qwen3_5, "qwen3_5_text": _from_qwen3_5, "qwen3_5_moe": _from_qwen3_5,
                "qwen3_5_moe_text": _from_qwen3_5, "qwen3_next": _from_qwen3_5, "olmo_hybrid": _from_olmo_hybrid,
-               "kimi_linear": _from_kimi_linear}
+               "kimi_linear": _from_kimi_linear, "bailing_hybrid": _from_bailing_hybrid}
     if d.get("model_type") in readers:
         return readers[d["model_type"]](d)
     if "model_type" in d:
@@ -770,6 +779,37 @@ def _from_kimi_linear(d: dict) -> HybridConfig:
     )
 
 
+def _from_bailing_hybrid(d: dict) -> HybridConfig:
+    """Ling 3 (`BailingHybridConfig`): Kimi-Linear's layers with one projection for each KDA
+    gate, a bounded decay (`kda_safe_gate`), and latent attention with RoPE (DeepSeek's
+    interleaved pairs on its `qk_rope_head_dim` dims) and a gate per head; attention every
+    `layer_group_size`-th layer; experts' SwiGLU clipping refused unless off (limits 0)."""
+    d = dict(d)
+    for alias, name in _BAILING_HYBRID_ALIASES.items():
+        if alias in d and name not in d:
+            d[name] = d[alias]
+    d = {**_BAILING_HYBRID_DEFAULTS, **d}
+    _require_value(d, "hidden_act", ("silu",), " (the MLPs, the experts and the KDA's conv use it)")
+    _require_value(d, "kda_safe_gate", (True, False))
+    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
+        limits = d.get(key) or []
+        if not isinstance(limits, list) or any(limit != 0 for limit in limits):
+            raise ValueError(f"{key}={limits!r}: SwiGLU clipping is not supported; expected every limit 0 (off)")
+    n, every = d["num_hidden_layers"], d["layer_group_size"]
+    if d["layer_types"] is None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"layer_group_size={every!r}; expected a positive integer")
+        d["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    d["linear_head_dim"] = d.get("linear_head_dim") or d["head_dim"]  # (its config's head_dim, as published)
+    d["linear_num_heads"] = d.get("linear_num_heads") or d["num_attention_heads"]
+    d["linear_conv_kernel_dim"] = d.get("linear_conv_kernel_dim") or d["short_conv_kernel_size"]
+    kimi = _from_kimi_linear({**d, "model_type": "kimi_linear"}).to_dict()
+    bound = _number(d["kda_lower_bound"], "kda_lower_bound") if d["kda_safe_gate"] else None
+    return HybridConfig.from_dict({**kimi, "rope": True, **_rope(d, "bailing_hybrid", default_factor=None),
+                                   "head_dim": d["qk_rope_head_dim"], "attention_head_gate": True,
+                                   "kda_low_rank_gates": False, "kda_gate_lower_bound": bound})
+
+
 def _from_jamba(d: dict) -> HybridConfig:
     d = {**_JAMBA_DEFAULTS, **d}
     _require_value(d, "hidden_act", ("silu",), " (the MLP's gate and the Mamba conv both use it)")
@@ -905,16 +945,19 @@ def _from_olmo_hybrid(d: dict) -> HybridConfig:
 
 # ---- state dicts ----
 
+# layouts told by a part of a key that they alone have, tried in this order
+_KEY_MARKS = (("olmo_hybrid", (".linear_attn.g_proj.", ".post_feedforward_layernorm.")),
+              ("zamba2", (".shared_transformer.", ".mamba_decoder.")),
+              ("bailing_hybrid", ("model.word_embeddings.", ".self_attn.forget_gate.f_proj.")),  # (Ling 3)
+              ("kimi_linear", (".self_attn.kv_a_proj_with_mqa.", ".self_attn.f_a_proj.", ".self_attn.forget_gate.")))
+
+
 def _layout_of(state: dict[str, Tensor]) -> str:
     if "embed_tokens.weight" in state:
         return "ours"
-    if any(".linear_attn.g_proj." in k or ".post_feedforward_layernorm." in k for k in state):
-        return "olmo_hybrid"
-    if any(".shared_transformer." in k or ".mamba_decoder." in k for k in state):
-        return "zamba2"
-    if any(".self_attn.kv_a_proj_with_mqa." in k or ".self_attn.f_a_proj." in k or ".self_attn.forget_gate." in k
-           for k in state):
-        return "kimi_linear"
+    for layout, marks in _KEY_MARKS:
+        if any(mark in key for key in state for mark in marks):
+            return layout
     if "model.embedding_norm.weight" in state:
         return "lfm2"  # (and lfm2_moe and lfm3: LFM2's names, and their experts' or norms')
     if "model.language_model.embed_tokens.weight" in state or any(
@@ -999,7 +1042,8 @@ def _stack_saved_experts(out: dict[str, Tensor], config: HybridConfig, names=("w
 _STACKERS = {"nemotron_h": _stack_experts, "lfm2": _stack_saved_experts,
              "bamba": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj")),  # (Jamba's)
              "qwen3_5": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj")),
-             "kimi_linear": _stack_saved_experts}
+             "kimi_linear": _stack_saved_experts,
+             "bailing_hybrid": partial(_stack_saved_experts, names=("gate_proj", "up_proj", "down_proj"))}
 
 
 def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
@@ -1017,7 +1061,7 @@ def _rename(key: str, layout: str, parallel: bool = False) -> str | None:
         return _olmo_hybrid_key(key)
     if layout == "zamba2":
         return _zamba2_key(key)
-    if layout == "kimi_linear":
+    if layout in ("kimi_linear", "bailing_hybrid"):
         return _kimi_linear_key(key)
     return _bamba_key(key, parallel)
 
@@ -1157,11 +1201,11 @@ def _kimi_linear_key(key: str) -> str | None:
     `post_attention_layernorm` -> `norm` / `mlp_norm`, `mlp` and `block_sparse_moe` (as saved) ->
     `mlp` (dense), `experts` (`gate` -> `router`, its `e_score_correction_bias` -> `router_bias`),
     `shared` (`shared_experts`), `model.norm` -> `norm_f`."""
-    split = _split(key, _TOP_LEVEL)
+    split = _split(key, {**_TOP_LEVEL, "model.word_embeddings.weight": "embed_tokens.weight"})  # (Ling 3's saved)
     if not isinstance(split, tuple):
         return split
     i, module, rest = split
-    if module == "self_attn":
+    if module in ("self_attn", "attention"):  # (Ling 3's saved: attention)
         name, dot, tail = rest.removeprefix("forget_gate.").partition(".")
         return f"layers.{i}.mixer.{_KIMI_LINEAR_ATTENTION.get(name, name)}{dot}{tail}"
     name, _, tail = rest.partition(".")
@@ -1177,20 +1221,25 @@ def _kimi_linear_key(key: str) -> str | None:
 
 
 _KIMI_LINEAR_ATTENTION = {"o_norm": "norm", "kv_a_proj_with_mqa": "kv_a_proj", "q_a_layernorm": "q_a_norm",
-                          "kv_a_layernorm": "kv_a_norm"}
-_KIMI_LINEAR_ROUTER = {"weight": "router.weight", "e_score_correction_bias": "router_bias"}
+                          "kv_a_layernorm": "kv_a_norm", "dense": "o_proj"}  # (dense: Ling 3's saved o_proj)
+_KIMI_LINEAR_ROUTER = {"weight": "router.weight", "e_score_correction_bias": "router_bias",
+                       "expert_bias": "router_bias"}  # (Ling 3's saved bias)
 
 
-def _kimi_linear_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str]) -> None:
+def _kimi_linear_weights(out: dict[str, Tensor], config: HybridConfig, source: dict[str, str],
+                         layout: str = "kimi_linear") -> None:
     """In place: each KDA's q, k and v projections (and, as saved, convs) joined rows after rows
     into `in_proj` (`conv1d`), the conv's channel order; its `o_proj` -> `out_proj` (an MLA
-    layer's keeps its name); its `A_log` (1, 1, h, 1) -> (h,)."""
+    layer's keeps its name); its `A_log` (1, 1, h, 1) -> (h,). A missing piece is named under
+    the layer's attention module as the checkpoint names it (Ling 3 saves `attention`)."""
     for i, kind in enumerate(config.layer_types):
         if kind != "kda":
             continue
         stem = f"layers.{i}.mixer"
-        _join(out, source, i, [f"{p}_proj.weight" for p in "qkv"], "in_proj.weight", "kimi_linear", "self_attn")
-        _join(out, source, i, [f"{p}_conv1d.weight" for p in "qkv"], "conv1d.weight", "kimi_linear", "self_attn")
+        module = next((theirs.split(".")[3] for ours, theirs in source.items() if ours.startswith(f"{stem}.")
+                       and theirs.startswith(f"model.layers.{i}.")), "self_attn")
+        _join(out, source, i, [f"{p}_proj.weight" for p in "qkv"], "in_proj.weight", layout, module)
+        _join(out, source, i, [f"{p}_conv1d.weight" for p in "qkv"], "conv1d.weight", layout, module)
         for key in [k for k in out if k.startswith(f"{stem}.o_proj.")]:
             new = f"{stem}.out_proj.{key.rsplit('.', 1)[1]}"
             out[new], source[new] = out.pop(key), source.pop(key, key)
@@ -1322,7 +1371,8 @@ def _unfuse_qwen3_next(out: dict[str, Tensor], config: HybridConfig, source: dic
 
 
 _REGROUPERS = {"qwen3_5": _qwen3_5_weights, "olmo_hybrid": _olmo_hybrid_weights, "zamba2": _zamba2_weights,
-               "kimi_linear": _kimi_linear_weights}
+               "kimi_linear": _kimi_linear_weights,
+               "bailing_hybrid": partial(_kimi_linear_weights, layout="bailing_hybrid")}
 
 
 def _tie(out: dict[str, Tensor], config: HybridConfig) -> None:
@@ -1355,8 +1405,9 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
     out, unknown, source = {}, [], {}  # source: our key -> the key it came from
     for key, value in state.items():
         if layout in ("nemotron_h", "qwen3_5") and key.startswith("mtp.") or \
-                layout == "qwen3_5" and key.startswith("model.visual."):
-            continue  # multi-token prediction and the vision tower: not the text model's
+                layout == "qwen3_5" and key.startswith("model.visual.") or \
+                layout == "bailing_hybrid" and _layer_index(key) >= config.n_layer:
+            continue  # multi-token prediction (Ling 3's: layers after the last) and the vision tower
         new = _rename(key, layout, parallel)
         if new is None:
             unknown.append(key)
@@ -1390,6 +1441,12 @@ def convert_state_dict(state: dict[str, Tensor], config: HybridConfig) -> dict[s
         raise ValueError(f"state dict ({layout} layout) lacks {named}{' ...' if len(missing) > 8 else ''} "
                          f"({len(missing)} keys) for this HybridConfig")
     return out
+
+
+def _layer_index(key: str) -> int:
+    """i of `model.layers.{i}.…`, or -1."""
+    parts = key.split(".", 3)
+    return int(parts[2]) if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else -1
 
 
 def _label(layout: str, config: HybridConfig) -> str:
