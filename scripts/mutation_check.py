@@ -2240,7 +2240,7 @@ FAULTS = (
           's = s * (decay[..., None, :] if g.dim() == 3 else decay[..., None, None])',
           ('tests/test_delta_rule_lowering.py::test_per_channel_eager_rule_is_the_sequential_rule',)),
     Fault('M596', 'per-channel lowering: W without the decays e^G',
-          'seqexport/families/hybrid/delta_rule_onnx.py', 'w = op.MatMul(t, op.Mul(k_beta, _exp(cum)))  # (c, b, h, C, dk)',
+          'seqexport/families/hybrid/delta_rule_onnx.py', 'w = op.MatMul(t, op.Mul(k_beta, so_far))  # (c, b, h, C, dk)',
           'w = op.MatMul(t, k_beta)  # (c, b, h, C, dk)',
           ('tests/test_delta_rule_lowering.py::test_per_channel_decays_match_the_sequential_rule',)),
     Fault('M597', 'per-channel lowering: the decays not masked above the diagonal',

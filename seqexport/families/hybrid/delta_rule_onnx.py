@@ -222,11 +222,12 @@ def _per_channel(q, k, v, g, beta, dk: int):
     strict = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32), -1)))
     t = _unit_lower_inverse(op.Mul(summed(k_beta, k), strict))  # (c, b, h, C, C)
     a = summed(q, k)  # (c, b, h, C, C): D is 0 above the diagonal
-    w = op.MatMul(t, op.Mul(k_beta, _exp(cum)))  # (c, b, h, C, dk)
+    so_far = _exp(cum)  # (c, b, h, C, dk): e^G
+    w = op.MatMul(t, op.Mul(k_beta, so_far))  # (c, b, h, C, dk)
     u = op.MatMul(t, op.Mul(v, op.Unsqueeze(beta, [4])))  # (c, b, h, C, dv)
-    k_end = op.Mul(k, _exp(op.Sub(last, cum)))  # (c, b, h, C, dk): k ⊙ e^{G_C - G}
+    k_end_t = _t(op.Mul(k, _exp(op.Sub(last, cum))))  # (c, b, h, dk, C): (k ⊙ e^{G_C - G})ᵀ
     diagonal = op.Mul(_t(_exp(last)), op.Constant(value=ir.tensor(np.eye(dk, dtype=np.float32))))  # (…, dk, dk)
-    g_m = op.Sub(diagonal, op.MatMul(_t(k_end), w))  # (c, b, h, dk, dk)
-    q_m = op.Sub(op.Mul(q, _exp(cum)), op.MatMul(a, w))  # (c, b, h, C, dk)
-    h_p = op.MatMul(op.Concat(_t(k_end), a, axis=3), u)  # [Kᵀ; A]·U (c, b, h, dk + C, dv)
+    g_m = op.Sub(diagonal, op.MatMul(k_end_t, w))  # (c, b, h, dk, dk)
+    q_m = op.Sub(op.Mul(q, so_far), op.MatMul(a, w))  # (c, b, h, C, dk)
+    h_p = op.MatMul(op.Concat(k_end_t, a, axis=3), u)  # [Kᵀ; A]·U (c, b, h, dk + C, dv)
     return op.Concat(g_m, q_m, axis=3), h_p

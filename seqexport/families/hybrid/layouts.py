@@ -748,6 +748,11 @@ def _kimi_linear_experts(d: dict, mlp: list[str]) -> dict:
 
 
 def _from_kimi_linear(d: dict) -> HybridConfig:
+    return HybridConfig(**_kimi_linear_fields(d))
+
+
+def _kimi_linear_fields(d: dict) -> dict:
+    """Kimi-Linear's config.json (any of its spellings) -> `HybridConfig`'s fields."""
     d = dict(d)
     for alias, name in _KIMI_LINEAR_ALIASES.items():
         if alias in d and name not in d:
@@ -767,7 +772,7 @@ def _from_kimi_linear(d: dict) -> HybridConfig:
         _require_value(d, "mla_use_nope", (True,))
     types, mlp = _kimi_linear_types(d)
     heads = d["num_attention_heads"]
-    return HybridConfig(
+    return dict(
         d_model=d["hidden_size"], vocab_size=d["vocab_size"], layer_types=types, mlp_in_layer=True,
         mlp_act="silu_gated", mlp_bias=False, d_ff=d["intermediate_size"], **_kimi_linear_experts(d, mlp),
         n_heads=heads, n_kv_heads=heads, head_dim=d["qk_nope_head_dim"] + d["qk_rope_head_dim"], rope=False,
@@ -803,11 +808,10 @@ def _from_bailing_hybrid(d: dict) -> HybridConfig:
     d["linear_head_dim"] = d.get("linear_head_dim") or d["head_dim"]  # (its config's head_dim, as published)
     d["linear_num_heads"] = d.get("linear_num_heads") or d["num_attention_heads"]
     d["linear_conv_kernel_dim"] = d.get("linear_conv_kernel_dim") or d["short_conv_kernel_size"]
-    kimi = _from_kimi_linear({**d, "model_type": "kimi_linear"}).to_dict()
     bound = _number(d["kda_lower_bound"], "kda_lower_bound") if d["kda_safe_gate"] else None
-    return HybridConfig.from_dict({**kimi, "rope": True, **_rope(d, "bailing_hybrid", default_factor=None),
-                                   "head_dim": d["qk_rope_head_dim"], "attention_head_gate": True,
-                                   "kda_low_rank_gates": False, "kda_gate_lower_bound": bound})
+    return HybridConfig(**{**_kimi_linear_fields(d), "rope": True, **_rope(d, "bailing_hybrid", default_factor=None),
+                           "head_dim": d["qk_rope_head_dim"], "attention_head_gate": True,
+                           "kda_low_rank_gates": False, "kda_gate_lower_bound": bound})
 
 
 def _from_jamba(d: dict) -> HybridConfig:
