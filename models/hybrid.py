@@ -185,6 +185,11 @@ class HybridConfig(DictConfig):
     # num_dense_layers on; Jamba: every expert_layer_period-th)
     expert_layers: list[int] | None = None
     expert_weights_eps: float = 1e-20  # sigmoid routing: added to the k weights' sum before normalising
+    # per layer, its experts' SwiGLU clipped (Ling 3's late layers): silu(gate) capped at the limit L
+    # and up clamped to [-L, L] before their product, down(min(silu(g), L) * clamp(u, -L, L)); 0 = not
+    # clipped; None = no layer. Needs gated SiLU experts.
+    expert_swiglu_limits: list[float] | None = None
+    shared_swiglu_limits: list[float] | None = None  # the same for the shared expert MLP beside them
     # attention
     n_heads: int = 4  # query heads (nh)
     n_kv_heads: int = 2  # key/value heads (nkv), must divide n_heads (grouped-query attention)
@@ -453,6 +458,7 @@ class HybridConfig(DictConfig):
             self.expert_layers = sorted(set(where))
         self._check_shared_expert()
         self._check_expert_counts()
+        self._check_swiglu_limits()
 
     def _check_shared_expert(self) -> None:
         name = type(self).__name__
@@ -463,6 +469,27 @@ class HybridConfig(DictConfig):
         if self.gated_shared_expert and self.plain_shared_expert:
             raise ValueError(f"{name}: gated_shared_expert and plain_shared_expert are two forms of one shared "
                              "expert; expected at most one")
+
+    def _check_swiglu_limits(self) -> None:
+        """One limit a layer; a layer without experts (or a shared expert) clips nothing, as in transformers."""
+        name = type(self).__name__
+        for key in ("expert_swiglu_limits", "shared_swiglu_limits"):
+            limits = getattr(self, key)
+            if limits is None:
+                continue
+            if not isinstance(limits, list | tuple) or len(limits) != self.n_layer or any(
+                    isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf for v in limits):
+                raise ValueError(f"{name}.{key}={limits!r}; expected None or one finite limit >= 0 per layer "
+                                 f"({self.n_layer}), 0 where a layer is not clipped")
+            setattr(self, key, [float(v) for v in limits])
+            if any(limits) and self.n_experts and self.mlp_act != "silu_gated":
+                raise ValueError(f"{name}.{key} clips a gated SiLU expert's product; expected mlp_act='silu_gated', "
+                                 f"got {self.mlp_act!r}")
+
+    def swiglu_limit(self, key: str, index: int) -> float:
+        """Layer `index`'s limit from `key` ("expert_swiglu_limits" or "shared_swiglu_limits"); 0: none."""
+        limits = getattr(self, key)
+        return limits[index] if limits else 0.0
 
     def _check_expert_counts(self) -> None:
         """k, the groups and where the experts sit fit each other."""
@@ -820,13 +847,23 @@ class LatentAttention(nn.Module):
                 torch.zeros(batch, 1, 0, self.rd, dtype=dtype, device=device))
 
 
+def swiglu(gate: Tensor, up: Tensor, limit: float = 0.0) -> Tensor:
+    """silu(gate) * up, each (..., f); with a limit L > 0 (Ling 3), min(silu(gate), L) * clamp(up, -L, L):
+    transformers' post-activation clipping."""
+    act = F.silu(gate)
+    if limit:
+        act, up = act.clamp(max=limit), up.clamp(-limit, limit)
+    return act * up
+
+
 class MLP(nn.Module):
     """Gated SiLU, down(silu(gate(x)) * up(x)) (Bamba, Granite), gated GELU, down(gelu(gate(x)) *
     up(x)) (Zamba2), or squared ReLU, down(relu(up(x))^2) (Nemotron-H); `d_ff` wide unless a width
-    is given."""
+    is given; gated SiLU clipped at `limit` when one is given (`swiglu`)."""
 
-    def __init__(self, config: HybridConfig, width: int | None = None):
+    def __init__(self, config: HybridConfig, width: int | None = None, limit: float = 0.0):
         super().__init__()
+        self.limit = limit
         d, f, bias = config.d_model, width or config.d_ff, config.mlp_bias
         gate_multiplier, down_multiplier = config.mlp_multipliers
         self.gated = config.mlp_act in ("silu_gated", "gelu_gated")
@@ -845,6 +882,8 @@ class MLP(nn.Module):
         if adapter is not None:
             extra_gate, extra_up = adapter(x).chunk(2, dim=-1)  # (..., f) each
             gate, up = gate + extra_gate, up + extra_up
+        if self.limit:
+            return self.down_proj(swiglu(gate, up, self.limit))  # (..., d)
         return self.down_proj(self.act(gate) * up)  # (..., d)
 
 
@@ -858,11 +897,12 @@ def softmax_top_k(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
 class Experts(nn.Module):
     """A mixture of experts (see the module docstring): a router picks k of E experts per token;
     a token's output is the weighted sum of its experts' outputs. Eagerly each expert runs on
-    the tokens that picked it."""
+    the tokens that picked it. `limit`: its SwiGLU's clipping (`swiglu`; 0: none)."""
 
-    def __init__(self, config: HybridConfig):
+    def __init__(self, config: HybridConfig, limit: float = 0.0):
         super().__init__()
         d, e, fe = config.d_model, config.n_experts, config.d_ff_expert
+        self.limit = limit
         self.k = config.experts_per_token
         self.gated = config.mlp_act == "silu_gated"
         self.sigmoid = config.expert_routing == "sigmoid"
@@ -908,7 +948,7 @@ class Experts(nn.Module):
         """Expert e on x (m, d) -> (m, d): down(silu(gate(x)) * up(x)), or down(relu(up(x))^2)."""
         if self.gated:
             gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)  # (m, fe) each
-            return F.linear(F.silu(gate) * up, self.down_proj[e])  # (m, d)
+            return F.linear(swiglu(gate, up, self.limit), self.down_proj[e])  # (m, d)
         return F.linear(torch.square(F.relu(F.linear(x, self.up_proj[e]))), self.down_proj[e])  # (m, d)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -1215,10 +1255,11 @@ class HybridLayer(nn.Module):
             if feed_forward:
                 self.post_mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
         self.mlp = MLP(config) if feed_forward and (where is None or index not in where) else None
-        self.experts = Experts(config) if feed_forward and config.n_experts and (where is None or index in where) \
-            else None
+        self.experts = Experts(config, config.swiglu_limit("expert_swiglu_limits", index)) \
+            if feed_forward and config.n_experts and (where is None or index in where) else None
         if self.experts is not None and (config.gated_shared_expert or config.plain_shared_expert):
-            self.shared = MLP(config, config.d_ff_shared_expert)  # beside the experts
+            # beside the experts
+            self.shared = MLP(config, config.d_ff_shared_expert, config.swiglu_limit("shared_swiglu_limits", index))
             if config.gated_shared_expert:  # gated per token
                 self.shared_gate = nn.Linear(config.d_model, 1, bias=False)
 
@@ -1235,8 +1276,8 @@ class HybridLayer(nn.Module):
         elif kind in _MIXERS:
             self.mixer = _MIXERS[kind](config)
         elif kind == "moe":
-            self.mixer = Experts(config)
-            self.shared = MLP(config, config.d_ff_shared_expert)
+            self.mixer = Experts(config, config.swiglu_limit("expert_swiglu_limits", index))
+            self.shared = MLP(config, config.d_ff_shared_expert, config.swiglu_limit("shared_swiglu_limits", index))
         else:
             self.mixer = MLP(config)
 

@@ -126,7 +126,8 @@ def _quantization_line(q: dict) -> str:
     if q.get("experts"):
         e = q["experts"]
         block = f"block {e['block_size']}" if e.get("block_size") else "a scale per row"
-        parts.append(f"experts {e['op']} int{e['bits']} ({block})")
+        parts.append(f"experts {e['op']} int{e['bits']} ({block})"
+                     + (f", the dense ones int{e['dense_bits']}" if e.get("dense_bits") else ""))
     source = (q.get("source") or {}).get("folder")
     return "quantization: " + ", ".join(parts) + (f"; from {source}" if source else "")
 

@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 import seqexport.runtime as rt
 from seqexport.cli import cli
+from seqexport.families.hybrid.layouts import hybrid_config_from_json
 from seqexport.parity.validate import validate
 from seqexport.runtime.engine import Engine
 from seqexport.serve.process import ServerProcess
@@ -238,7 +239,7 @@ def test_a_long_validate_compares_the_final_cache_over_the_slots_it_uses(exporte
 
 
 @pytest.mark.parametrize("name", ["granite-rope", "falcon_h1", "lfm2", "lfm2-moe", "jamba", "qwen3_5",
-                                  "olmo_hybrid", "lfm3", "zamba2", "kimi_linear", "ling3"])
+                                  "olmo_hybrid", "lfm3", "zamba2", "kimi_linear", "ling3", "ling3-clipped"])
 def test_validate_passes_and_engine_rows_get_their_generate_tokens(exported, name):
     _, m, out = exported(name)
     result = CliRunner().invoke(cli, ["validate", str(out), "--steps", "8"])
@@ -347,19 +348,21 @@ def _expert_gathers(path) -> int:
     return sum(n.op_type in ("Gather", "GatherND") and n.input[0] in stacks for n in model.graph.node)
 
 
-@pytest.mark.parametrize("name", ["granite-moe", "jamba-moe", "qwen3_5-moe"])
+@pytest.mark.parametrize("name", ["granite-moe", "jamba-moe", "qwen3_5-moe", "kimi_linear"])
 def test_the_experts_dense_form_equals_transformers_with_standard_operators_only(exported, tmp_path, name):
     """`--experts dense` (no com.microsoft node: the prefill runs every expert on every token, the
     step gathers each row's k experts) gives transformers' logits and state over a prefill and
     20 steps, as the kernel form does (Granite's and Qwen3.5-MoE's routing renormalised, Jamba's
-    not; Qwen3.5-MoE's gated shared expert beside the kernel), and validates;
+    not; Qwen3.5-MoE's gated shared expert beside the kernel; Kimi-Linear's grouped sigmoid
+    routing, computed in standard ONNX and handed to the kernel as logits), and validates;
     each form's manifest names it, and an export without experts names none."""
     hf, kernel, folder = exported(name)
     result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"),
                                       "--out", str(tmp_path / "dense"), "--experts", "dense"])
     assert result.exit_code == 0, result.output
     dense = rt.load(tmp_path / "dense", provider="cpu", threads=1)
-    n_layers = sum(n > 1 for n in getattr(hf.config, "layers_num_experts", None) or [2] * len(kinds_of(hf)))
+    config = hybrid_config_from_json(json.loads((folder.parent / "hf" / "config.json").read_text()))
+    n_layers = len(config.layer_types if config.expert_layers is None else config.expert_layers)
     for graph in ("prefill", "step"):
         assert _ops(folder / f"{graph}.onnx")[("com.microsoft", "MoE")] == n_layers
         assert not [op for op in _ops(tmp_path / "dense" / f"{graph}.onnx") if op[0]]  # standard ONNX only
@@ -563,6 +566,66 @@ def test_quantize_stores_the_dense_form_experts_in_int8(exported, tmp_path, bits
     assert "experts" not in rt.load(default, provider="cpu").manifest["quantization"]
 
 
+def test_clipped_experts_run_dense_beside_the_kernel(exported, tmp_path):
+    """Ling 3's experts clipped after the activation (layers 2 and 4), which ONNX Runtime's CPU
+    MoE kernel cannot: `auto` runs the other layers' experts in the kernel and these dense (the
+    step gathers their k experts; the manifest names them), and the decode equals transformers'
+    (test_prefill_then_20_steps_equal_transformers[ling3-clipped]); `--experts kernel` exits 2
+    naming the layers, writing nothing; `--experts dense` equals transformers too."""
+    hf, m, folder = exported("ling3-clipped")
+    assert m.manifest["export_options"]["experts"] == "kernel"
+    assert m.manifest["export_options"]["dense_expert_layers"] == [2, 4]
+    for graph in ("prefill", "step"):
+        assert _ops(folder / f"{graph}.onnx")[("com.microsoft", "MoE")] == 2  # layers 1 and 3
+    assert _expert_gathers(folder / "step.onnx") == 2 * 2 and _expert_gathers(folder / "prefill.onnx") == 0
+    run = CliRunner().invoke
+    result = run(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"), "--out", str(tmp_path / "k"),
+                       "--experts", "kernel"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "--experts kernel: layers [2, 4] clip their experts' SwiGLU after the activation" in result.output
+    assert not (tmp_path / "k").exists()
+    result = run(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"), "--out", str(tmp_path / "d"),
+                       "--experts", "dense"])
+    assert result.exit_code == 0, result.output
+    dense = rt.load(tmp_path / "d", provider="cpu", threads=1)
+    assert "dense_expert_layers" not in dense.manifest["export_options"]
+    assert not [op for op in _ops(tmp_path / "d" / "step.onnx") if op[0]]
+    assert_decode_equals_transformers(hf, dense, 17, 8, seed=3)
+
+
+def test_quantize_a_kernel_export_with_dense_layers_stores_both(exported, tmp_path):
+    """A kernel export whose clipped layers run dense (Ling 3): int4 turns its MoE nodes into QMoE
+    and, with `--dense-experts int8`, the dense layers' stacks into int8; the manifest and inspect
+    say both; the copy decodes close to the float export."""
+    _, m, folder = exported("ling3-clipped")
+    out = tmp_path / "q"
+    result = CliRunner().invoke(cli, ["quantize", str(folder), "--bits", "4", "--dense-experts", "int8",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    # (the clipped layers' stacks alone: not the latent attention's folded 3-D key weights)
+    assert "2 mixture-of-experts nodes as QMoE int4" in result.output and "4 expert stacks int8" in result.output
+    stacks = [t.name for t in onnx.load(out / "step.onnx", load_external_data=False).graph.initializer
+              if t.name.endswith(".int8")]
+    assert sorted(stacks) == [f"model.layers.{i}.experts.{p}.int8" for i in (2, 4) for p in ("down_proj", "gate_up_proj")]
+    q = rt.load(out, provider="cpu")
+    experts = q.manifest["quantization"]["experts"]
+    assert (experts["op"], experts["bits"], experts["dense_bits"]) == ("QMoE", 4, 8)
+    assert ", the dense ones int8" in CliRunner().invoke(cli, ["inspect", str(out)]).output
+    ids = np.random.default_rng(0).integers(3, VOCAB, (2, 12))
+    got, want = q.step(ids, q.start(2))[0], m.step(ids, m.start(2))[0]
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.5  # (int4 flips some tokens' experts: see above)
+
+
+def test_auto_takes_the_kernel_unless_every_experts_layer_clips():
+    from seqexport.models.hybrid import HybridConfig, HybridLM
+
+    from seqexport.families.hybrid.experts import clipped_layers, resolved
+
+    for limits, form, clipped in (([0, 1.0, 0], "kernel", [1]), ([2.0] * 3, "dense", [0, 1, 2]), (None, "kernel", [])):
+        model = HybridLM(HybridConfig(n_experts=4, expert_swiglu_limits=limits))
+        assert clipped_layers(model) == clipped and resolved(model, "auto") == form
+
+
 def test_nemotron_h_experts_export_dense_and_the_kernel_is_refused_naming_why(exported, tmp_path):
     """Nemotron-H's experts (grouped sigmoid routing, squared ReLU) have no ONNX Runtime kernel:
     `--experts auto` writes the dense form (standard ONNX only; its decode equals transformers'
@@ -574,7 +637,7 @@ def test_nemotron_h_experts_export_dense_and_the_kernel_is_refused_naming_why(ex
     result = CliRunner().invoke(cli, ["export", "hybrid", "--checkpoint", str(folder.parent / "hf"),
                                       "--out", str(tmp_path / "k"), "--experts", "kernel"])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert "--experts kernel: ONNX Runtime's MoE kernel routes by a softmax" in result.output
+    assert "--experts kernel: ONNX Runtime's CPU MoE kernel has no 'relu2' experts" in result.output
     assert "--experts dense" in result.output and not (tmp_path / "k").exists()
 
 

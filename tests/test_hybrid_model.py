@@ -323,6 +323,21 @@ def _ling3_softplus():
     ))
 
 
+def _ling3_clipped():
+    # Ling 3.0-flash's clipped SwiGLU (transformers' post-activation form): the experts' at layers 2
+    # and 4, the shared expert's at 1 and 4, at limits the random activations cross (a limit on the
+    # dense layer 0, whose MLP transformers never clips)
+    return transformers.BailingHybridForCausalLM(transformers.BailingHybridConfig(
+        hidden_size=64, num_hidden_layers=5, vocab_size=VOCAB, intermediate_size=96, moe_intermediate_size=32,
+        num_attention_heads=4, head_dim=16, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        num_local_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, layer_group_size=3,
+        first_k_dense_replace=1, expert_swiglu_limit_list=[0.2, 0, CLIP, 0, CLIP],
+        share_expert_swiglu_limit_list=[0, CLIP, 0, 0, CLIP], pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    ))
+
+
+CLIP = 0.3  # (bites: see test_swiglu_clipping_bites_and_follows_transformers)
+
 HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-nope": partial(_granite, False),
              "granite-moe": _granite_moe, "nemotron_h": _nemotron_h, "nemotron_h-moe": _nemotron_h_moe,
              "falcon_h1": _falcon_h1, "falcon_h1-gated": _falcon_h1_gated, "lfm2": _lfm2, "lfm2-tied": _lfm2_tied,
@@ -330,7 +345,8 @@ HF_MODELS = {"bamba": _bamba, "granite-rope": partial(_granite, True), "granite-
              "qwen3_5-moe": _qwen3_5_moe, "qwen3_next": _qwen3_next, "olmo_hybrid": _olmo_hybrid,
              "olmo_hybrid-nope": _olmo_hybrid_nope, "lfm3": _lfm3, "lfm3-plain": _lfm3_plain,
              "zamba2": _zamba2, "zamba2-plain": _zamba2_plain, "kimi_linear": _kimi_linear,
-             "kimi_linear-q": _kimi_linear_q, "ling3": _ling3, "ling3-softplus": _ling3_softplus}
+             "kimi_linear-q": _kimi_linear_q, "ling3": _ling3, "ling3-softplus": _ling3_softplus,
+             "ling3-clipped": _ling3_clipped}
 
 
 def _hf(name: str, seed: int):
@@ -755,7 +771,9 @@ _BAMBA = {"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2, "num
     ({"model_type": "bailing_hybrid", "layer_group_size": 0}, "layer_group_size"),
     ({"model_type": "bailing_hybrid", "kda_lower_bound": 1.0}, "kda_gate_lower_bound"),
     ({"model_type": "bailing_hybrid", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type='yarn'"),
-    ({"model_type": "bailing_hybrid", "num_hidden_layers": 2, "swiglu_limits": [0, 7]}, "expert_swiglu_limit_list"),
+    ({"model_type": "bailing_hybrid", "num_hidden_layers": 2, "swiglu_limits": [0, -7]}, "expert_swiglu_limit_list"),
+    ({"model_type": "bailing_hybrid", "num_hidden_layers": 2, "share_expert_swiglu_limit_list": [7]},
+     "share_expert_swiglu_limit_list"),
     ({"model_type": "olmo_hybrid", "hidden_act": "gelu"}, "hidden_act"),
     ({"model_type": "zamba2", "rms_norm_eps": 1e-6}, "rms_norm_eps"),
     ({"model_type": "zamba2", "hidden_act": "relu"}, "hidden_act"),
@@ -782,7 +800,9 @@ def test_config_refusals_name_the_key(config, key):
     ("delta_k_heads", 3), ("delta_v_dim", 0), ("attention_output_gate", 1), ("qk_norm_across_heads", 1),
     ("attention_post_norm", "yes"), ("delta_negative_eigenvalues", 0), ("delta_norm_eps", 0.0),
     ("shared_blocks", 0), ("shared_adapter_rank", -1), ("shared_attention_adapters", 1),
-    ("mlp_act", "gelu"),
+    ("mlp_act", "gelu"), ("expert_swiglu_limits", [1.0]), ("expert_swiglu_limits", [0, -1, 0]),
+    ("expert_swiglu_limits", [0, math.inf, 0]), ("shared_swiglu_limits", [0, True, 0]),
+    ("expert_swiglu_limits", "7"),
 ])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -1042,7 +1062,8 @@ def test_ling3_read_as_saved_and_as_held_its_mtp_layer_left_out(tmp_path):
 def test_ling3_config_reads_as_transformers_derives_it():
     """A config.json without layer lists (attention every `layer_group_size`-th layer, dense MLPs
     below `first_k_dense_replace`), its published `head_dim` the KDA heads' size, RoPE on the
-    latent attention's `qk_rope_head_dim` dims at `rope_theta`; SwiGLU clipping refused."""
+    latent attention's `qk_rope_head_dim` dims at `rope_theta`; the SwiGLU limits as transformers
+    holds them (none: not clipped)."""
     fields = {"hidden_size": 64, "num_hidden_layers": 7, "num_attention_heads": 4, "vocab_size": VOCAB,
               "head_dim": 24, "qk_rope_head_dim": 8, "layer_group_size": 3, "first_k_dense_replace": 3,
               "rope_theta": 1000.0, "kda_lower_bound": -3.0, "num_experts": 8, "num_expert_group": 2,
@@ -1057,9 +1078,37 @@ def test_ling3_config_reads_as_transformers_derives_it():
     assert ours.kda_gate_lower_bound == -3.0 and not ours.kda_low_rank_gates and ours.attention_head_gate
     assert hybrid_config_from_json({"model_type": "bailing_hybrid", **fields, "kda_safe_gate": False}
                                    ).kda_gate_lower_bound is None
-    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
-        with pytest.raises(ValueError, match=key):
-            hybrid_config_from_json({"model_type": "bailing_hybrid", **fields, key: [0, 0, 0, 7.0, 0, 0, 0]})
+    assert ours.expert_swiglu_limits is ours.shared_swiglu_limits is None
+    assert theirs.swiglu_limits == theirs.swiglu_limits_shared == [0] * 7
+    limits = {"expert_swiglu_limit_list": [0, 0, 0, 7.0, 0, 0, 5], "share_expert_swiglu_limit_list": [0] * 6 + [4]}
+    theirs = transformers.BailingHybridConfig(**fields, **limits, pad_token_id=None, bos_token_id=None,
+                                              eos_token_id=None)
+    ours = hybrid_config_from_json({"model_type": "bailing_hybrid", **fields, **limits})
+    assert ours.expert_swiglu_limits == theirs.swiglu_limits and ours.shared_swiglu_limits == theirs.swiglu_limits_shared
+
+
+@torch.no_grad()
+def test_swiglu_clipping_bites_and_follows_transformers(tmp_path):
+    """Ling 3's clipped SwiGLU: with its limits our model gives transformers' logits, and without
+    them both give logits far from those (the limits the tests use clip; a model that ignored
+    them would fail the parity tests of `ling3-clipped`); a dense layer's limit clips nothing."""
+    hf = _hf("ling3-clipped", 0)
+    hf.save_pretrained(tmp_path / "clipped")
+    ours = _load_ours(tmp_path / "clipped")
+    assert ours.config.expert_swiglu_limits == [0.2, 0, CLIP, 0, CLIP]
+    assert [layer.experts.limit if layer.experts else None for layer in ours.layers] == [None, 0, CLIP, 0, CLIP]
+    assert [layer.shared.limit if layer.experts else None for layer in ours.layers] == [None, CLIP, 0, 0, CLIP]
+    prompt = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
+    want = hf(prompt).logits
+    assert (ours(prompt)[0] - want).abs().max() < 1e-4
+    config = json.loads((tmp_path / "clipped" / "config.json").read_text())
+    config.pop("expert_swiglu_limit_list"), config.pop("share_expert_swiglu_limit_list")
+    (tmp_path / "clipped" / "config.json").write_text(json.dumps(config))
+    unclipped = transformers.BailingHybridForCausalLM.from_pretrained(tmp_path / "clipped")(prompt).logits
+    assert (unclipped - want).abs().max() > 0.5
+    assert (_load_ours(tmp_path / "clipped")(prompt)[0] - unclipped).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="expert_swiglu_limits clips a gated SiLU"):  # (Nemotron-H's experts)
+        HybridConfig(n_experts=4, mlp_act="relu2", expert_swiglu_limits=[0, 1, 0])
 
 
 def test_olmo_hybrid_config_without_derived_keys_reads_as_transformers_derives_them():

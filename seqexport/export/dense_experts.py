@@ -17,10 +17,13 @@ QMAX = 2 ** (BITS - 1) - 1  # symmetric: -127..127
 
 
 def stacks(model: onnx.ModelProto) -> list[str]:
-    """The expert stacks: 3-D float32 initializers every reader of which is a MatMul (either
-    operand) or a Gather along axis 0 (a depthwise conv kernel is 3-D too, read by a Conv)."""
+    """The expert stacks: 3-D float32 parameters every reader of which is a MatMul (either
+    operand) or a Gather along axis 0 (a depthwise conv kernel is 3-D too, read by a Conv). A
+    parameter keeps its module path ("model.layers.2.experts.down_proj"); a constant the exporter
+    folded has a name of its own without one ("slice_22": the latent attention's key weights per
+    head, which the experts' int8 is not for)."""
     inits = {t.name: t for t in model.graph.initializer
-             if len(t.dims) == 3 and t.data_type == onnx.TensorProto.FLOAT}
+             if len(t.dims) == 3 and t.data_type == onnx.TensorProto.FLOAT and "." in t.name}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for name in node.input:

@@ -369,17 +369,21 @@ def quantize(folder, out, *, bits: int = 8, mode: str = "dynamic", per_channel: 
 def _experts(name: str, graph: onnx.ModelProto, bits: int, block_size: int | None, accuracy_level: int | None,
              dense_int8: bool, quantized_stacks: dict, dense_stacks: dict, log) -> dict | None:
     """The graph's experts quantised in place, in the form they were exported in (MoE nodes as
-    QMoE; a dense form's stacks in int8 if asked): the manifest's record of it, or None."""
+    QMoE; a dense form's stacks in int8 if asked; a kernel export's dense layers, clipped experts,
+    as the dense form's): the manifest's record of it, or None."""
+    record = None
     block = qmoe.block_for(graph, bits, block_size)
     if moes := qmoe.quantize_experts(graph, bits, block, accuracy_level if bits == 4 else None, quantized_stacks):
         log(f"  {name}: {moes} mixture-of-experts nodes as QMoE int{bits} "
             f"({f'block {block}' if block else 'a scale per row'})")
-        return {"op": "QMoE", "bits": bits, "block_size": block}
+        record = {"op": "QMoE", "bits": bits, "block_size": block}
     if dense_int8 and (dense := dense_experts.quantize_stacks(graph, dense_stacks)):
         log(f"  {name}: {dense} expert stacks int{dense_experts.BITS} (standard ONNX, a scale per row, "
             "dequantised as read)")
+        if record:  # (beside the kernel's)
+            return {**record, "dense_bits": dense_experts.BITS}
         return {"op": "dense", "bits": dense_experts.BITS, "block_size": None}
-    return None
+    return record
 
 
 @contextlib.contextmanager

@@ -55,9 +55,10 @@ FAMILY = Family(
                      help="The attention layers': MatMul + Softmax nodes, or ONNX's fused Attention "
                           "(opset 23; a lower --opset is raised to 23)."),
         click.option("--experts", type=click.Choice(["auto", *EXPERT_FORMS]), default="auto", show_default=True,
-                     help="A mixture of experts' form: ONNX Runtime's MoE kernel (Granite-4.0-H Tiny/Small), "
-                          "or standard ONNX that runs every expert (other runtimes; Nemotron-H's experts); "
-                          "auto: the kernel where it runs the model's experts."),
+                     help="A mixture of experts' form: ONNX Runtime's MoE kernel (gated SiLU experts: "
+                          "Granite-4.0-H, Qwen3.5-MoE, Kimi-Linear, Ling 3, ...), or standard ONNX that runs "
+                          "every expert (other runtimes; Nemotron-H's experts); auto: the kernel where it runs "
+                          "the model's experts (clipped ones dense)."),
     ),
     int8_keep_float=_keep_float,
     detect=_detect,

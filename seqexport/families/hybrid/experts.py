@@ -6,8 +6,11 @@ where it runs the model's experts, else dense):
   token (softmax over the router's logits, the top k, renormalised: the softmax over those k,
   Granite's rule) and runs only its k experts. The CPU kernel takes the gate and up rows
   interleaved (`swiglu_fusion=1`): the export stores them so, once. ONNX Runtime (and
-  onnxruntime-web) only, not OpenVINO. Granite's experts only: the CPU kernel has no squared-ReLU experts and no
-  grouped sigmoid routing (Nemotron-H's).
+  onnxruntime-web) only, not OpenVINO. Gated SiLU experts only: the CPU kernel has no
+  squared-ReLU experts (Nemotron-H's), and clips a SwiGLU only before its activation (Ling 3's
+  clipped layers, after it, run dense in a kernel export). Routing the kernel has no rule for
+  (sigmoid scores, groups, a choice bias: Kimi-Linear's, Ling 3's, LFM2-MoE's) is computed in
+  standard ONNX and handed to it as logits it turns back into the same weights (`_kernel_forward`).
 - `dense`: standard ONNX operators. The prefill runs every expert on every token, each output
   weighted by the token's routing weight (zero for the experts it did not take): E / k times
   the experts' arithmetic, as matrix products. The step gathers each row's k experts' weights
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqexport.families.hybrid import EXPERT_FORMS as FORMS
-from seqexport.models.hybrid import Experts, HybridLM, softmax_top_k
+from seqexport.models.hybrid import Experts, HybridLM, softmax_top_k, swiglu
 
 
 def _all_experts(flat: Tensor, gates: Tensor, first: Tensor, down: Tensor, act) -> Tensor:
@@ -72,8 +75,18 @@ def interleaved(gate_up: Tensor) -> Tensor:
 
 def _kernel_forward(self: Experts, x: Tensor) -> Tensor:
     flat = x.reshape(-1, x.shape[-1])  # (n, d)
-    return moe(flat, self.router(flat), self._gate_up_interleaved, self.down_proj, self.k,
-               self.normalize).reshape(x.shape)
+    if not self.sigmoid:  # the kernel's own routing rule
+        return moe(flat, self.router(flat), self._gate_up_interleaved, self.down_proj, self.k,
+                   self.normalize).reshape(x.shape)
+    # Routed here; the kernel is handed log w for the k experts taken, the lowest float for the
+    # others: its softmax, top k and renormalisation give back w / Σw exactly those k (every other
+    # probability 0), and Σw, a number a token, restores the weights' own scale.
+    weights, experts = self.route(flat)  # (n, k) each
+    low = torch.finfo(flat.dtype)
+    logits = torch.full((flat.shape[0], self.down_proj.shape[0]), low.min, dtype=flat.dtype)  # (n, E)
+    logits = logits.scatter(1, experts, weights.clamp_min(low.tiny).log())
+    out = moe(flat, logits, self._gate_up_interleaved, self.down_proj, self.k, True)  # (n, d)
+    return (out * weights.sum(-1, keepdim=True)).reshape(x.shape)
 
 
 def _dense_forward(self: Experts, x: Tensor) -> Tensor:
@@ -81,7 +94,7 @@ def _dense_forward(self: Experts, x: Tensor) -> Tensor:
     gates = _gates(flat.shape[0], self.down_proj.shape[0], *self.route(flat))  # (n, E)
     if self.gated:  # (E, 2 fe, n): gate rows, then up rows
         out = _all_experts(flat, gates, self.gate_up_proj, self.down_proj,
-                           lambda h: F.silu(h[:, : h.shape[1] // 2]) * h[:, h.shape[1] // 2:])
+                           lambda h: swiglu(*h.chunk(2, dim=1), self.limit))  # (E, fe, n) each half
     else:
         out = _all_experts(flat, gates, self.up_proj, self.down_proj, lambda h: torch.square(F.relu(h)))
     return out.reshape(x.shape)  # (..., d)
@@ -99,18 +112,29 @@ def _gathered_forward(self: Experts, x: Tensor) -> Tensor:
     column = flat[:, None, :, None]  # (n, 1, d, 1)
     if self.gated:
         h = (gathered(self.gate_up_proj) @ column).squeeze(-1)  # (n, k, 2 fe): its experts' gate and up rows
-        gate, up = h.chunk(2, dim=-1)  # (n, k, fe) each
-        act = F.silu(gate) * up
+        act = swiglu(*h.chunk(2, dim=-1), self.limit)  # (n, k, fe)
     else:
         act = torch.square(F.relu((gathered(self.up_proj) @ column).squeeze(-1)))  # (n, k, fe)
     y = (gathered(self.down_proj) @ act[..., None]).squeeze(-1)  # (n, k, d)
     return (y * weights[..., None]).sum(1).reshape(x.shape)  # (..., d)
 
 
+def _runs_dense(block: Experts, form: str | None) -> bool:
+    """Whether `block` runs the dense form in an export of `form`: a dense export, or experts whose
+    SwiGLU is clipped after the activation, which the CPU kernel cannot."""
+    return form == "dense" or (form == "kernel" and bool(block.limit))
+
+
+def clipped_layers(model: HybridLM) -> list[int]:
+    """The layers whose experts clip their SwiGLU (`expert_swiglu_limits`)."""
+    return [i for i, layer in enumerate(model.layers)
+            for m in (layer.experts, getattr(layer, "mixer", None)) if isinstance(m, Experts) and m.limit]
+
+
 @contextmanager
 def experts_in_step(model: HybridLM, form: str | None):
-    """Within (a step graph's trace): the dense form's experts run gathered (nothing for other forms)."""
-    blocks = [m for m in model.modules() if isinstance(m, Experts)] if form == "dense" else []
+    """Within (a step graph's trace): the experts that run dense run gathered (`_runs_dense`)."""
+    blocks = [m for m in model.modules() if isinstance(m, Experts) and _runs_dense(m, form)]
     before = [block.forward for block in blocks]
     for block in blocks:
         block.forward = types.MethodType(_gathered_forward, block)
@@ -124,9 +148,6 @@ def experts_in_step(model: HybridLM, form: str | None):
 def kernel_refusal(model: HybridLM) -> str | None:
     """Why ONNX Runtime's MoE kernel cannot run this model's experts (None: it can)."""
     c = model.config
-    if c.n_experts and c.expert_routing != "softmax":
-        return (f"ONNX Runtime's MoE kernel routes by a softmax over the top k; these experts route by "
-                f"{c.expert_routing!r} (Nemotron-H's and LFM2-MoE's sigmoid)")
     if c.n_experts and c.mlp_act != "silu_gated":
         return f"ONNX Runtime's CPU MoE kernel has no {c.mlp_act!r} experts (gated SiLU only)"
     return None
@@ -138,10 +159,17 @@ def resolved(model: HybridLM, form: str) -> str:
     if form not in (*FORMS, "auto"):
         raise ValueError(f"experts form {form!r}; expected one of {['auto', *FORMS]}")
     why = kernel_refusal(model)
-    if form == "auto":
-        return "dense" if why else "kernel"
+    if form == "auto":  # (every layer's experts clipped: no kernel to run)
+        clipped = clipped_layers(model)
+        return "dense" if why or len(clipped) == len([m for m in model.modules() if isinstance(m, Experts)]) \
+            else "kernel"
     if form == "kernel" and why:
         raise ValueError(f"--experts kernel: {why}; export it with --experts dense (or auto)")
+    if form == "kernel" and (clipped := clipped_layers(model)):
+        raise ValueError(f"--experts kernel: layers {clipped} clip their experts' SwiGLU after the activation, "
+                         "which ONNX Runtime's CPU MoE kernel cannot (onnxruntime 1.32: "
+                         "`swiglu_limit_after_activation` needs CUDA); export with --experts auto (the kernel for "
+                         "the other layers, these dense) or --experts dense")
     return form
 
 
@@ -152,10 +180,11 @@ def experts_as(model: HybridLM, form: str):
         raise ValueError(f"experts form {form!r}; expected one of {list(FORMS)}")
     blocks = [m for m in model.modules() if isinstance(m, Experts)]
     for block in blocks:
-        if form == "kernel":
+        dense = _runs_dense(block, form)
+        if not dense:
             # a buffer, so the export stores the interleaved copy and not the original too
             block.register_buffer("_gate_up_interleaved", interleaved(block.gate_up_proj.detach()), persistent=False)
-        block.forward = types.MethodType(_kernel_forward if form == "kernel" else _dense_forward, block)
+        block.forward = types.MethodType(_dense_forward if dense else _kernel_forward, block)
     try:
         yield model
     finally:

@@ -30,6 +30,7 @@ from seqexport.families.hybrid.delta_rule import CHUNK as DELTA_CHUNK
 from seqexport.families.hybrid.delta_rule import gated_delta_chunked
 from seqexport.families.hybrid.delta_rule import translation_table as delta_translation_table
 from seqexport.families.hybrid.experts import (
+    clipped_layers,
     experts_as,
     experts_in_step,
     resolved,
@@ -232,7 +233,8 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     attention: the attention layers', "matmul" (separate nodes) or "fused" (ONNX's `Attention`,
     opset 23 or later: a lower opset is raised to 23). experts: a mixture of experts' form,
     "kernel" (ONNX Runtime's MoE), "dense" (standard ONNX) or "auto" (see experts.py); the form
-    used is recorded, only for a model that has experts."""
+    used is recorded, only for a model that has experts, and in a kernel export the layers whose
+    clipped experts run dense."""
     opset = check_attention(attention, opset)
     kinds = ckpt.config.layer_types
     if not any(k in ATTENTION_KINDS and i not in ckpt.config.sliding_window_layers for i, k in enumerate(kinds)):
@@ -255,6 +257,8 @@ def export_hybrid(ckpt, preset: str | None, out, *, opset: int = DEFAULT_OPSET, 
     if ckpt.config.n_experts:
         options["experts"] = experts
         table = translation_table() if experts == "kernel" else None
+        if experts == "kernel" and (clipped := clipped_layers(model)):
+            options["dense_expert_layers"] = clipped  # (their SwiGLU clipped: `experts.resolved`)
 
     prefill_table, step_table = _tables(model, table)
     prefill = PrefillGraph(model, partial(ssd_grouped, chunk=chunk), scan_for(MAMBA1_LOWERING), gated_delta_chunked)

@@ -788,7 +788,9 @@ def _from_bailing_hybrid(d: dict) -> HybridConfig:
     """Ling 3 (`BailingHybridConfig`): Kimi-Linear's layers with one projection for each KDA
     gate, a bounded decay (`kda_safe_gate`), and latent attention with RoPE (DeepSeek's
     interleaved pairs on its `qk_rope_head_dim` dims) and a gate per head; attention every
-    `layer_group_size`-th layer; experts' SwiGLU clipping refused unless off (limits 0)."""
+    `layer_group_size`-th layer; the experts' and shared experts' SwiGLU clipped after the
+    activation where a layer's limit is not 0 (`*_swiglu_limit_list`, one a decoder layer: transformers'
+    `limit_after_act`; a dense layer's MLP is never clipped)."""
     d = dict(d)
     for alias, name in _BAILING_HYBRID_ALIASES.items():
         if alias in d and name not in d:
@@ -796,11 +798,14 @@ def _from_bailing_hybrid(d: dict) -> HybridConfig:
     d = {**_BAILING_HYBRID_DEFAULTS, **d}
     _require_value(d, "hidden_act", ("silu",), " (the MLPs, the experts and the KDA's conv use it)")
     _require_value(d, "kda_safe_gate", (True, False))
-    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
-        limits = d.get(key) or []
-        if not isinstance(limits, list) or any(limit != 0 for limit in limits):
-            raise ValueError(f"{key}={limits!r}: SwiGLU clipping is not supported; expected every limit 0 (off)")
     n, every = d["num_hidden_layers"], d["layer_group_size"]
+    limits = {}
+    for key, name in (("expert_swiglu_limit_list", "expert_swiglu_limits"),
+                      ("share_expert_swiglu_limit_list", "shared_swiglu_limits")):
+        if d.get(key) is not None:
+            limits[name] = _numbers(d[key], key, n)
+            if not all(0 <= v < math.inf for v in limits[name]):
+                raise ValueError(f"{key}={d[key]!r}; expected finite limits >= 0 (0: the layer is not clipped)")
     if d["layer_types"] is None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"layer_group_size={every!r}; expected a positive integer")
@@ -811,7 +816,7 @@ def _from_bailing_hybrid(d: dict) -> HybridConfig:
     bound = _number(d["kda_lower_bound"], "kda_lower_bound") if d["kda_safe_gate"] else None
     return HybridConfig(**{**_kimi_linear_fields(d), "rope": True, **_rope(d, "bailing_hybrid", default_factor=None),
                            "head_dim": d["qk_rope_head_dim"], "attention_head_gate": True,
-                           "kda_low_rank_gates": False, "kda_gate_lower_bound": bound})
+                           "kda_low_rank_gates": False, "kda_gate_lower_bound": bound, **limits})
 
 
 def _from_jamba(d: dict) -> HybridConfig:
