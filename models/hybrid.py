@@ -1040,13 +1040,15 @@ def delta_rule_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s:
     return torch.matmul(q[:, :, None], s)[:, :, 0], s
 
 
-def gated_delta_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s0: Tensor) -> tuple[Tensor, Tensor]:
+def gated_delta_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s0: Tensor,
+                    lower_bound: float | None = None) -> tuple[Tensor, Tensor]:
     """The gated delta rule token by token (the reference a lowering must equal).
 
     q, k (b, l, h, dk): L2-normed, q also scaled by dk^-0.5; v (b, l, h, dv); g (b, l, h) log
     decays <= 0, or (b, l, h, dk) one per key channel; beta (b, l, h) in (0, 2); s0 (b, h, dk, dv)
     -> y (b, l, h, dv), s (b, h, dk, dv), both float32. A token with g = 0 and beta = 0 leaves s
-    as it is."""
+    as it is. `lower_bound`: None, or the caller's promise that g >= it everywhere (a lowering
+    may use it; the rule itself does not)."""
     s, ys = s0.float(), []
     q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
     for t in range(q.shape[1]):
@@ -1068,6 +1070,8 @@ class GatedDeltaNet(nn.Module):
     a write strength β = sigmoid(b_proj(h)) (2 sigmoid with delta_negative_eigenvalues); the gated
     delta rule over a (dk, dv) state per value head; its output RMS-normed per head and gated by
     SiLU(z_proj(h)); -> out_proj."""
+
+    lower_bound: float | None = None  # a bound every log decay keeps to (Ling 3's KDA: its own)
 
     def __init__(self, config: HybridConfig):
         super().__init__()
@@ -1122,7 +1126,8 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.b_proj(h).float())  # (b, l, hv)
         if self.beta_scale != 1:
             beta = beta * self.beta_scale
-        y, state = rule(q, k, v.reshape(b, length, self.hv, self.dv), self.log_decay(h), beta, state)  # (b, l, hv, dv)
+        y, state = rule(q, k, v.reshape(b, length, self.hv, self.dv), self.log_decay(h), beta, state,
+                        lower_bound=self.lower_bound)  # (b, l, hv, dv)
         y = self.gated(y, h)  # (b, l, hv, dv) float32
         return self.out_proj(y.reshape(b, length, -1).to(h.dtype)), (new_conv, state)
 

@@ -204,3 +204,98 @@ def test_per_channel_eager_rule_is_the_sequential_rule():
     inputs = per_channel_inputs(2, 21, seed=3)
     assert_op_is_sequential(gated_delta_chunked, inputs, sequential_per_channel)
     assert_op_is_sequential(gated_delta_ref, inputs, sequential_per_channel)
+
+
+# ---- per-channel decays the caller bounds (Ling 3's g = bound σ(·) > bound): the factored form ----
+
+BOUND = -5.0  # Ling 3's kda_lower_bound: a chunk's log decays span at most 15 x 5 = 75
+
+
+class BoundedRule(nn.Module):
+    def __init__(self, lower_bound: float):
+        super().__init__()
+        self.lower_bound = lower_bound
+
+    def forward(self, q, k, v, g, beta, s0):
+        return gated_delta_chunked(q, k, v, g, beta, s0, lower_bound=self.lower_bound)
+
+
+def bounded_inputs(batch: int, length: int, seed: int, decay: str = "spread", bound: float = BOUND):
+    """`per_channel_inputs` with g in [bound, 0]: "spread" bound σ(A x) as Ling 3's gate gives it
+    (most near 0 or the bound), "bound" every g at the bound (the widest span a chunk can have),
+    "split" half of the channels never decayed and half at the bound, "repeated" (one key, β = 1,
+    no decay)."""
+    q, k, v, g, beta, s0 = per_channel_inputs(batch, length, seed, "repeated" if decay == "repeated" else "none")
+    gen = torch.Generator().manual_seed(seed + 2)
+    if decay == "spread":
+        g = bound * torch.sigmoid(torch.randn(g.shape, generator=gen) * (1 + 15 * torch.rand(H, 1, generator=gen)))
+    elif decay == "bound":
+        g = torch.full(g.shape, bound)
+    elif decay == "split":
+        g = torch.where(torch.arange(DK) < DK // 2, 0.0, bound).expand(g.shape).clone()
+    return q, k, v, g, beta, s0
+
+
+def _bounded_proto(bound: float):
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    dims = {0: batch, 1: length}
+    return torch.onnx.export(
+        BoundedRule(bound).eval(), bounded_inputs(2, 20, seed=0, bound=bound),
+        input_names=["q", "k", "v", "g", "beta", "s0"], output_names=["y", "s"],
+        dynamic_shapes=(dims,) * 5 + ({0: batch},), custom_translation_table=translation_table(), dynamo=True,
+        verbose=False).model_proto
+
+
+def _reduce_sums(proto) -> int:
+    return sum(n.op_type == "ReduceSum" for n in proto.graph.node)
+
+
+@pytest.fixture(scope="module")
+def bounded_session():
+    return ort.InferenceSession(_bounded_proto(BOUND).SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("decay", ["spread", "bound", "split", "none", "repeated"])
+def test_bounded_per_channel_decays_match_the_sequential_rule(bounded_session, channel_session, decay):
+    """The factored form (the decays taken out of the chunk's key products about its middle
+    token), down to every g at the bound: from the float64 rule, within 4x the float32 rule's
+    error, 1e-6 of the values, or the summed per-channel form's own error on the same inputs,
+    whichever is largest (at Ling 3's gate both chunked forms reach 1.9e-6 where the float32 rule
+    has 2.6e-7: a chunk's closed form, not the factoring)."""
+    for length in LENGTHS:
+        for batch in (1, 3):
+            inputs = bounded_inputs(batch, length, seed=length + batch, decay=decay)
+            truth = sequential_per_channel(*(x.double() for x in inputs))
+            plain = sequential_per_channel(*inputs)
+            feeds = {i.name: x.numpy() for i, x in zip(bounded_session.get_inputs(), inputs, strict=True)}
+            got, summed = bounded_session.run(None, feeds), channel_session.run(None, feeds)
+            for name, g, s, t, p in zip(("y", "state"), got, summed, truth, plain, strict=True):
+                t = t.numpy()
+                err, bound = float(np.abs(g - t).max()), max(4 * float(np.abs(p.numpy() - t).max()),
+                                                             1e-6 * float(np.abs(t).max()), float(np.abs(s - t).max()))
+                assert err <= bound, f"bounded {decay}, b={batch} l={length}: {name} {err:.2e} from float64 > {bound:.2e}"
+
+
+def test_a_bound_takes_the_factored_form_only_where_a_chunk_stays_in_float32():
+    """Told g >= -5, the lowering forms L and A as plain products: no (C, C, dk) decays summed (two
+    ReduceSums fewer than without a bound). A bound of -6 would let a chunk span e^90, past
+    float32 once multiplied out: that export keeps the summed form, and is right at its bound."""
+    unbounded = _reduce_sums(torch.onnx.export(
+        Rule().eval(), per_channel_inputs(2, 20, seed=0), custom_translation_table=translation_table(), dynamo=True,
+        verbose=False).model_proto)
+    assert _reduce_sums(_bounded_proto(BOUND)) == unbounded - 2
+    wide = _bounded_proto(-6.0)
+    assert _reduce_sums(wide) == unbounded
+    session = ort.InferenceSession(wide.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert_near_float64(session, bounded_inputs(2, 3 * CHUNK + 5, seed=9, decay="bound", bound=-6.0),
+                        sequential_per_channel, "bound -6, every g at it")
+
+
+def test_bounded_strong_decays_leave_no_subnormal_float_in_the_graph():
+    """The factored form's factors lie within e^{±40} (the chunk's middle token its reference):
+    at Ling 3's gate, most decays near the bound, no tensor of the graph holds a subnormal float."""
+    feeds = dict(zip(["q", "k", "v", "g", "beta", "s0"],
+                     (x.numpy() for x in bounded_inputs(2, 4 * CHUNK + 3, seed=11)), strict=True))
+    seen, subnormal = subnormal_tensors(_bounded_proto(BOUND), feeds)
+    assert seen > 30, f"only {seen} float tensors seen"
+    assert not subnormal, f"subnormal floats in {len(subnormal)} tensors: {dict(list(subnormal.items())[:8])}"

@@ -616,6 +616,21 @@ def test_quantize_a_kernel_export_with_dense_layers_stores_both(exported, tmp_pa
     assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.5  # (int4 flips some tokens' experts: see above)
 
 
+def test_ling3_bounded_kda_layers_take_the_factored_lowering(exported):
+    """Ling 3's decays are bounded (g > kda_lower_bound = -5): its KDA layers hand the bound to the
+    delta rule's lowering, which takes the decays out of each chunk's key products (one Exp of
+    a Neg per layer: e^{R - G}); with an unbounded decay (kda_safe_gate false) none does."""
+    import onnx
+
+    def factored(name):
+        model = onnx.load(exported(name)[2] / "prefill.onnx", load_external_data=False)
+        made_by = {o: n.op_type for n in model.graph.node for o in n.output}
+        return sum(n.op_type == "Exp" and made_by.get(n.input[0]) == "Neg" for n in model.graph.node)
+
+    assert factored("ling3") == kinds_of(exported("ling3")[0]).count("linear_attention") == 4
+    assert factored("ling3-softplus") == 0
+
+
 def test_auto_takes_the_kernel_unless_every_experts_layer_clips():
     from seqexport.models.hybrid import HybridConfig, HybridLM
 

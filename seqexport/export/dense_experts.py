@@ -17,13 +17,19 @@ QMAX = 2 ** (BITS - 1) - 1  # symmetric: -127..127
 
 
 def stacks(model: onnx.ModelProto) -> list[str]:
-    """The expert stacks: 3-D float32 parameters every reader of which is a MatMul (either
-    operand) or a Gather along axis 0 (a depthwise conv kernel is 3-D too, read by a Conv). A
-    parameter keeps its module path ("model.layers.2.experts.down_proj"); a constant the exporter
-    folded has a name of its own without one ("slice_22": the latent attention's key weights per
-    head, which the experts' int8 is not for)."""
+    """The expert stacks: the `batched_weights` that are parameters. A parameter keeps its module
+    path ("model.layers.2.experts.down_proj"); a constant the exporter folded has a name of its
+    own without one ("slice_22": the latent attention's key weights per head, which the experts'
+    int8 is not for)."""
+    return [name for name in batched_weights(model) if "." in name]
+
+
+def batched_weights(model: onnx.ModelProto) -> list[str]:
+    """3-D float32 initializers every reader of which is a MatMul (either operand) or a Gather
+    along axis 0 (a depthwise conv kernel is 3-D too, read by a Conv): expert stacks, and weights
+    per head. The int8 and int4 MatMul passes take 2-D weights and leave these as they are."""
     inits = {t.name: t for t in model.graph.initializer
-             if len(t.dims) == 3 and t.data_type == onnx.TensorProto.FLOAT and "." in t.name}
+             if len(t.dims) == 3 and t.data_type == onnx.TensorProto.FLOAT}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for name in node.input:

@@ -75,9 +75,9 @@ def structural_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def weight_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Top-level MatMul/Gemm nodes with a weight (an initializer) operand: what int8 changes
-    (expert stacks are the experts' own: `dense_experts`)."""
-    weights = {i.name for i in model.graph.initializer} - _ones(model) - set(dense_experts.stacks(model))
+    """Top-level MatMul/Gemm nodes with a 2-D weight (an initializer) operand: what int8 changes
+    (3-D ones are expert stacks, the experts' own, or weights per head: `dense_experts.batched_weights`)."""
+    weights = {i.name for i in model.graph.initializer} - _ones(model) - set(dense_experts.batched_weights(model))
     return [n for n in model.graph.node if n.op_type in WEIGHT_OPS and any(x in weights for x in n.input)]
 
 

@@ -11,12 +11,15 @@ CHUNK = 16  # tokens per chunk (a power of two: the triangular inverse by blocks
 
 
 @torch.library.custom_op("seqexport::gated_delta_chunked", mutates_args=())
-def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s0: Tensor) -> tuple[Tensor, Tensor]:
-    """The gated delta rule (see `gated_delta_ref`): exported as one ONNX Scan over chunks of CHUNK."""
+def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s0: Tensor,
+                        lower_bound: float | None = None) -> tuple[Tensor, Tensor]:
+    """The gated delta rule (see `gated_delta_ref`): exported as one ONNX Scan over chunks of CHUNK.
+    `lower_bound`: the caller's promise that every g >= it (Ling 3's bounded decay), which lets
+    the lowering factor per-channel decays out of the chunk's products (`delta_rule_onnx`)."""
     y, s = gated_delta_ref(q, k, v, g, beta, s0)
     return y, s.clone() if q.shape[1] == 0 else s  # a custom op may not return its input
 
 
 @gated_delta_chunked.register_fake
-def _(q, k, v, g, beta, s0):
+def _(q, k, v, g, beta, s0, lower_bound=None):
     return torch.empty(v.shape, dtype=torch.float32), torch.empty(s0.shape, dtype=torch.float32)

@@ -48,6 +48,9 @@ from seqexport.export.ir_nodes import check_float32, emit, subgraph, typed_input
 from seqexport.families.hybrid.delta_rule_lowering import CHUNK
 
 FLUSH_BELOW = -40.0  # a log decay below this is e^x = 0 (see `_exp`)
+# the widest log-decay span across a chunk the factored per-channel form takes: its largest
+# factor product, e^{span} (above the diagonal, masked), times dk terms stays a float32
+FACTORED_SPAN = 80.0
 
 if CHUNK & (CHUNK - 1):
     raise ValueError(f"CHUNK must be a power of two (the inverse by blocks of doubling size), got {CHUNK}")
@@ -123,8 +126,11 @@ def _static(value: FLOAT, axis: int, what: str) -> int:
     return n
 
 
-def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0: FLOAT) -> tuple[FLOAT, FLOAT]:
-    """seqexport::gated_delta_chunked -> the chunks' coefficients, then one Scan over the chunks."""
+def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0: FLOAT,
+                        lower_bound: float | None = None) -> tuple[FLOAT, FLOAT]:
+    """seqexport::gated_delta_chunked -> the chunks' coefficients, then one Scan over the chunks.
+    `lower_bound` (every g >= it): per-channel decays bounded within FACTORED_SPAN over a chunk
+    take the factored form (`_per_channel`)."""
     check_float32(q, k, v, g, beta, s0)
     dk, dv = _static(q, 3, "key head size"), _static(v, 3, "value head size")
     length = op.Shape(q, start=1, end=2)  # [l]
@@ -147,7 +153,8 @@ def gated_delta_chunked(q: FLOAT, k: FLOAT, v: FLOAT, g: FLOAT, beta: FLOAT, s0:
     q, k, v = chunks(q, dk), chunks(k, dk), chunks(v, dv)  # (c, b, h, C, dk | dv)
     g, beta = chunks(g, dk if per_channel else None), chunks(beta)  # (c, b, h, C[, dk]), (c, b, h, C)
     if per_channel:
-        g_q, h_p = _per_channel(q, k, v, g, beta, dk)
+        factored = lower_bound is not None and -lower_bound * (CHUNK - 1) <= FACTORED_SPAN
+        g_q, h_p = _per_channel(q, k, v, g, beta, dk, factored)
     else:
         g_q, h_p = _per_head(q, k, v, g, beta, dk)
     s_last, y = emit(
@@ -195,7 +202,7 @@ def _per_head(q, k, v, g, beta, dk: int):
     return g_q, h_p
 
 
-def _per_channel(q, k, v, g, beta, dk: int):
+def _per_channel(q, k, v, g, beta, dk: int, factored: bool = False):
     """`_per_head`'s [Gm; Qm] and [Hm; Pm] where g (c, b, h, C, dk) decays each key channel on
     its own (Kimi's KDA: row a of S times e^{g_a}). The decays no longer factor out of a
     product of keys, so they are taken inside it, per channel, as transformers' chunked KDA
@@ -207,7 +214,13 @@ def _per_channel(q, k, v, g, beta, dk: int):
 
     (so S_C = Gm·S0 + Hm and Y = Qm·S0 + Pm, as in the module's docstring). Every exponential is
     of a difference of at most 0; the (C, C, dk) terms of L and A are summed over a, (c, b, h,
-    C, C, dk) at once: C times the keys' size, C = 16."""
+    C, C, dk) at once: C times the keys' size, C = 16.
+
+    `factored` (the caller bounds every g, so that G spans at most FACTORED_SPAN over a chunk:
+    Ling 3's g > -5): D_ija = e^{G_ia - R_a} e^{R_a - G_ja}, R the chunk's middle token's G, and
+    L and A become plain products, strict_lower((βk ⊙ e^{G - R})·(k ⊙ e^{R - G})ᵀ) (FLA's form).
+    Each factor lies within e^{±span/2}; their products above the diagonal, up to e^{span},
+    are masked."""
     cum = op.CumSum(g, op.Constant(value_int=3))  # (c, b, h, C, dk): G_t, t inclusive
     last = op.Slice(cum, [CHUNK - 1], [CHUNK], [3])  # (c, b, h, 1, dk): G_C
     diff = op.Sub(op.Unsqueeze(cum, [4]), op.Unsqueeze(cum, [3]))  # (c, b, h, C, C, dk): G_i - G_j
@@ -220,8 +233,16 @@ def _per_channel(q, k, v, g, beta, dk: int):
 
     k_beta = op.Mul(k, op.Unsqueeze(beta, [4]))  # (c, b, h, C, dk)
     strict = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32), -1)))
-    t = _unit_lower_inverse(op.Mul(summed(k_beta, k), strict))  # (c, b, h, C, C)
-    a = summed(q, k)  # (c, b, h, C, C): D is 0 above the diagonal
+    if factored:
+        from_middle = op.Sub(cum, op.Slice(cum, [CHUNK // 2 - 1], [CHUNK // 2], [3]))  # (c, b, h, C, dk): G - R
+        k_back_t = _t(op.Mul(k, op.Exp(op.Neg(from_middle))))  # (c, b, h, dk, C): (k ⊙ e^{R - G})ᵀ
+        ahead = op.Exp(from_middle)  # (c, b, h, C, dk): e^{G - R}
+        l_mat = op.MatMul(op.Mul(k_beta, ahead), k_back_t)  # (c, b, h, C, C), above the diagonal masked next
+        on_or_below = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32))))
+        a = op.Mul(op.MatMul(op.Mul(q, ahead), k_back_t), on_or_below)  # (c, b, h, C, C)
+    else:
+        l_mat, a = summed(k_beta, k), summed(q, k)  # (c, b, h, C, C) each: D is 0 above the diagonal
+    t = _unit_lower_inverse(op.Mul(l_mat, strict))  # (c, b, h, C, C)
     so_far = _exp(cum)  # (c, b, h, C, dk): e^G
     w = op.MatMul(t, op.Mul(k_beta, so_far))  # (c, b, h, C, dk)
     u = op.MatMul(t, op.Mul(v, op.Unsqueeze(beta, [4])))  # (c, b, h, C, dv)

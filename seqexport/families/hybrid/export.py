@@ -115,9 +115,10 @@ class PrefillGraph(nn.Module):
         def selective_scan(u, delta, A, B, C, D, h0):  # delta (b, l, d_in): 0 past a row's end keeps h
             return self.selective_scan(u, delta * ragged.valid(attention_mask, delta), A, B, C, D, h0)
 
-        def delta_rule(q, k, v, g, beta, s0):  # g (b, l, h[, dk]), beta (b, l, h): 0 past a row's end keeps s
+        def delta_rule(q, k, v, g, beta, s0, lower_bound=None):  # g (b, l, h[, dk]), beta (b, l, h): 0 past
+            # a row's end keeps s (and g >= lower_bound still)
             return self.delta_rule(q, k, v, g * ragged.valid(attention_mask, g),
-                                   beta * ragged.valid(attention_mask, beta), s0)
+                                   beta * ragged.valid(attention_mask, beta), s0, lower_bound=lower_bound)
 
         layers = layers_of(self.model, state)
         convs = [(i, layer) for i, layer in enumerate(self.model.layers) if layer.conv_index is not None]
