@@ -13,8 +13,8 @@ latent 512 + 64; a dense first MLP 9216 wide; experts 1024 wide, 8 a token, one 
 experts cut to `--experts`, so that a few layers fit in memory; vocabulary 32000), then exports
 it twice: DIR/kernel (`--experts kernel`) and DIR/dense (`--experts dense`). `time` runs, in
 turn each round: each form's prefill of `--length` tokens as generation runs it (the last
-position's logits), transformers' forward (`logits_to_keep=1`), then 8 steps of each form from
-its prefill's state; it prints medians, kernel ÷ dense and kernel ÷ transformers as medians of
+position's logits) and transformers' forward (`logits_to_keep=1`); then, in rounds of their own,
+8 steps of each form from its prefill's state; it prints medians, kernel ÷ dense and kernel ÷ transformers as medians of
 per-round ratios, and the forms' largest difference of the last logits.
 """
 
@@ -57,6 +57,7 @@ def time_all(folder: Path, length: int, rounds: int, threads: int) -> dict:
     import transformers
 
     import seqexport.runtime as rt
+    from seqexport.bench.timing import median_ratio, paired_samples
 
     torch.set_num_threads(threads)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder / "hf").eval()
@@ -66,30 +67,25 @@ def time_all(folder: Path, length: int, rounds: int, threads: int) -> dict:
                 for form, m in forms.items()}
     fns = {**prefills, "hf_prefill": lambda: hf(torch.from_numpy(ids), logits_to_keep=1, use_cache=False).logits}
 
-    def steps(m, state):
+    def steps(m):  # STEPS steps from a fresh prefill's state; seconds a step (the prefill untimed)
+        state = m.step(ids, m.start(1), last_only=True)[1]
+        begin = time.perf_counter()
         for _ in range(STEPS):
             _, state = m.step(np.array([5]), state)
+        return (time.perf_counter() - begin) / STEPS
 
-    t = {k: [] for k in [*fns, "kernel_step", "dense_step"]}
-    last = {}
     with torch.inference_mode():
-        for r in range(rounds + 1):  # round 0 warms up
-            for k, f in fns.items():
-                s = time.perf_counter()
-                out = f()
-                if r:
-                    t[k].append(time.perf_counter() - s)
-                else:
-                    last[k] = np.asarray(out[0] if k != "hf_prefill" else out).reshape(-1)[-32000:]
+        last = {k: np.asarray(f()[0] if k != "hf_prefill" else f()).reshape(-1)[-32000:] for k, f in fns.items()}
+        t = paired_samples(fns, rounds)  # (its first round warms up)
+        t.update({f"{form}_step": [] for form in forms})  # steps, the forms in turn, after a round that warms up
+        for r in range(rounds + 1):
             for form, m in forms.items():
-                state = m.step(ids, m.start(1), last_only=True)[1]
-                s = time.perf_counter()
-                steps(m, state)
+                step_s = steps(m)
                 if r:
-                    t[f"{form}_step"].append((time.perf_counter() - s) / STEPS)
+                    t[f"{form}_step"].append(step_s)
 
     def ratio(a, b):
-        return round(statistics.median(x / y for x, y in zip(t[a], t[b], strict=True)), 3)
+        return round(median_ratio(t[a], t[b]), 3)
 
     return {"length": length, "rounds": rounds, "threads": threads, "load_avg": os.getloadavg(),
             "median_ms": {k: round(1e3 * statistics.median(v), 1) for k, v in t.items()},

@@ -639,6 +639,7 @@ def test_auto_takes_the_kernel_unless_every_experts_layer_clips():
     for limits, form, clipped in (([0, 1.0, 0], "kernel", [1]), ([2.0] * 3, "dense", [0, 1, 2]), (None, "kernel", [])):
         model = HybridLM(HybridConfig(n_experts=4, expert_swiglu_limits=limits))
         assert clipped_layers(model) == clipped and resolved(model, "auto") == form
+    assert resolved(HybridLM(HybridConfig(n_experts=0)), "auto") == "kernel"  # (no experts, none clipped)
 
 
 def test_nemotron_h_experts_export_dense_and_the_kernel_is_refused_naming_why(exported, tmp_path):

@@ -160,9 +160,8 @@ def resolved(model: HybridLM, form: str) -> str:
         raise ValueError(f"experts form {form!r}; expected one of {['auto', *FORMS]}")
     why = kernel_refusal(model)
     if form == "auto":  # (every layer's experts clipped: no kernel to run)
-        clipped = clipped_layers(model)
-        return "dense" if why or len(clipped) == len([m for m in model.modules() if isinstance(m, Experts)]) \
-            else "kernel"
+        blocks = [m for m in model.modules() if isinstance(m, Experts)]
+        return "dense" if why or (blocks and len(clipped_layers(model)) == len(blocks)) else "kernel"
     if form == "kernel" and why:
         raise ValueError(f"--experts kernel: {why}; export it with --experts dense (or auto)")
     if form == "kernel" and (clipped := clipped_layers(model)):
