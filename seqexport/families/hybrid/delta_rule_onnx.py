@@ -238,7 +238,7 @@ def _per_channel(q, k, v, g, beta, dk: int, factored: bool = False):
         k_back_t = _t(op.Mul(k, op.Exp(op.Neg(from_middle))))  # (c, b, h, dk, C): (k ⊙ e^{R - G})ᵀ
         ahead = op.Exp(from_middle)  # (c, b, h, C, dk): e^{G - R}
         l_mat = op.MatMul(op.Mul(k_beta, ahead), k_back_t)  # (c, b, h, C, C), above the diagonal masked next
-        on_or_below = op.Constant(value=ir.tensor(np.tril(np.ones((CHUNK, CHUNK), np.float32))))
+        on_or_below = op.Constant(value=ir.tensor(lower[:, :, 0].astype(np.float32)))  # (C, C): i >= j
         a = op.Mul(op.MatMul(op.Mul(q, ahead), k_back_t), on_or_below)  # (c, b, h, C, C)
     else:
         l_mat, a = summed(k_beta, k), summed(q, k)  # (c, b, h, C, C) each: D is 0 above the diagonal
