@@ -270,13 +270,14 @@ def test_a_damaged_weight_fails_naming_its_layer(exported, tmp_path, graph, laye
 
 
 @pytest.mark.parametrize("name", ["bamba", "lfm2", "jamba", "qwen3_5", "olmo_hybrid", "zamba2", "kimi_linear",
-                                  "ling3"])
-def test_int4_keeps_float_only_the_mamba2_mixers_in_proj(exported, tmp_path, name):
+                                  "ling3", "granite-moe", "qwen3_5-moe"])
+def test_int4_keeps_float_only_the_mamba2_mixers_in_proj_and_the_routers(exported, tmp_path, name):
     """A Mamba-2 mixer's in_proj (Δ, B, C of the scan) stays float32, and a Mamba-1 mixer's x_proj
     and dt_proj (Jamba), and a Gated DeltaNet's in_proj (its keys and queries), a_proj and b_proj
     (its decay and write strength: Qwen3.5); a short conv's in_proj (LFM2), whose window of a few
     tokens forgets the error, goes int4 like every other linear, as do the DeltaNet's z and out
-    projections."""
+    projections. Every experts layer's router stays float32 (its choice is discrete), and a
+    gated shared expert's gate (Qwen3.5-MoE), while the experts themselves go int4."""
     hf, m, out = exported(name)
     result = CliRunner().invoke(cli, ["quantize", str(out), "--bits", "4", "--out", str(tmp_path / "q")])
     assert result.exit_code == 0, result.output
@@ -285,15 +286,29 @@ def test_int4_keeps_float_only_the_mamba2_mixers_in_proj(exported, tmp_path, nam
     assert (name == "lfm2") == (not mambas)
     deltanet = ("in_proj", "a_proj", "b_proj")
     kda = ("in_proj", "f_a_proj", "f_b_proj", "b_proj")  # (its decay: a low-rank pair)
-    parts = {"jamba": ("x_proj", "dt_proj"), "qwen3_5": deltanet, "olmo_hybrid": deltanet,
+    parts = {"jamba": ("x_proj", "dt_proj"), "qwen3_5": deltanet, "olmo_hybrid": deltanet, "qwen3_5-moe": deltanet,
              "kimi_linear": kda, "ling3": ("in_proj", "f_proj", "b_proj")}.get(name, ("in_proj",))
+    # the layers with experts, by transformers' own modules: a router is an (E, d) gate or router
+    n_experts = getattr(hf.config, "num_experts", None) or getattr(hf.config, "num_local_experts", 0)
+    experts = sorted({int(k.split(".")[2]) for k, module in hf.named_modules() if k.startswith("model.layers.")
+                      and k.endswith((".gate", ".router")) and getattr(module, "weight", None) is not None
+                      and module.weight.shape[0] == n_experts})
+    assert bool(experts) == (name in ("kimi_linear", "ling3", "granite-moe", "qwen3_5-moe")), experts
+    routing = {f"layers.{i}.experts.router" for i in experts}
+    if name == "qwen3_5-moe":
+        routing |= {f"layers.{i}.shared_gate" for i in experts}
     for graph in ("prefill", "step"):
-        assert set(q["kept_float"][graph]) == {f"layers.{i}.mixer.{p}" for i in mambas for p in parts}
+        assert set(q["kept_float"][graph]) == {f"layers.{i}.mixer.{p}" for i in mambas for p in parts} | routing
+        nodes = onnx.load(str(tmp_path / "q" / f"{graph}.onnx"), load_external_data=False).graph.node
+        # the experts int4 (QMoE), each router a float32 MatMul
+        assert len([n for n in nodes if n.op_type == "QMoE"]) == len(experts)
+        routers = [n for n in nodes if any(".experts.router.weight" in i for i in n.input)]
+        assert len(routers) == len(experts) and {n.op_type for n in routers} <= {"MatMul"}
     quantized = rt.load(tmp_path / "q", provider="cpu", threads=1)
     prompt = np.arange(1, 9)[None] % VOCAB
     want, _ = m.step(prompt, m.start(1))
     got, _ = quantized.step(prompt, quantized.start(1))
-    if name in ("kimi_linear", "ling3"):  # int4 flips some tokens' expert choices (discrete): coarser, still this model's
+    if experts:  # int4 upstream of a router flips some tokens' expert choices (discrete): coarser, still this model's
         assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.5
     else:
         assert np.abs(got - want).max() < 0.5 * np.abs(want).max()  # int4's error, not another model's
@@ -458,6 +473,9 @@ def test_quantize_turns_the_moe_kernel_into_qmoe(exported, tmp_path):
             assert {onnx.helper.get_attribute_value(a) for n in qmoe for a in n.attribute
                     if a.name == "expert_weight_bits"} == {int(bits)}
             assert not [i for i in model.graph.initializer if "_gate_up_interleaved" == i.name.split(".")[-1]]
+            # each router stays a float32 MatMul, in int8 as in int4 (its choice of experts is discrete)
+            routers = [n for n in model.graph.node if any(".experts.router.weight" in i for i in n.input)]
+            assert len(routers) == n_layers and {n.op_type for n in routers} == {"MatMul"}, bits
         m = rt.load(tmp_path / bits, provider="cpu")
         assert m.manifest["quantization"]["experts"] == {"op": "QMoE", "bits": int(bits), "block_size": None}
         assert len(rt.generate(m, [[5, 6, 7]], rt.SearchOptions(max_new_tokens=4, eos_id=-1))[0]) == 4

@@ -115,6 +115,16 @@ def _labels(node: onnx.NodeProto, weights: set[str], bias_of: dict[str, str]) ->
     return [node.name, *_scopes(node), *(_param_path(p) for p in params)]
 
 
+def _label(node: onnx.NodeProto, weights: set[str], bias_of: dict[str, str]) -> str:
+    """A weight MatMul's name in the manifest: its weight's module path, or where the weight
+    kept torch's name (one under `export.weights.MIN_BYTES` stays unnamed in its graph, e.g. a
+    (1, d) gate) the innermost eager module it came from (torch's scopes end with the op's own
+    name: ['', 'model.layers.0', 'model.layers.0.shared_gate', 'linear_6'])."""
+    label = _labels(node, weights, bias_of)[-1]
+    modules = _scopes(node)[:-1]
+    return modules[-1] if label.startswith("val_") and modules and modules[-1] else label
+
+
 def _bias_of(model: onnx.ModelProto) -> dict[str, str]:
     """value -> the initializer an Add node adds to it (a Linear's bias after its MatMul)."""
     weights = {i.name for i in model.graph.initializer}
@@ -452,7 +462,7 @@ def _kept_float(models: dict, patterns: list[str], exclude, head_bits: int | Non
                         matched[pattern] += 1
         if bits == 4:  # a weight MatMulNBits cannot take (not the B operand, not 2-D) stays float32 too
             keep[name] |= {n.name for n in weight_nodes(model)} - {n.name for n in int4.quantizable(model, weight_nodes(model))}
-        kept[name] = sorted(_labels(n, weights, bias_of)[-1] for n in weight_nodes(model) if n.name in keep[name])
+        kept[name] = sorted(_label(n, weights, bias_of) for n in weight_nodes(model) if n.name in keep[name])
     unmatched = [p for p, n in matched.items() if n == 0]
     if unmatched:
         raise UsageError(f"--exclude {unmatched[0]!r} matches no weight MatMul/Gemm (patterns are globs over "

@@ -35,7 +35,12 @@ def _keep_float(config: dict) -> tuple[str, ...]:
     kda = tuple(f"*layers.{i}.mixer.{p}" for i, kind in enumerate(config["layer_types"]) if kind == "kda"
                 for p in (("in_proj", "f_a_proj", "f_b_proj", "b_proj") if config.get("kda_low_rank_gates", True)
                           else ("in_proj", "f_proj", "b_proj")))
-    return mamba2 + mamba1 + deltanet + kda
+    # a router picks which experts a token takes, a discrete choice a small error flips (and then
+    # the layer's output is another expert's); the shared expert's gate scales its whole output.
+    # Both are (E, d) and (1, d): nothing to save (llama.cpp keeps its routers float32 too)
+    routing = ("*.experts.router", *(("*.shared_gate",) if config.get("gated_shared_expert") else ())) \
+        if config.get("n_experts") else ()
+    return mamba2 + mamba1 + deltanet + kda + routing
 
 
 def _detect(config: dict) -> bool:
