@@ -382,6 +382,176 @@ def test_a_branch_and_a_grown_cache_in_the_page_match_the_python_runtime(page):
     np.testing.assert_allclose(got["moreLogits"], want[0], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("family", BUNDLED)
+def test_the_pages_beam_search_gives_the_python_runtimes_tokens(page, family):
+    """Beam search on the page (4 beams, no eos: decodes where the beams part from greedy; then 3
+    beams, a length penalty of 0.7, stopping at eos: hypotheses that end) gives, prompt by
+    prompt, the tokens of the Python runtime's beam search (itself checked against transformers'
+    in tests/test_beam_recurrent.py and tests/test_runtime.py). Every family: a KV cache, Mamba's, Mamba-2's, RWKV-7's and a
+    hybrid's state, each beam a branch of its parent's state."""
+    url, driver, site = page
+    model = rt.load(site[1][family], provider="cpu")
+    prompts = [x for x, _ in make_split("test", N, seed=0)]
+    ids = [model.encode(p) for p in prompts]
+    never = rt.SearchOptions(max_new_tokens=MAX_NEW, eos_id=-1)
+    greedy = rt.generate(model, ids, never)
+    beams = [rt.generate(model, [i], rt.SearchOptions(max_new_tokens=MAX_NEW, eos_id=-1, num_beams=4))[0] for i in ids]
+    differ = [j for j in range(N) if beams[j] != greedy[j]]
+    assert differ, "no prompt where the beams part from greedy: the test would not tell beam search from greedy"
+    chosen = differ[:4] + [j for j in range(N) if j not in differ][:2]
+    ending = list(range(4))
+    ended = [rt.generate(model, [ids[j]], rt.SearchOptions(max_new_tokens=MAX_NEW, num_beams=3, length_penalty=0.7))[0]
+             for j in ending]
+    assert browser.open_page(driver, url, family) == "ready"
+    got = [browser.run_prompt(driver, prompts[j], maxNewTokens=MAX_NEW, numBeams=4, stopAtEos=False) for j in chosen]
+    assert [g["message"] for g in got] == [None] * len(chosen)
+    assert [g["run"]["tokens"] for g in got] == [beams[j] for j in chosen]
+    assert "beam search, 4 beams" in got[0]["stats"]
+    assert [g["output"] for g in got] == [model.tokenizer.decode(beams[j], stop_at_eos=False) for j in chosen]
+    got = [browser.run_prompt(driver, prompts[j], maxNewTokens=MAX_NEW, numBeams=3, lengthPenalty=0.7) for j in ending]
+    assert [g["run"]["tokens"] for g in got] == ended
+
+
+BEAM_API = """
+const [ids, done] = arguments;
+const m = window.seqexportPage.model;
+const said = {};
+const calls = {
+  "numBeams 0": {numBeams: 0}, "numBeams 2.5": {numBeams: 2.5}, "beams and sampling": {numBeams: 2, doSample: true},
+  "earlyStopping": {numBeams: 2, earlyStopping: "sometimes"}, "lengthPenalty": {numBeams: 2, lengthPenalty: NaN},
+};
+(async () => {
+  for (const [what, options] of Object.entries(calls)) {
+    try { await m.generateIds(ids, options); said[what] = "no error"; }
+    catch (e) { said[what] = `${e.constructor.name}: ${e.message}`; }
+  }
+  const never = await m.generateIds(ids, {numBeams: 4, eosId: -1, earlyStopping: "never", lengthPenalty: 2.0,
+                                          repetitionPenalty: 1.3, presencePenalty: 0.5, maxNewTokens: 20});
+  const early = await m.generateIds(ids, {numBeams: 2, minNewTokens: 12, earlyStopping: true, maxNewTokens: 20});
+  const one = await m.generateIds(ids, {numBeams: 1, eosId: -1, maxNewTokens: 12});
+  done({said, never, early, one});
+})().catch((e) => done({error: String(e)}));
+"""
+
+
+def test_the_js_beam_search_takes_pythons_options_and_refuses_bad_ones(page):
+    """The runtime API's beam search with the penalties (applied to each beam's float64
+    log-probabilities, its history copied where a beam splits), min_new_tokens and both
+    early-stopping rules gives the Python runtime's tokens; numBeams 1 is greedy; a bad beam
+    option is a ModelError naming the value."""
+    url, driver, site = page
+    model = rt.load(site[1]["mamba"], provider="cpu")
+    ids = model.encode("5 March 2021")
+    assert browser.open_page(driver, url, "mamba") == "ready"
+    got = driver.execute_async_script(BEAM_API, ids)
+    assert "error" not in got, got
+    never = rt.SearchOptions(num_beams=4, eos_id=-1, early_stopping="never", length_penalty=2.0,
+                             repetition_penalty=1.3, presence_penalty=0.5, max_new_tokens=20)
+    plain = rt.SearchOptions(num_beams=4, eos_id=-1, early_stopping="never", length_penalty=2.0, max_new_tokens=20)
+    assert rt.generate(model, [ids], never)[0] != rt.generate(model, [ids], plain)[0]  # the penalties decide tokens
+    assert got["never"] == rt.generate(model, [ids], never)[0]
+    early = rt.SearchOptions(num_beams=2, min_new_tokens=12, early_stopping=True, max_new_tokens=20)
+    assert len(rt.generate(model, [ids], rt.SearchOptions(num_beams=2, max_new_tokens=20))[0]) < 12  # it bites
+    assert got["early"] == rt.generate(model, [ids], early)[0]
+    assert got["one"] == rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12, eos_id=-1))[0]
+    assert got["said"] == {
+        "numBeams 0": "ModelError: numBeams must be an integer >= 1 (and < 2**53), got 0",
+        "numBeams 2.5": "ModelError: numBeams must be an integer >= 1 (and < 2**53), got 2.5",
+        "beams and sampling": "ModelError: beam search and sampling cannot be combined: give numBeams 1, or doSample false",
+        "earlyStopping": 'ModelError: earlyStopping must be true, false or "never", got "sometimes"',
+        "lengthPenalty": "ModelError: lengthPenalty must be a finite number, got NaN",
+    }
+
+
+BEAM_SWEEP = """
+const [prompts, cases, done] = arguments;
+const m = window.seqexportPage.model;
+(async () => {
+  const out = [];
+  for (const options of cases) {
+    const rows = [];
+    for (const ids of prompts) rows.push(await m.generateIds(ids, options));
+    out.push(rows);
+  }
+  return out;
+})().then(done, (e) => done(String(e)));
+"""
+
+
+def test_the_js_beam_search_ends_hypotheses_as_python_over_eos_tokens_widths_and_rules(tmp_path):
+    """tests/test_beam_recurrent.py's sweep on the page's runtime: a random Mamba whose beams part
+    from greedy, each token its beams produce taken as the eos (hypotheses of every length end),
+    widths 2 and 4, length penalties 0.3, 1 and 2, and early stopping true, false and "never":
+    every case gives the Python runtime's tokens (themselves transformers', by that test)."""
+    from tests.test_beam_recurrent import PROMPTS, _hf_case
+
+    need_page()
+    _hf_case(tmp_path, "mamba")
+    result = CliRunner().invoke(cli, ["web", str(tmp_path / "export"), "--out", str(tmp_path / "site")])
+    assert result.exit_code == 0, result.output
+    m = rt.load(tmp_path / "export", provider="cpu", threads=1)
+    new = 16
+    plain = rt.generate(m, PROMPTS, rt.SearchOptions(max_new_tokens=new, num_beams=4, eos_id=-1))
+    eos_ids = np.flatnonzero(np.bincount([t for row in plain for t in row[1:]])).tolist()
+    cases, want = [], []
+    for eos in eos_ids:
+        for length_penalty, beams in [(1.0, 2), (0.3, 4), (2.0, 4)]:
+            for early in (True, False, "never"):
+                cases.append({"maxNewTokens": new, "numBeams": beams, "eosId": eos, "lengthPenalty": length_penalty,
+                              "earlyStopping": early})
+                want.append(rt.generate(m, PROMPTS, rt.SearchOptions(
+                    max_new_tokens=new, num_beams=beams, eos_id=eos, length_penalty=length_penalty,
+                    early_stopping=early)))
+    assert len(eos_ids) > 3 and sum(len(r) < new for rows in want for r in rows) > 50  # hypotheses end
+    with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
+        assert browser.open_page(driver, url, "export") == "ready"
+        got = driver.execute_async_script(BEAM_SWEEP, PROMPTS, cases)
+    assert got == want
+
+
+def test_a_checkpoint_that_decodes_by_beam_search_opens_the_page_on_it(tmp_path):
+    """A checkpoint whose generation_config.json sets num_beams 3 and a length penalty: the page
+    opens on beam search with those values and gives the tokens Python's `generate` gives with
+    the model's defaults; picking greedy on the page (or doSample in the API) sets the model's
+    beams aside, as Python's model_options does. A beam search and a greedy decode begun
+    together on one model take turns (onnxruntime-web failed the second's run mid-flight)."""
+    import torch
+    import transformers
+
+    need_page()
+    tok = byte_level_bpe()
+    torch.manual_seed(1)
+    config = transformers.MambaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                      state_size=8, pad_token_id=0, eos_token_id=None)
+    hf = transformers.MambaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in hf.backbone.layers:
+            layer.mixer.out_proj.weight.mul_(5.0)  # tokens that vary
+    hf.save_pretrained(tmp_path / "ckpt")
+    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(
+        {"num_beams": 3, "length_penalty": 0.6, "max_new_tokens": 10}))
+    export_and_site(tmp_path / "ckpt", tmp_path / "b", tmp_path / "site")
+    model = rt.load(tmp_path / "b", provider="cpu")
+    prompts = ["Friday, 5 März 2021", "the 6th of May", "05/03/87"]
+    want = [rt.generate(model, [model.encode(p)], rt.model_options(model))[0] for p in prompts]
+    greedy = [rt.generate(model, [model.encode(p)], rt.model_options(model, do_sample=False))[0] for p in prompts]
+    assert rt.model_options(model).num_beams == 3 and want != greedy
+    with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
+        assert browser.open_page(driver, url, "b") == "ready"
+        shown = {i: driver.find_element("id", i).get_attribute("value")
+                 for i in ("decoding", "beams", "length-penalty", "max-new-tokens")}
+        got = [browser.run_prompt(driver, p, numBeams=3)["run"]["tokens"] for p in prompts]
+        plain = [browser.run_prompt(driver, p, numBeams=1)["run"]["tokens"] for p in prompts]
+        api = driver.execute_async_script(
+            "const [ids, done] = arguments; const m = window.seqexportPage.model;"
+            "Promise.all([m.generateIds(ids), m.generateIds(ids, {doSample: false})]).then(done, (e) => done(String(e)));",
+            model.encode(prompts[0]))
+    assert shown == {"decoding": "beam", "beams": "3", "length-penalty": "0.6", "max-new-tokens": "10"}
+    assert got == want and plain == greedy
+    assert api == [want[0], greedy[0]]
+
+
 def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page(tmp_path):
     """A user's checkpoint with its own tokenizer.json (a byte-level BPE), exported, put on a site:
     the page encodes the prompt, decodes and shows the text as `seqexport generate --text`
@@ -778,7 +948,10 @@ const [cases, draws, done] = arguments;
   const scores = cases.map(([options, context, generated, logits]) => {
     const seen = new Seen(options, context);
     for (const t of generated) seen.add(t);
-    return { wanted: Seen.wanted(options), scores: Array.from(seen.apply(Float32Array.from(logits))) };
+    // beam search's float64 log-probabilities (logits / 3 - 1.25: values no float32 holds)
+    const wide = seen.copy().apply(Float64Array.from(logits, (x) => x / 3 - 1.25));
+    return { wanted: Seen.wanted(options), scores: Array.from(seen.apply(Float32Array.from(logits))),
+             wide: Array.from(wide) };
   });
   const picked = draws.map(([options, seed, logits]) => {
     const rng = new PCG64(seed);
@@ -793,7 +966,8 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
     """The page's logit bias and repetition, presence and frequency penalties (sampling.mjs
     `Seen`) against the Python runtime's (`seqexport.runtime.penalties.Seen`, itself checked
     against transformers' generate and OpenAI's rule): the same float32 scores, bit for bit, over random logits of
-    both signs, histories with repeats and ids past the vocabulary; and its seeded draws with
+    both signs, histories with repeats and ids past the vocabulary (and float64 scores, as beam
+    search penalises its log-probabilities, bit for bit too); and its seeded draws with
     min-p (with temperature, top-k, top-p) the tokens Python's sampler draws."""
     from seqexport.runtime.generate import SearchOptions, pick_tokens
     from seqexport.runtime.penalties import Seen
@@ -839,6 +1013,9 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
                                             "logitBias": {}})
         assert np.array_equal(np.array(js["scores"], np.float32), want), options
         assert js["wanted"] == (not np.array_equal(want, np.array(logits, np.float32)))  # each case does something
+        # and in float64, on beam search's log-probabilities (a copied history: a beam that splits)
+        logp = np.array(logits, np.float32).astype(np.float64) / 3 - 1.25
+        assert np.array_equal(np.array(js["wide"]), seen.copy().apply(logp)), options
 
 
 JS_STREAM = """

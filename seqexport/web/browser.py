@@ -115,9 +115,10 @@ const $ = (id) => document.getElementById(id);
 const set = (id, v) => { $(id).value = String(v); $(id).dispatchEvent(new Event("input")); };
 set("prompt", prompt);
 if ("maxNewTokens" in options) set("max-new-tokens", options.maxNewTokens);
-set("decoding", options.doSample ? "sample" : "greedy");
+set("decoding", options.doSample ? "sample" : (options.numBeams ?? 1) > 1 ? "beam" : "greedy");
 for (const [k, id] of [["temperature", "temperature"], ["topK", "top-k"], ["topP", "top-p"], ["seed", "seed"],
-                       ["minP", "min-p"], ["repetitionPenalty", "repetition-penalty"]])
+                       ["minP", "min-p"], ["repetitionPenalty", "repetition-penalty"], ["numBeams", "beams"],
+                       ["lengthPenalty", "length-penalty"]])
   if (k in options) set(id, options[k]);
 $("stop-at-eos").checked = options.stopAtEos ?? true;
 $("chat").checked = options.chat ?? true;
@@ -135,7 +136,8 @@ $("generate").click();
 def run_prompt(driver, prompt: str, **options) -> dict:
     """Type `prompt` into the page, press Generate, wait for the end; returns
     {state, run: {tokens, text, ms, backend, ...}, message, stats, output}. Options as the
-    page's fields: maxNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, stopAtEos, chat (a model
+    page's fields: maxNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, numBeams (> 1:
+    beam search), lengthPenalty, stopAtEos, chat (a model
     with a chat template: the prompt as a user's message, the default)."""
     return driver.execute_async_script(RUN, prompt, options)
 

@@ -6,7 +6,8 @@ The site holds everything the page loads, so it never reaches past its own serve
 
     site/
       index.html app.mjs style.css          the page
-      seqexport.mjs sampling.mjs tokenizers.mjs   the runtime contract in JavaScript
+      seqexport.mjs sampling.mjs            the runtime contract in JavaScript
+      beams.mjs tokenizers.mjs
       site.json                             the models and what the Python runtime says of each
       ort/                                  onnxruntime-web's ES module and WASM files (npm package)
       vendor/tokenizers.min.mjs             @huggingface/tokenizers (Hugging Face tokenizer.json)
@@ -32,7 +33,8 @@ from seqexport.manifest import MANIFEST, read_manifest, tokenizer_files
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
-PAGE_FILES = ("index.html", "app.mjs", "style.css", "seqexport.mjs", "sampling.mjs", "tokenizers.mjs")
+PAGE_FILES = ("index.html", "app.mjs", "style.css", "seqexport.mjs", "sampling.mjs", "beams.mjs",
+              "tokenizers.mjs")
 # onnxruntime-web's builds the page may import (dist/), by backend
 ORT_FILES = {
     "wasm": ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm"),

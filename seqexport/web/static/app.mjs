@@ -114,11 +114,13 @@ async function selectModel(name) {
 // generation_config.json), else the runtime's: what `seqexport generate` would use
 function showDefaults(defaults, limit) {
   const o = { maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0, repetitionPenalty: 1.0,
-    ...defaults };
+    numBeams: 1, lengthPenalty: 1.0, ...defaults };
   $("max-new-tokens").value = Math.min(o.maxNewTokens, limit ?? o.maxNewTokens);
   if (limit) $("max-new-tokens").max = limit;
   else $("max-new-tokens").removeAttribute("max");
-  $("decoding").value = o.doSample ? "sample" : "greedy";
+  $("decoding").value = o.doSample ? "sample" : o.numBeams > 1 ? "beam" : "greedy";
+  $("beams").value = o.numBeams > 1 ? o.numBeams : 4;
+  $("length-penalty").value = o.lengthPenalty;
   $("temperature").value = o.temperature;
   $("top-k").value = o.topK;
   $("top-p").value = o.topP;
@@ -135,6 +137,10 @@ function readOptions() {
   };
   const options = { maxNewTokens: number("max-new-tokens"), doSample: $("decoding").value === "sample",
     repetitionPenalty: number("repetition-penalty") };
+  if ($("decoding").value === "beam") { // the beams' tokens come at the end of the search
+    options.numBeams = number("beams");
+    options.lengthPenalty = number("length-penalty");
+  }
   if (options.doSample) {
     options.temperature = number("temperature");
     options.topK = number("top-k");
@@ -169,12 +175,17 @@ async function generate() {
   $("stats").textContent = "";
   // ms: each token's interval (the pick, the step before it, the page's update); runMs: the
   // ONNX Runtime run inside it alone
-  const record = { model: current.entry.name, prompt: text, tokens: [], text: "", ms: [], runMs: [], backend: model.backend };
+  const record = { model: current.entry.name, prompt: text, tokens: [], text: "", ms: [], runMs: [], backend: model.backend,
+    beams: null };
   page.lastRun = record;
   setState("running");
   try {
     if (!text.trim()) throw new ModelError("The prompt is empty: type some text first.");
     const options = readOptions();
+    if (options.numBeams > 1) {
+      record.beams = options.numBeams;
+      $("stats").textContent = `beam search, ${options.numBeams} beams…`;
+    }
     const chat = model.chatTemplate && $("chat").checked;
     const ids = chat ? model.encodeChat([{ role: "user", content: text }]) : model.encodePrompt(text);
     const t0 = performance.now();
@@ -210,6 +221,12 @@ async function generate() {
 
 function showStats(record, elapsed, model) {
   const n = record.tokens.length;
+  if (record.beams) { // the tokens came at once, at the end of the search
+    const parts = [`${n} token${n === 1 ? "" : "s"}`, `beam search, ${record.beams} beams`,
+      `${(elapsed / 1000).toFixed(2)} s in all`, backendLabel(model)];
+    $("stats").textContent = parts.join(" · ");
+    return;
+  }
   const ttft = record.ms[0];
   const rest = record.ms.slice(1);
   const perToken = rest.length ? rest.reduce((a, b) => a + b, 0) / rest.length : null;

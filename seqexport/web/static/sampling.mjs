@@ -114,13 +114,23 @@ export class Seen {
   }
 
   constructor(options, context = []) {
-    this.repetition = Math.fround(options.repetitionPenalty);
-    this.presence = Math.fround(options.presencePenalty);
-    this.frequency = Math.fround(options.frequencyPenalty);
-    this.bias = Object.entries(options.logitBias ?? {}).map(([t, b]) => [Number(t), Math.fround(b)]);
+    // as given (float64: beam search's log-probabilities), and each float32 logits take
+    this.repetition = options.repetitionPenalty;
+    this.presence = options.presencePenalty;
+    this.frequency = options.frequencyPenalty;
+    this.bias = Object.entries(options.logitBias ?? {}).map(([t, b]) => [Number(t), b]);
     this.ids = [...new Set(context)];
     this.known = new Set(this.ids);
     this.counts = new Map(); // generated token -> times
+  }
+
+  /** Another row's history that starts as this one (a beam that splits). */
+  copy() {
+    const twin = Object.assign(Object.create(Seen.prototype), this);
+    twin.ids = [...this.ids];
+    twin.known = new Set(this.known);
+    twin.counts = new Map(this.counts);
+    return twin;
   }
 
   add(token) {
@@ -131,16 +141,20 @@ export class Seen {
     this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
   }
 
-  /** A penalised copy of one row of logits (Float32Array). */
-  apply(logits) {
-    const f = Math.fround;
-    const out = Float32Array.from(logits);
+  /** A penalised copy of one row of scores in their own precision, as numpy computes in the
+   * row's dtype: float32 logits (a Float32Array: every operation rounded to float32), or beam
+   * search's float64 log-probabilities (a Float64Array). */
+  apply(scores) {
+    const wide = scores instanceof Float64Array;
+    const f = wide ? (x) => x : Math.fround;
+    const out = wide ? Float64Array.from(scores) : Float32Array.from(scores);
     const v = out.length;
-    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] + b);
-    if (this.repetition !== 1)
-      for (const t of this.ids) if (t < v) out[t] = out[t] < 0 ? f(out[t] * this.repetition) : f(out[t] / this.repetition);
-    if (this.presence !== 0 || this.frequency !== 0)
-      for (const [t, c] of this.counts) if (t < v) out[t] = f(out[t] - f(f(this.frequency * c) + this.presence));
+    const [repetition, presence, frequency] = [this.repetition, this.presence, this.frequency].map(f);
+    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] + f(b));
+    if (repetition !== 1)
+      for (const t of this.ids) if (t < v) out[t] = out[t] < 0 ? f(out[t] * repetition) : f(out[t] / repetition);
+    if (presence !== 0 || frequency !== 0)
+      for (const [t, c] of this.counts) if (t < v) out[t] = f(out[t] - f(f(frequency * c) + presence));
     return out;
   }
 }

@@ -17,6 +17,7 @@
 // positions are written into a state buffer at `past_lengths` (an attention KV cache). Inputs
 // are filled by their role: tokens, mask, state, lengths, keep.
 
+import { beamSearch } from "./beams.mjs";
 import { PCG64, Seen, pickToken } from "./sampling.mjs";
 import { ChatTemplate, TextStream, encodePrompt, loadTokenizer } from "./tokenizers.mjs";
 
@@ -218,13 +219,14 @@ class SeqState {
 export class Model {
   constructor(init) {
     Object.assign(this, init);
+    this._inFlight = Promise.resolve(); // the last graph run begun (see _run)
     this.roles = graphRoles(this.manifest);
     this.specs = this.manifest.graphs;
     const appended = new Set();
     for (const spec of Object.values(this.specs)) for (const [, inp] of spec.appends ?? []) appended.add(inp);
     this.appended = appended;
     // the checkpoint's decode defaults (generation_config.json), in generate()'s option names:
-    // what an option left out takes, as Python's generate() (no beam search here: num_beams is Python's)
+    // what an option left out takes, as Python's generate()
     this.generationDefaults = generationDefaults(this.manifest.generation?.defaults ?? {});
   }
 
@@ -315,7 +317,7 @@ export class Model {
       const feeds = this._feeds(begin, promptIds, null);
       let out;
       try {
-        out = await this._session(begin).run(feeds);
+        out = await this._run(begin, feeds);
       } catch (e) {
         throw new ModelError(`graph ${begin}: ONNX Runtime rejected the inputs: ${firstLine(e)}`);
       }
@@ -373,6 +375,15 @@ export class Model {
     return this.sessions[graph];
   }
 
+  /** A graph's run, after every run this model began before it: onnxruntime-web cannot take a
+   * run while another is in flight (a beam search and a greedy decode begun together failed
+   * with "output name cannot be empty"), so decodes begun together take turns, step by step. */
+  _run(graph, feeds) {
+    const run = this._inFlight.then(() => this._session(graph).run(feeds));
+    this._inFlight = run.catch(() => {}); // a failed run (reported to its caller) lets the next go
+    return run;
+  }
+
   /** The graph's inputs, each filled by its role. */
   _feeds(graph, ids, state, keepLast = true) {
     const ort = this.ort;
@@ -420,7 +431,7 @@ export class Model {
     let out;
     const t0 = performance.now();
     try {
-      out = await this._session(graph).run(this._feeds(graph, ids, current, keepLast));
+      out = await this._run(graph, this._feeds(graph, ids, current, keepLast));
     } catch (e) {
       throw new ModelError(`graph ${graph}: ONNX Runtime rejected the inputs: ${firstLine(e)}`);
     }
@@ -438,7 +449,9 @@ export class Model {
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
    * minNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
-   * logitBias ({id: bias}), eosId (an id or a list of ids; -1: never), startId; one left out: the model's generation default.
+   * logitBias ({id: bias}), eosId (an id or a list of ids; -1: never), startId, numBeams (beam
+   * search: its tokens come at the end of the search), lengthPenalty, earlyStopping; one left
+   * out: the model's generation default.
    */
   async *generate(promptIds, options = {}) {
     const o = searchOptions(options, this.tokenizer, this.generationDefaults);
@@ -451,8 +464,14 @@ export class Model {
       throw new ModelError(`logitBias token ${unbiasable} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
     if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
-    const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
     const stream = this.tokenizer ? new TextStream(this.tokenizer) : null;
+    if (o.numBeams > 1) {
+      const { tokens, ms, steps } = await beamSearch(this, promptIds, o);
+      for (const [n, token] of tokens.entries()) // the search's time on its first token
+        yield { token, text: stream ? stream.push(token) : `${token} `, ms: n ? 0 : ms, first: n === 0, steps };
+      return;
+    }
+    const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
     // an encoder-decoder's source is another sequence: its penalties count the answer only
     const seen = Seen.wanted(o) ? new Seen(o, this.roles.begin ? [] : promptIds) : null;
     let { logits, state, ms } = await this.start(promptIds, { startId: o.startId });
@@ -523,7 +542,8 @@ function randomSeed() {
 }
 
 const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
-  min_p: "minP", max_new_tokens: "maxNewTokens", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty" };
+  min_p: "minP", max_new_tokens: "maxNewTokens", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty",
+  num_beams: "numBeams", length_penalty: "lengthPenalty", early_stopping: "earlyStopping" };
 
 /** A manifest's generation defaults ({do_sample, temperature, …}) as generate()'s options. */
 export function generationDefaults(defaults) {
@@ -539,10 +559,18 @@ export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
     maxNewTokens: 32, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
     repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0, logitBias: {},
-    eosId: tokenizer?.eosIds ?? null, startId: null,
+    eosId: tokenizer?.eosIds ?? null, startId: null, numBeams: 1, lengthPenalty: 1.0, earlyStopping: false,
   };
   // a misspelt option (maxNewToken) would decode with the default instead, silently
-  const o = { ...defaults, ...model, ...checkedKeys(options, Object.keys(defaults), "generate") };
+  const given = checkedKeys(options, Object.keys(defaults), "generate");
+  // sampling asked for keeps the model's beam width out, and a beam width its sampling (Python's
+  // model_options): the two cannot be combined, and what was asked wins
+  model = { ...model };
+  if (given.doSample != null || (given.numBeams ?? 1) > 1) {
+    delete model.numBeams;
+    delete model.doSample;
+  }
+  const o = { ...defaults, ...model, ...given };
   // the ids that end a row, as eos_for() gives them: one id, a list, or none
   o.eosIds = o.eosId == null ? [] : Array.isArray(o.eosId) ? [...o.eosId] : [o.eosId];
   for (const id of o.eosIds)
@@ -565,6 +593,12 @@ export function searchOptions(options, tokenizer, model = {}) {
     throw new ModelError(`repetitionPenalty must be a number > 0, got ${shown(o.repetitionPenalty)}`);
   for (const name of ["presencePenalty", "frequencyPenalty"])
     if (!(number(o[name]) && o[name] >= -2 && o[name] <= 2)) throw new ModelError(`${name} must be a number in [-2, 2], got ${shown(o[name])}`);
+  integer("numBeams", 1);
+  if (o.numBeams > 1 && o.doSample)
+    throw new ModelError("beam search and sampling cannot be combined: give numBeams 1, or doSample false");
+  if (!number(o.lengthPenalty)) throw new ModelError(`lengthPenalty must be a finite number, got ${shown(o.lengthPenalty)}`);
+  if (![true, false, "never"].includes(o.earlyStopping))
+    throw new ModelError(`earlyStopping must be true, false or "never", got ${shown(o.earlyStopping)}`);
   if (o.seed !== null) integer("seed", 0);
   if (o.startId !== null) integer("startId", 0);
   // OpenAI's logit_bias: {token id: a number added to its score}; -Infinity bans it
