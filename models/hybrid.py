@@ -756,7 +756,9 @@ class LatentAttention(nn.Module):
     product is taken in the latent (DeepSeek's absorbed form, equal to expanding the keys): the
     query's first nope dims through W_uk[j] meet c, its last rd dims meet k_r, and the heads'
     outputs, weighted sums of c, go through W_uv[j]; so a step reads r + rd numbers per cached
-    position instead of nh (nope + rd + dv)."""
+    position instead of nh (nope + rd + dv). A prefill reads its past so too, but expands its
+    own positions' keys and values (each new position once per head): pairs of new positions,
+    l^2 of them, are then nope + rd + dv products a head, not 2r + rd."""
 
     def __init__(self, config: HybridConfig):
         super().__init__()
@@ -786,16 +788,20 @@ class LatentAttention(nn.Module):
         q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
         return q.view(b, length, self.n_heads, self.nope + self.rd).transpose(1, 2)
 
-    def project(self, x: Tensor, positions: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """x (b, l, d) -> the queries in the latent (b, nh, l, r: their first nope dims through
-        W_uk) and their shared part (b, nh, l, rd); the new positions' latents (b, 1, l, r) and
-        key parts (b, 1, l, rd). `positions`: RoPE's (cos, sin) (b, 1, l, rd) turning the shared
-        parts, or None (no positions)."""
+    def parts(self, x: Tensor, positions: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x (b, l, d) -> the queries' own parts (b, nh, l, nope) and shared parts (b, nh, l, rd);
+        the new positions' latents (b, 1, l, r) and key parts (b, 1, l, rd). `positions`: RoPE's
+        (cos, sin) (b, 1, l, rd) turning the shared parts, or None (no positions)."""
         q_nope, q_rope = self.queries(x).split([self.nope, self.rd], dim=-1)  # (b, nh, l, nope), (b, nh, l, rd)
         latent, rope = self.kv_a_proj(x).split([self.rank, self.rd], dim=-1)  # (b, l, r), (b, l, rd)
         latent, rope = self.kv_a_norm(latent)[:, None], rope[:, None]  # (b, 1, l, r), (b, 1, l, rd)
         if positions is not None:
             q_rope, rope = rope_interleaved(q_rope, *positions), rope_interleaved(rope, *positions)
+        return q_nope, q_rope, latent, rope
+
+    def project(self, x: Tensor, positions: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`parts`, the queries' own parts taken into the latent (b, nh, l, r: through W_uk)."""
+        q_nope, q_rope, latent, rope = self.parts(x, positions)
         return torch.matmul(q_nope, self._w()[:, :self.nope]), q_rope, latent, rope  # (nh, nope, r): W_uk
 
     def _w(self) -> Tensor:
@@ -803,10 +809,14 @@ class LatentAttention(nn.Module):
         return self.kv_b_proj.weight.view(self.n_heads, self.nope + self.dv, self.rank)
 
     def output(self, mixed: Tensor, x: Tensor) -> Tensor:
-        """The heads' weighted sums of latents (b, nh, l, r) -> through W_uv (each head's times
-        sigmoid(g_proj(x)) where gated; x (b, l, d) the layer's input), then o_proj (b, l, d)."""
-        b, _, length, _ = mixed.shape
-        out = torch.matmul(mixed, self._w()[:, self.nope:].transpose(1, 2)).transpose(1, 2)  # (b, l, nh, dv)
+        """The heads' weighted sums of latents (b, nh, l, r) -> through W_uv, then `heads_out`."""
+        return self.heads_out(torch.matmul(mixed, self._w()[:, self.nope:].transpose(1, 2)), x)  # (b, nh, l, dv)
+
+    def heads_out(self, heads: Tensor, x: Tensor) -> Tensor:
+        """The heads' values (b, nh, l, dv), each times sigmoid(g_proj(x)) where gated (x (b, l, d)
+        the layer's input), through o_proj -> (b, l, d)."""
+        b, _, length, _ = heads.shape
+        out = heads.transpose(1, 2)  # (b, l, nh, dv)
         if hasattr(self, "g_proj"):
             out = out * torch.sigmoid(self.g_proj(x))[..., None]  # (b, l, nh, 1) a head
         return self.o_proj(out.reshape(b, length, self.n_heads * self.dv))  # (b, l, nh * dv) -> d
@@ -820,26 +830,36 @@ class LatentAttention(nn.Module):
         -> out (b, l, d) and the new positions' (latent (b, 1, l, r), key part (b, 1, l, rd))."""
         b, length, _ = x.shape
         P = past_latent.shape[2]
-        q_latent, q_rope, latent, rope = self.project(x, positions)
+        q_nope, q_rope, latent, rope = self.parts(x, positions)
+        # the scale on the queries ((b, nh, l, nope + rd) numbers), not on the (b, nh, l, P + l) scores
+        q_nope, q_rope = q_nope * self.scale, q_rope * self.scale
+        w_uk, w_uv = self._w().split([self.nope, self.dv], dim=1)  # (nh, nope, r), (nh, dv, r)
+        q_latent = torch.matmul(q_nope, w_uk)  # (b, nh, l, r): the past is read in the latent
         past_latent, past_rope = past_latent.to(x.dtype), past_rope.to(x.dtype)
 
         def scores_of(c: Tensor, k_r: Tensor) -> Tensor:  # c (b, 1, m, r), k_r (b, 1, m, rd) -> (b, nh, l, m)
             return torch.matmul(q_latent, c.transpose(-1, -2)) + torch.matmul(q_rope, k_r.transpose(-1, -2))
 
-        if step:  # the past and the new position in two products (no copy of the cache)
-            scores = torch.cat([scores_of(past_latent, past_rope), scores_of(latent, rope)], dim=-1)
-        else:
-            latents = torch.cat([past_latent, latent], dim=2)  # (b, 1, P + l, r)
-            scores = scores_of(latents, torch.cat([past_rope, rope], dim=2))  # (b, nh, l, P + l)
+        if step:  # the new position in the latent too (the past and it in two products: no copy of the cache)
+            new_scores = scores_of(latent, rope)  # (b, nh, 1, 1)
+        else:  # the new positions' keys and values expanded per head (transformers' form): a pair of them then
+            # costs nope + rd and dv, not r + rd and r (Kimi-Linear's widths: 320 against 1088 a pair and head)
+            keys = torch.matmul(latent, w_uk.transpose(1, 2))  # (b, 1, l, r) @ (nh, r, nope) -> (b, nh, l, nope)
+            keys = torch.cat([keys, rope.expand(b, self.n_heads, length, self.rd)], dim=-1)  # (b, nh, l, nope + rd)
+            values = torch.matmul(latent, w_uv.transpose(1, 2))  # (b, nh, l, dv)
+            # one product over both parts (no (l, l) sum of two)
+            new_scores = torch.matmul(torch.cat([q_nope, q_rope], dim=-1), keys.transpose(-1, -2))  # (b, nh, l, l)
+        scores = torch.cat([scores_of(past_latent, past_rope), new_scores], dim=-1)  # (b, nh, l, P + l)
         past_visible, causal = visible_slots(past_lengths, P, length)  # (b, 1, 1, P), (l, l)
         visible = torch.cat([past_visible.expand(b, 1, length, P), causal.expand(b, 1, length, length)], dim=-1)
-        scores = (scores * self.scale).masked_fill(~visible, torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)  # (b, nh, l, P + l)
+        mixed = torch.matmul(probs[..., :P], past_latent)  # (b, nh, l, r): the past's weighted latents
         if step:
-            mixed = torch.matmul(probs[..., :P], past_latent) + torch.matmul(probs[..., P:], latent)  # (b, nh, 1, r)
-        else:
-            mixed = torch.matmul(probs, latents)  # (b, nh, l, r)
-        return self.output(mixed, x), (latent, rope)
+            mixed = mixed + torch.matmul(probs[..., P:], latent)  # (b, nh, 1, r)
+            return self.output(mixed, x), (latent, rope)
+        heads = torch.matmul(mixed, w_uv.transpose(1, 2)) + torch.matmul(probs[..., P:], values)  # (b, nh, l, dv)
+        return self.heads_out(heads, x), (latent, rope)
 
     def allocate_inference_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         """An empty cache (P = 0): latents (b, 1, 0, r), key parts (b, 1, 0, rd)."""

@@ -1207,3 +1207,49 @@ def test_zamba2_shared_blocks_read_as_published_and_untied_copies_are_named(tmp_
     with pytest.raises(ValueError, match=rf"{re.escape(key)} and model.layers.1.shared_transformer.self_attn.o_proj"
                                          r".weight are the same weight"):
         convert_state_dict(untied, config)
+
+
+def test_a_latent_attention_prefill_expands_its_new_positions_and_reads_its_past_in_the_latent():
+    """A prefill's new positions meet each other through keys and values expanded per head
+    (nope + rd and dv products a pair and head), not in the latent (2r + rd): counted by torch's
+    own FLOP counter, the whole forward of 128 new positions costs less than the latent form's
+    pair products alone. With 128 positions cached (read in the latent, as a step reads them) and
+    without, it equals the plain attention over every head's expanded keys and values."""
+    import torch.nn.functional as F
+    from seqexport.models.hybrid import LatentAttention
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = HybridConfig(layer_types=["mla", "mlp"], d_model=32, n_heads=4, mla_kv_rank=64, mla_nope_dim=8,
+                          mla_rope_dim=4, mla_v_dim=8, rope=False)  # (no positions: Kimi-Linear's)
+    torch.manual_seed(0)
+    mla = LatentAttention(config).eval()
+    nh, r, nope, rd, dv, length = 4, 64, 8, 4, 8, 128
+
+    def flops(past: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        x = torch.randn(1, length, 32)
+        latent, rope = torch.randn(1, 1, past, r), torch.randn(1, 1, past, rd)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            out, _ = mla(x, latent, rope, torch.tensor([past]))
+        # the reference: every head's keys [W_uk c; k_r] and values W_uv c, cached and new alike
+        with torch.no_grad():
+            q = mla.queries(x)  # (1, nh, l, nope + rd)
+            c, k_r = mla.kv_a_proj(x).split([r, rd], dim=-1)
+            c = torch.cat([latent[:, 0], mla.kv_a_norm(c)], dim=1)  # (1, P + l, r)
+            k_r = torch.cat([rope[:, 0], k_r], dim=1)  # (1, P + l, rd)
+            kv = mla.kv_b_proj(c).view(1, past + length, nh, nope + dv).transpose(1, 2)  # (1, nh, P + l, nope + dv)
+            keys = torch.cat([kv[..., :nope], k_r[:, None].expand(1, nh, past + length, rd)], dim=-1)
+            mask = torch.ones(length, past + length, dtype=torch.bool).tril(past)
+            want = F.scaled_dot_product_attention(q, keys, kv[..., nope:], attn_mask=mask, scale=mla.scale)
+            want = mla.o_proj(want.transpose(1, 2).reshape(1, length, nh * dv))
+        return counter.get_total_flops(), out, want
+
+    fresh, out, want = flops(0)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    assert fresh < 2 * length * length * nh * (2 * r + rd)  # below the latent form's pair products alone
+    # exactly: the pairs' products, and per position its projections (queries, latent and shared
+    # key part, queries into the latent, keys; values, the past's weighted latents through W_uv;
+    # output), 2 flops a multiply-add
+    per_position = 32 * nh * (nope + rd) + 32 * (r + rd) + 2 * nh * nope * r + 2 * nh * dv * r + nh * dv * 32
+    assert fresh == 2 * length * length * nh * (nope + rd + dv) + 2 * length * per_position
+    _, out, want = flops(128)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)

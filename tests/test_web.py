@@ -77,6 +77,28 @@ def export_and_site(checkpoint: Path, out: Path, site: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+def site_of_a_mamba_with_generation_config(tmp_path: Path, name: str, generation: dict, seed: int):
+    """A random Mamba (transformers' class, tokens that vary) with a byte-level BPE and
+    `generation` as its generation_config.json, exported to tmp_path/name, its site built in
+    tmp_path/site; returns the Python runtime's model of it."""
+    import torch
+    import transformers
+
+    tok = byte_level_bpe()
+    torch.manual_seed(seed)
+    config = transformers.MambaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                      state_size=8, pad_token_id=0, eos_token_id=None)
+    hf = transformers.MambaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in hf.backbone.layers:
+            layer.mixer.out_proj.weight.mul_(5.0)  # tokens that vary
+    hf.save_pretrained(tmp_path / "ckpt")
+    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(generation))
+    export_and_site(tmp_path / "ckpt", tmp_path / name, tmp_path / "site")
+    return rt.load(tmp_path / name, provider="cpu")
+
+
 def need_page():
     """A browser and onnxruntime-web (else the test is unavailable: a skip, or a failure in CI)."""
     need_browser()
@@ -515,24 +537,9 @@ def test_a_checkpoint_that_decodes_by_beam_search_opens_the_page_on_it(tmp_path)
     the model's defaults; picking greedy on the page (or doSample in the API) sets the model's
     beams aside, as Python's model_options does. A beam search and a greedy decode begun
     together on one model take turns (onnxruntime-web failed the second's run mid-flight)."""
-    import torch
-    import transformers
-
     need_page()
-    tok = byte_level_bpe()
-    torch.manual_seed(1)
-    config = transformers.MambaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-                                      state_size=8, pad_token_id=0, eos_token_id=None)
-    hf = transformers.MambaForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in hf.backbone.layers:
-            layer.mixer.out_proj.weight.mul_(5.0)  # tokens that vary
-    hf.save_pretrained(tmp_path / "ckpt")
-    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
-    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(
-        {"num_beams": 3, "length_penalty": 0.6, "max_new_tokens": 10}))
-    export_and_site(tmp_path / "ckpt", tmp_path / "b", tmp_path / "site")
-    model = rt.load(tmp_path / "b", provider="cpu")
+    model = site_of_a_mamba_with_generation_config(tmp_path, "b", {"num_beams": 3, "length_penalty": 0.6,
+                                                                   "max_new_tokens": 10}, seed=1)
     prompts = ["Friday, 5 März 2021", "the 6th of May", "05/03/87"]
     want = [rt.generate(model, [model.encode(p)], rt.model_options(model))[0] for p in prompts]
     greedy = [rt.generate(model, [model.encode(p)], rt.model_options(model, do_sample=False))[0] for p in prompts]
@@ -651,25 +658,10 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     else changed gives the tokens Python's `generate` gives with the model's defaults and that
     seed; so does the JS runtime's `generateIds(ids, {seed})`, and greedy with OpenAI's presence
     and frequency penalties."""
-    import torch
-    import transformers
-
     need_page()
-    tok = byte_level_bpe()
-    torch.manual_seed(0)
-    config = transformers.MambaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-                                      state_size=8, pad_token_id=0, eos_token_id=None)
-    hf = transformers.MambaForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in hf.backbone.layers:
-            layer.mixer.out_proj.weight.mul_(5.0)  # tokens that vary
-    hf.save_pretrained(tmp_path / "ckpt")
-    tok.save(str(tmp_path / "ckpt" / "tokenizer.json"))
-    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": 6,
-         "repetition_penalty": 1.4, "no_repeat_ngram_size": 2}))
-    export_and_site(tmp_path / "ckpt", tmp_path / "g", tmp_path / "site")
-    model = rt.load(tmp_path / "g", provider="cpu")
+    model = site_of_a_mamba_with_generation_config(tmp_path, "g", {
+        "do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": 6,
+        "repetition_penalty": 1.4, "no_repeat_ngram_size": 2}, seed=0)
     prompt = "Friday, 5 März 2021"
     ids = model.encode(prompt)
     want = {seed: rt.generate(model, [ids], rt.model_options(model, seed=seed))[0] for seed in (7, 8)}
