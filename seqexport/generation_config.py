@@ -3,7 +3,7 @@
 
     record = generation_record(data, "ckpt/generation_config.json")  # None when it sets nothing we keep
     {"file": "generation_config.json", "defaults": {"do_sample": true, "temperature": 0.6, "top_p": 0.9},
-     "not_applied": {"no_repeat_ngram_size": 3}}
+     "not_applied": {"typical_p": 0.9}}
 
 transformers' `model.generate()` decodes with these values when a call gives none, and vLLM
 takes temperature, top_p, top_k, repetition_penalty and max_new_tokens as the defaults of its requests: a model
@@ -26,6 +26,21 @@ def _int(least: int):
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
+def _ids(least: int):
+    """A list of at least `least` token ids."""
+    return lambda v: isinstance(v, list) and len(v) >= least and all(map(_int(0), v))
+
+
+def _list(v, ok) -> bool:
+    return isinstance(v, list) and all(map(ok, v))
+
+
+def _biased(pair) -> bool:
+    """A sequence_bias pair [[ids], bias] (bias a number, or -inf, which JSON cannot hold)."""
+    return (isinstance(pair, list) and len(pair) == 2 and _ids(1)(pair[0]) and isinstance(pair[1], int | float)
+            and not isinstance(pair[1], bool) and not math.isnan(pair[1]) and pair[1] != math.inf)
+
+
 def _real(ok):
     return lambda v: (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and ok(v))
 
@@ -43,17 +58,26 @@ APPLIED = {
     "length_penalty": (_real(lambda v: True), "a finite number"),
     "repetition_penalty": (_real(lambda v: v > 0), "a number > 0"),
     "early_stopping": (lambda v: isinstance(v, bool) or v == "never", 'true, false or "never"'),
+    # transformers' token rules (seqexport.runtime.penalties)
+    "no_repeat_ngram_size": (_int(0), "an integer >= 0 (0: off)"),
+    "min_length": (_int(0), "an integer >= 0"),
+    "bad_words_ids": (lambda v: _list(v, _ids(1)), "a list of token-id lists"),
+    "sequence_bias": (lambda v: _list(v, _biased), "a list of [token ids, bias] pairs"),
+    "suppress_tokens": (_ids(0), "a list of token ids"),
+    "begin_suppress_tokens": (_ids(0), "a list of token ids"),
+    "forced_bos_token_id": (_int(0), "a token id"),
+    "forced_eos_token_id": (lambda v: _int(0)(v) or _ids(1)(v), "a token id or a list of them"),
 }
+# the values of those at which they change nothing (a file may write them out)
+NEUTRAL = {"no_repeat_ngram_size": 0, "min_length": 0, "bad_words_ids": [], "sequence_bias": [],
+           "suppress_tokens": [], "begin_suppress_tokens": []}
 # keys that change which tokens come out, with the values at which they change nothing: any
 # other value is not applied here, and said so
 NOT_APPLIED = {
-    "encoder_repetition_penalty": (1, 1.0), "no_repeat_ngram_size": (0,),
-    "encoder_no_repeat_ngram_size": (0,), "typical_p": (1, 1.0),
-    "epsilon_cutoff": (0, 0.0), "eta_cutoff": (0, 0.0), "min_length": (0,),
-    "bad_words_ids": (None, []), "suppress_tokens": (None, []), "begin_suppress_tokens": (None, []),
-    "forced_bos_token_id": (None,), "forced_eos_token_id": (None,), "diversity_penalty": (0, 0.0),
+    "encoder_repetition_penalty": (1, 1.0), "encoder_no_repeat_ngram_size": (0,), "typical_p": (1, 1.0),
+    "epsilon_cutoff": (0, 0.0), "eta_cutoff": (0, 0.0), "diversity_penalty": (0, 0.0),
     "num_beam_groups": (1,), "penalty_alpha": (None,), "exponential_decay_length_penalty": (None,),
-    "sequence_bias": (None, {}), "guidance_scale": (None, 1, 1.0), "top_h": (None,), "dola_layers": (None,),
+    "guidance_scale": (None, 1, 1.0), "top_h": (None,), "dola_layers": (None,),
 }
 
 
@@ -67,7 +91,7 @@ def generation_record(data: dict, where: str, file: str = "generation_config.jso
     not take either. None when the file sets nothing that changes a decode."""
     defaults = {}
     for key, (ok, expected) in APPLIED.items():
-        if data.get(key) is None:
+        if data.get(key) is None or (key in NEUTRAL and data[key] == NEUTRAL[key]):
             continue
         if not ok(data[key]):
             raise ValueError(f"{where}: {key} is {shown(data[key])}; expected {expected}")
@@ -81,6 +105,17 @@ def generation_record(data: dict, where: str, file: str = "generation_config.jso
     if not defaults and not not_applied:
         return None
     return {"file": file, "defaults": defaults, "not_applied": not_applied}
+
+
+def current_record(record: dict) -> dict:
+    """A checked record as this seqexport writes it: a key an older one kept as not applied,
+    and that is applied now, moved to the defaults (where its value is one transformers takes)."""
+    moved = {k: v for k, v in record["not_applied"].items()
+             if k in APPLIED and k not in record["defaults"] and APPLIED[k][0](v)}
+    if not moved:
+        return record
+    return record | {"defaults": record["defaults"] | moved,
+                     "not_applied": {k: v for k, v in record["not_applied"].items() if k not in moved}}
 
 
 def check_record(record) -> str | None:
@@ -100,7 +135,7 @@ def check_record(record) -> str | None:
 
 
 def not_applied_keys(record: dict | None) -> str | None:
-    """The keys seqexport does not apply, with their values ("no_repeat_ngram_size 3"), or None."""
+    """The keys seqexport does not apply, with their values ("typical_p 0.9"), or None."""
     skipped = (record or {}).get("not_applied") or {}
     return ", ".join(f"{k} {shown(v, 40)}" for k, v in skipped.items()) or None
 

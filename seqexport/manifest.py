@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from seqexport.errors import ArtifactError
-from seqexport.generation_config import generation_lines
+from seqexport.generation_config import current_record, generation_lines
 from seqexport.jsonfile import read_json_object
 from seqexport.manifest_schema import check_manifest
 from seqexport.specs import GraphSpec
@@ -60,22 +60,29 @@ def read_manifest(folder: str | Path, verify: bool = True) -> dict:
             f"{path} has format_version {m.get('format_version')!r}; this seqexport reads version {FORMAT_VERSION}"
         )
     check_manifest(m, folder, path)
+    if m.get("generation"):  # (an older export's record: keys applied since then read as applied)
+        m["generation"] = current_record(m["generation"])
     graph_specs(m)  # the specs must build (e.g. every feed names an output of its graph)
     if verify:
-        for name, g in m["graphs"].items():
-            verify_file(folder, name, g["file"], g["sha256"], g["bytes"])
-            if "data_file" in g:
-                verify_file(folder, name, g["data_file"], g["data_sha256"], g["data_bytes"])
-        weights = m.get("weights")
-        if weights:
-            verify_file(folder, "weights", weights["file"], weights["sha256"], weights["bytes"])
-        tok = m.get("tokenizer") or {}
-        if "file" in tok:
-            verify_file(folder, "tokenizer", tok["file"], tok["sha256"], tok["bytes"])
-        if "chat_template" in tok:
-            chat = tok["chat_template"]
-            verify_file(folder, "chat template", chat["file"], chat["sha256"], chat["bytes"])
+        _verify_files(folder, m)
     return m
+
+
+def _verify_files(folder: Path, m: dict) -> None:
+    """Every file the manifest names against its size and sha256."""
+    for name, g in m["graphs"].items():
+        verify_file(folder, name, g["file"], g["sha256"], g["bytes"])
+        if "data_file" in g:
+            verify_file(folder, name, g["data_file"], g["data_sha256"], g["data_bytes"])
+    weights = m.get("weights")
+    if weights:
+        verify_file(folder, "weights", weights["file"], weights["sha256"], weights["bytes"])
+    tok = m.get("tokenizer") or {}
+    if "file" in tok:
+        verify_file(folder, "tokenizer", tok["file"], tok["sha256"], tok["bytes"])
+    if "chat_template" in tok:
+        chat = tok["chat_template"]
+        verify_file(folder, "chat template", chat["file"], chat["sha256"], chat["bytes"])
 
 
 def tokenizer_files(manifest: dict) -> list[str]:

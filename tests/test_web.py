@@ -485,6 +485,56 @@ def test_the_js_beam_search_takes_pythons_options_and_refuses_bad_ones(page):
     }
 
 
+RULES_API = """
+const [ids, cases, bad, done] = arguments;
+const m = window.seqexportPage.model;
+(async () => {
+  const out = [];
+  for (const options of cases) out.push(await m.generateIds(ids, options));
+  const said = [];
+  for (const options of bad) said.push(await m.generateIds(ids, options).then(() => "decoded", (e) => `${e.constructor.name}: ${e.message}`));
+  return { out, said };
+})().then(done, (e) => done({ error: String(e) }));
+"""
+
+
+def test_the_js_runtime_applies_transformers_token_rules_as_python(page):
+    """transformers' token rules in the JS runtime's decodes, greedy and by beam search, give the
+    Python runtime's tokens (itself checked against transformers' generate) on an encoder-decoder,
+    whose decoder start leads the ids the rules read, and on a Mamba; each rule bites; a rule's
+    id past the vocabulary is a ModelError naming it."""
+    url, driver, site = page
+    for family in [f for f in ("transformer", "mamba") if f in BUNDLED]:
+        model = rt.load(site[1][family], provider="cpu")
+        ids, v = model.encode("Friday, 5 March 2021"), model.vocab_size
+        plain = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=MAX_NEW))[0]
+        start = model.start_token() if model.takes_start_id else ids[-1]
+        cases = [  # (the JS options, the Python ones)
+            ({"noRepeatNgramSize": 1}, {"no_repeat_ngram_size": 1}),
+            ({"badWordsIds": [[start, plain[0]], [plain[2]]], "minLength": 9},
+             {"bad_words_ids": [[start, plain[0]], [plain[2]]], "min_length": 9}),
+            ({"sequenceBias": [[[plain[1], plain[2]], -30.0]], "suppressTokens": [plain[4]],
+              "beginSuppressTokens": [plain[0]], "forcedEosTokenId": plain[0]},
+             {"sequence_bias": [[[plain[1], plain[2]], -30.0]], "suppress_tokens": [plain[4]],
+              "begin_suppress_tokens": [plain[0]], "forced_eos_token_id": plain[0]}),
+            ({"noRepeatNgramSize": 2, "numBeams": 3, "badWordsIds": [[plain[1]]]},
+             {"no_repeat_ngram_size": 2, "num_beams": 3, "bad_words_ids": [[plain[1]]]}),
+        ]
+        want = [rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=MAX_NEW, **py))[0] for _, py in cases]
+        assert all(w != plain for w in want), (family, want, plain)  # each bites
+        bad = [{"badWordsIds": [[1, v]]}, {"forcedBosTokenId": v}, {"noRepeatNgramSize": -1},
+               {"sequenceBias": [[[1], "high"]]}]
+        assert browser.open_page(driver, url, family) == "ready"
+        got = driver.execute_async_script(RULES_API, ids, [js | {"maxNewTokens": MAX_NEW} for js, _ in cases], bad)
+        assert "error" not in got, got
+        assert got["out"] == want, family
+        assert got["said"] == [
+            f"ModelError: badWordsIds token {v} is not a token id of this model: expected an id in [0, {v})",
+            f"ModelError: forcedBosTokenId {v} is not a token id of this model: expected an id in [0, {v})",
+            "ModelError: noRepeatNgramSize must be an integer >= 0 (and < 2**53), got -1",
+            'ModelError: sequenceBias[0] bias must be a number (or -Infinity), got "high"']
+
+
 BEAM_SWEEP = """
 const [prompts, cases, done] = arguments;
 const m = window.seqexportPage.model;
@@ -653,15 +703,15 @@ def test_a_granite_hybrid_with_experts_decodes_in_the_page_as_the_python_runtime
 
 def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime(tmp_path):
     """A checkpoint whose generation_config.json samples (temperature, top-k, top-p, max new
-    tokens, a repetition penalty) and sets a no_repeat_ngram_size: the page's decoding options
-    start at those values, it says the n-gram rule is not applied, and a seeded run with nothing
+    tokens, a repetition penalty, a no_repeat_ngram_size) and sets a typical_p: the page's decoding
+    options start at those values, it says typical_p is not applied, and a seeded run with nothing
     else changed gives the tokens Python's `generate` gives with the model's defaults and that
     seed; so does the JS runtime's `generateIds(ids, {seed})`, and greedy with OpenAI's presence
     and frequency penalties."""
     need_page()
     model = site_of_a_mamba_with_generation_config(tmp_path, "g", {
         "do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": 6,
-        "repetition_penalty": 1.4, "no_repeat_ngram_size": 2}, seed=0)
+        "repetition_penalty": 1.4, "no_repeat_ngram_size": 2, "typical_p": 0.5}, seed=0)
     prompt = "Friday, 5 März 2021"
     ids = model.encode(prompt)
     want = {seed: rt.generate(model, [ids], rt.model_options(model, seed=seed))[0] for seed in (7, 8)}
@@ -677,6 +727,12 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     greedy = rt.generate(model, [ids], rt.model_options(model, presence_penalty=1.5, frequency_penalty=0.7,
                                                         do_sample=False, max_new_tokens=12))[0]
     assert greedy != rt.generate(model, [ids], rt.model_options(model, do_sample=False, max_new_tokens=12))[0]
+    # greedy with the model's n-gram rule alone: it bites
+    looping = {"doSample": False, "maxNewTokens": 24, "repetitionPenalty": 1}
+    no_repeat = rt.generate(model, [ids], rt.model_options(model, do_sample=False, max_new_tokens=24,
+                                                           repetition_penalty=1.0))[0]
+    assert no_repeat != rt.generate(model, [ids], rt.model_options(model, do_sample=False, max_new_tokens=24,
+                                                                   repetition_penalty=1.0, no_repeat_ngram_size=0))[0]
     with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
         assert browser.open_page(driver, url, "g") == "ready"
         shown = {i: driver.find_element("id", i).get_attribute("value")
@@ -684,15 +740,16 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
         note = driver.find_element("id", "error").text
         got = browser.run_prompt(driver, prompt, doSample=True, seed=7)
         api = driver.execute_async_script(
-            "const [ids, options, echo, done] = arguments; const m = window.seqexportPage.model;"
+            "const [ids, options, echo, looping, done] = arguments; const m = window.seqexportPage.model;"
             "Promise.all([m.generateIds(ids, {seed: 8}), m.generateIds(ids, options),"
-            " m.generateIds(echo, {doSample: false, repetitionPenalty: 4.0, maxNewTokens: 8})])"
-            ".then(done, (e) => done(String(e)));", ids, penalties, echo)
+            " m.generateIds(echo, {doSample: false, repetitionPenalty: 4.0, maxNewTokens: 8}),"
+            " m.generateIds(ids, looping)])"
+            ".then(done, (e) => done(String(e)));", ids, penalties, echo, looping)
     assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6",
                      "repetition-penalty": "1.4", "min-p": "0.1"}
-    assert "generation_config.json sets no_repeat_ngram_size 2, which seqexport does not apply" in note
+    assert "generation_config.json sets typical_p 0.5, which seqexport does not apply" in note
     assert got["message"] is None and got["run"]["tokens"] == want[7]
-    assert api == [want[8], greedy, strong]
+    assert api == [want[8], greedy, strong, no_repeat]
 
 
 def test_an_address_naming_a_model_or_option_the_site_lacks_says_so(page):
@@ -937,13 +994,14 @@ JS_PENALTIES = """
 const [cases, draws, done] = arguments;
 (async () => {
   const { PCG64, Seen, pickToken } = await import("./sampling.mjs");
-  const scores = cases.map(([options, context, generated, logits]) => {
-    const seen = new Seen(options, context);
+  const scores = cases.map(([options, context, generated, logits, lead, eos]) => {
+    const seen = new Seen(options, context, { lead, eos });
     for (const t of generated) seen.add(t);
     // beam search's float64 log-probabilities (logits / 3 - 1.25: values no float32 holds)
     const wide = seen.copy().apply(Float64Array.from(logits, (x) => x / 3 - 1.25));
-    return { wanted: Seen.wanted(options), scores: Array.from(seen.apply(Float32Array.from(logits))),
-             wide: Array.from(wide) };
+    // (-Infinity as a string: WebDriver's JSON has no infinity)
+    const plain = (a) => Array.from(a, (x) => (x === -Infinity ? "-inf" : x));
+    return { wanted: Seen.wanted(options), scores: plain(seen.apply(Float32Array.from(logits))), wide: plain(wide) };
   });
   const picked = draws.map(([options, seed, logits]) => {
     const rng = new PCG64(seed);
@@ -955,8 +1013,9 @@ const [cases, draws, done] = arguments;
 
 
 def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
-    """The page's logit bias and repetition, presence and frequency penalties (sampling.mjs
-    `Seen`) against the Python runtime's (`seqexport.runtime.penalties.Seen`, itself checked
+    """The page's logit bias, repetition, presence and frequency penalties and transformers' token
+    rules (sampling.mjs `Seen`: n-grams, bad words, sequence bias, suppressed tokens, min length,
+    forced bos and eos, an encoder-decoder's decoder start leading the ids) against the Python runtime's (`seqexport.runtime.penalties.Seen`, itself checked
     against transformers' generate and OpenAI's rule): the same float32 scores, bit for bit, over random logits of
     both signs, histories with repeats and ids past the vocabulary (and float64 scores, as beam
     search penalises its log-probabilities, bit for bit too); and its seeded draws with
@@ -975,7 +1034,28 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
         generated = rng.integers(0, v + 3, 15).tolist()
         logits = (rng.standard_normal(v) * 4).astype(np.float32)
         cases.append(({"repetitionPenalty": rep, "presencePenalty": presence, "frequencyPenalty": frequency,
-                       "logitBias": {str(t): b for t, b in bias.items()}}, context, generated, logits.tolist()))
+                       "logitBias": {str(t): b for t, b in bias.items()}}, context, generated, logits.tolist(), [], []))
+    # transformers' token rules (each case's sequences taken from its own history, so that they match)
+    for lead, rules in [([], {"noRepeatNgramSize": 2, "badWordsIds": "tail", "suppressTokens": [5, 41],
+                              "minLength": 40, "repetitionPenalty": 1.2}),
+                        ([9], {"sequenceBias": "tail", "beginSuppressTokens": [1, 2], "noRepeatNgramSize": 1}),
+                        ([], {"forcedEosTokenId": [4, 6], "maxNewTokens": 16, "logitBias": {"3": 1.5}}),
+                        ([7], {"forcedBosTokenId": 11, "noRepeatNgramSize": 3, "minNewTokens": 2})]:
+        context = rng.integers(0, 12, 0 if lead else 6).tolist()
+        generated = rng.integers(0, 12, 0 if "forcedBosTokenId" in rules else 15).tolist()
+        history = lead + context + generated
+        if rules.get("badWordsIds") == "tail":
+            rules["badWordsIds"] = [history[-1:] + [8], history[-2:] + [10], [history[0]], [2]]
+        if rules.get("sequenceBias") == "tail":
+            rules["sequenceBias"] = [[history[-1:] + [8], 2.25], [history[-2:] + [10], -1.5], [[3], 0.7], [[1], -1e9]]
+        options = {"repetitionPenalty": 1, "presencePenalty": 0, "frequencyPenalty": 0, "logitBias": {},
+                   "maxNewTokens": 32} | rules
+        logits = (rng.standard_normal(40) * 4).astype(np.float32)
+        cases.append((options, context, generated, logits.tolist(), lead, [2, 30]))
+    # the token after a forced bos: begin_suppress_tokens apply to it (transformers' begin index)
+    cases.append(({"repetitionPenalty": 1, "presencePenalty": 0, "frequencyPenalty": 0, "logitBias": {},
+                   "maxNewTokens": 32, "forcedBosTokenId": 11, "beginSuppressTokens": [3, 4]}, [], [11],
+                  (rng.standard_normal(40) * 4).astype(np.float32).tolist(), [7], [2]))
     draws = []
     for seed, (t, k, p, m) in enumerate([(1.0, 0, 1.0, 0.2), (1.5, 30, 0.9, 0.25), (0.8, 0, 0.95, 0.5)]):
         logits = (rng.standard_normal(200) * 2).astype(np.float32)
@@ -992,22 +1072,27 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
         plain = SearchOptions(do_sample=True, temperature=o["temperature"], top_k=o["topK"], top_p=o["topP"])
         plain_rng = np.random.default_rng(seed)
         assert want != [int(pick_tokens(np.array([logits], np.float32), plain, plain_rng)[0]) for _ in range(40)]
-    for (options, context, generated, logits), js in zip(cases, got["scores"]):
+    names = {"noRepeatNgramSize": "no_repeat_ngram_size", "badWordsIds": "bad_words_ids",
+             "suppressTokens": "suppress_tokens", "minLength": "min_length", "sequenceBias": "sequence_bias",
+             "beginSuppressTokens": "begin_suppress_tokens", "forcedEosTokenId": "forced_eos_token_id",
+             "forcedBosTokenId": "forced_bos_token_id", "minNewTokens": "min_new_tokens", "maxNewTokens": "max_new_tokens"}
+    for (options, context, generated, logits, lead, eos), js in zip(cases, got["scores"]):
         search = SearchOptions(repetition_penalty=options["repetitionPenalty"],
                                presence_penalty=options["presencePenalty"],
                                frequency_penalty=options["frequencyPenalty"],
-                               logit_bias={int(t): b for t, b in options["logitBias"].items()})
-        seen = Seen(search, context)
+                               logit_bias={int(t): b for t, b in options["logitBias"].items()},
+                               **{py: options[js_name] for js_name, py in names.items() if js_name in options})
+        seen = Seen(search, context, lead=lead, eos=eos)
         for t in generated:
             seen.add(t)
         want = seen.apply(np.array(logits, np.float32))
-        assert js["wanted"] == (options != {"repetitionPenalty": 1, "presencePenalty": 0, "frequencyPenalty": 0,
-                                            "logitBias": {}})
-        assert np.array_equal(np.array(js["scores"], np.float32), want), options
+        assert js["wanted"] == (options not in ({"repetitionPenalty": 1, "presencePenalty": 0, "frequencyPenalty": 0,
+                                                 "logitBias": {}},))
+        assert np.array_equal(np.array(js["scores"], np.float32), want), options  # ("-inf" reads as -inf)
         assert js["wanted"] == (not np.array_equal(want, np.array(logits, np.float32)))  # each case does something
         # and in float64, on beam search's log-probabilities (a copied history: a beam that splits)
         logp = np.array(logits, np.float32).astype(np.float64) / 3 - 1.25
-        assert np.array_equal(np.array(js["wide"]), seen.copy().apply(logp)), options
+        assert np.array_equal(np.array(js["wide"], np.float64), seen.copy().apply(logp)), options
 
 
 JS_STREAM = """

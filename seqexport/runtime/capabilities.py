@@ -11,7 +11,8 @@ class StepModel:
     vocab_size: int  # token ids lie in [0, vocab_size): every model sets it (an attribute or a property)
     family: str = ""  # the registry name
     supports_beams: bool = False  # beam search: rows can be reordered mid-decode (a gather per kind)
-    # a decoder that starts from a start token (SearchOptions.start_id); False: the prompt is the start
+    # a decoder that starts from a start token (SearchOptions.start_id; the model's `start_token(start_id)`
+    # says which); False: the prompt is the start
     takes_start_id: bool = False
     # rows may join a running batch at any step boundary; False: the engine admits new requests
     # only when the batch is empty (an old transformer decoder whose rows must stay in step)

@@ -52,6 +52,20 @@ class SearchOptions:
     # number added to its score before anything else (the penalties, temperature, the pick);
     # -100 bans a token in practice, -inf outright. A dict, or (id, bias) pairs; kept sorted
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # transformers' token rules (its generate's arguments of the same names, applied in its order;
+    # seqexport.runtime.penalties): token sequences -> a bias on the last where the row's ids end
+    # with the rest ([ids], bias) pairs or {(ids): bias}; sequences that never come out; no
+    # n-gram twice (0: off); no eos before the row's ids (a language model's prompt included, an
+    # encoder-decoder's decoder start) number min_length; the first new token of a one-token start
+    # forced; the last new token forced (an id or several); ids never picked; ids not picked first
+    sequence_bias: tuple[tuple[tuple[int, ...], float], ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    no_repeat_ngram_size: int = 0
+    min_length: int = 0
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | tuple[int, ...] | None = None
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self):
         _integer("max_new_tokens", self.max_new_tokens, 1)
@@ -82,6 +96,7 @@ class SearchOptions:
         if self.num_beams > 1 and self.do_sample:
             raise UsageError("beam search and sampling cannot be combined")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        _token_rules(self)
 
 
 def _integer(name: str, value, least: int, below: int = 2**63) -> None:
@@ -111,6 +126,55 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
             raise UsageError(f"logit_bias: token id {token} given twice")
         pairs[int(token)] = float(value)
     return tuple(sorted(pairs.items()))
+
+
+def _token_rules(options: "SearchOptions") -> None:
+    """transformers' token rules checked, each held as tuples (what JSON gives as lists)."""
+    object.__setattr__(options, "sequence_bias", _sequence_bias(options.sequence_bias))
+    words = options.bad_words_ids
+    if not isinstance(words, list | tuple):
+        raise UsageError(f"bad_words_ids must be a list of token-id lists, got {words!r}")
+    object.__setattr__(options, "bad_words_ids", tuple(_ids(f"bad_words_ids[{i}]", w, 1) for i, w in enumerate(words)))
+    _integer("no_repeat_ngram_size", options.no_repeat_ngram_size, 0)
+    _integer("min_length", options.min_length, 0)
+    if options.forced_bos_token_id is not None:
+        _integer("forced_bos_token_id", options.forced_bos_token_id, 0)
+    forced = options.forced_eos_token_id
+    if isinstance(forced, list | tuple):
+        object.__setattr__(options, "forced_eos_token_id", _ids("forced_eos_token_id", forced, 1))
+    elif forced is not None:
+        _integer("forced_eos_token_id", forced, 0)
+    for name in ("suppress_tokens", "begin_suppress_tokens"):
+        object.__setattr__(options, name, _ids(name, getattr(options, name)))
+
+
+def _ids(name: str, value, least_length: int = 0) -> tuple[int, ...]:
+    """A list of token ids (integers >= 0) as a tuple; UsageError naming what is not one."""
+    if not isinstance(value, list | tuple) or len(value) < least_length:
+        raise UsageError(f"{name} must be a list of token ids" + (" (at least one)" if least_length else "")
+                         + f", got {value!r}")
+    for i, t in enumerate(value):
+        _integer(f"{name}[{i}]", t, 0)
+    return tuple(int(t) for t in value)
+
+
+def _sequence_bias(bias) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """sequence_bias as (ids, bias) pairs: transformers' [[ids], bias] list or {(ids): bias};
+    each sequence once; biases finite numbers or -inf."""
+    items = list(bias.items()) if isinstance(bias, dict) else bias
+    if not isinstance(items, list | tuple):
+        raise UsageError(f"sequence_bias must be a list of [token ids, bias] pairs, got {bias!r}")
+    pairs = {}
+    for i, item in enumerate(items):
+        if not (isinstance(item, list | tuple) and len(item) == 2):
+            raise UsageError(f"sequence_bias[{i}]: expected a [token ids, bias] pair, got {item!r}")
+        seq = _ids(f"sequence_bias[{i}] token ids", item[0], 1)
+        if not (isinstance(item[1], float | np.floating) and item[1] == -math.inf):  # -inf: never
+            _real(f"sequence_bias[{i}] bias", item[1], "a finite number or -inf", lambda v: True)
+        if seq in pairs:
+            raise UsageError(f"sequence_bias: the sequence {list(seq)} is given twice")
+        pairs[seq] = float(item[1])
+    return tuple(pairs.items())
 
 
 def _real(name: str, value, rule: str, ok) -> None:
@@ -148,23 +212,34 @@ def model_options(model, **given) -> SearchOptions:
 
 def checked_options(options, model) -> SearchOptions:
     """The options given (a dict's keys would otherwise fail as a bare AttributeError deep in
-    the decode), or for None the model's generation defaults (model_options); a logit_bias id
-    the model cannot pick refused by name."""
+    the decode), or for None the model's generation defaults (model_options); a token id in a
+    bias or rule that the model cannot pick refused by name."""
     if options is None:
         options = model_options(model)
     if not isinstance(options, SearchOptions):
         raise UsageError(f"options: expected SearchOptions (or None), got {type(options).__name__}"
                          + (": use SearchOptions(**options)" if isinstance(options, dict) else ""))
-    check_logit_bias(options, model.vocab_size)
+    check_token_ids(options, model.vocab_size)
     return options
 
 
-def check_logit_bias(options: SearchOptions, vocab_size: int) -> None:
-    """UsageError naming a logit_bias id the model cannot pick."""
-    for token, _ in options.logit_bias:
-        if token >= vocab_size:
-            raise UsageError(f"logit_bias token {token} is not a token id of this model: expected an id in "
-                             f"[0, {vocab_size})")
+def check_token_ids(options: SearchOptions, vocab_size: int) -> None:
+    """UsageError naming an id of logit_bias or of a token rule that the model cannot pick
+    (transformers refuses them in a sequence bias or bad word, and fails on a forced one)."""
+    forced_eos = options.forced_eos_token_id
+    named = [("logit_bias token", [t for t, _ in options.logit_bias]),
+             ("sequence_bias token", [t for seq, _ in options.sequence_bias for t in seq]),
+             ("bad_words_ids token", [t for w in options.bad_words_ids for t in w]),
+             ("forced_bos_token_id", [] if options.forced_bos_token_id is None else [options.forced_bos_token_id]),
+             ("forced_eos_token_id", [] if forced_eos is None else
+              list(forced_eos) if isinstance(forced_eos, tuple) else [forced_eos]),
+             ("suppress_tokens token", options.suppress_tokens),
+             ("begin_suppress_tokens token", options.begin_suppress_tokens)]
+    for name, ids in named:
+        for token in ids:
+            if token >= vocab_size:
+                raise UsageError(f"{name} {token} is not a token id of this model: expected an id in "
+                                 f"[0, {vocab_size})")
 
 
 def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
@@ -306,7 +381,7 @@ class Generator:
                              f"its decoder has {limit} positions")
         self._logits, self.state = self.model.begin(rows, self.options.start_id)
         if penalized(self.options):
-            self._seen = [Seen(self.options, seen_context(self.model, r)) for r in rows]
+            self._seen = [row_seen(self.model, self.options, r, self.eos) for r in rows]
         self.sequences = [[] for _ in rows]
         self._done = np.zeros(len(rows), bool)
         self._steps = 0
@@ -317,14 +392,13 @@ class Generator:
         return self._steps >= self.options.max_new_tokens or bool(self._done.all())
 
     def _scores(self) -> np.ndarray:
-        """(b, v) what the rows pick from: the last logits, after each row's penalties, with the
-        eos ids at -inf before min_new_tokens."""
-        logits = self._logits
+        """(b, v) what the rows pick from: the last logits, after each row's penalties and rules
+        (which hold eos back before min_new_tokens), else with the eos ids at -inf before it."""
         if self._seen is not None:
-            logits = np.stack([seen.apply(row) for seen, row in zip(self._seen, logits)])
+            return np.stack([seen.apply(row) for seen, row in zip(self._seen, self._logits)])
         if self._steps < self.options.min_new_tokens:
-            logits = without(logits, self.eos)
-        return logits
+            return without(self._logits, self.eos)
+        return self._logits
 
     def generate_next_token(self) -> np.ndarray:
         """Pick each row's next token from the last logits and feed it; returns (b,) tokens.
@@ -392,10 +466,16 @@ def without(scores: np.ndarray, eos: tuple) -> np.ndarray:
     return out
 
 
-def seen_context(model, prompt: list[int]) -> list[int]:
-    """What a row's repetition penalty counts before it generates: a language model's prompt
-    (transformers counts its input_ids); an encoder-decoder's source is another sequence."""
-    return [] if model.takes_start_id else prompt
+def row_seen(model, options: SearchOptions, prompt: list[int], eos: tuple) -> Seen | None:
+    """One row's `Seen` where the options ask for a bias, penalty or token rule, else None. Its
+    repetition penalty counts a language model's prompt (transformers counts its input_ids); an
+    encoder-decoder's source is another sequence, and its decoder start leads the ids the
+    sequence rules read (transformers' decoder_input_ids)."""
+    if not penalized(options):
+        return None
+    if model.takes_start_id:
+        return Seen(options, (), lead=(model.start_token(options.start_id),), eos=eos)
+    return Seen(options, prompt, eos=eos)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -462,7 +542,7 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
     gen = Generator(model, SearchOptions(max_new_tokens=options.max_new_tokens, eos_id=eos,
                                          start_id=options.start_id))
     # each beam's tokens for its penalties, carried along (a copy where a beam splits) as the beams are reordered
-    beam_seen = [Seen(options, seen_context(model, rows[b // k])) for b in range(n * k)] if penalized(options) else None
+    beam_seen = [row_seen(model, options, rows[b // k], eos) for b in range(n * k)] if penalized(options) else None
     gen.append_tokens([r for r in rows for _ in range(k)])  # each source repeated k times
     state, logits = gen.state, gen._logits
     scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], n)  # only beam 0 is live at first
@@ -474,7 +554,7 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
         logp = _log_softmax(logits)  # (n*k, v)
         if beam_seen is not None:  # on the log-probabilities, as transformers' beam search applies its processors
             logp = np.stack([seen.apply(row) for seen, row in zip(beam_seen, logp)])
-        if step < options.min_new_tokens:  # no hypothesis ends before min_new_tokens
+        elif step < options.min_new_tokens:  # no hypothesis ends before min_new_tokens (else Seen's rule)
             logp = without(logp, eos)
         v = logp.shape[-1]
         total = (scores[:, None] + logp).reshape(n, k * v)

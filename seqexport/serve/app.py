@@ -26,8 +26,9 @@ from starlette.requests import ClientDisconnect
 
 from seqexport.errors import InputError, SeqexportError, UsageError
 from seqexport.runtime.engine import Engine, QueueFull
-from seqexport.runtime.generate import SearchOptions, check_logit_bias
+from seqexport.runtime.generate import SearchOptions, check_token_ids
 from seqexport.runtime.models import load
+from seqexport.runtime.penalties import RULES
 from seqexport.serve.metrics import CONTENT_TYPE, ServerMetrics
 from seqexport.serve.protocol import (
     CHAT,
@@ -74,7 +75,8 @@ class ServeConfig:
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for a completion
 # what a request takes from the model's generation defaults (as vLLM): do_sample and beams are
 # transformers' generate's; OpenAI's API says greedy by temperature 0 and has no beam search
-SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "min_new_tokens", "repetition_penalty")
+SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "min_new_tokens", "repetition_penalty",
+                   *RULES)  # (the token rules: no request field sets them; transformers' generate applies them)
 
 
 def served_defaults(defaults: dict, source: str) -> dict:
@@ -157,13 +159,14 @@ class ServingHost:
                                                               default.get("repetition_penalty"), 1.0),
                                     presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
                                     min_new_tokens=min_tokens, logit_bias=params.logit_bias,
-                                    eos_id=-1 if params.ignore_eos else None)
+                                    eos_id=-1 if params.ignore_eos else None,
+                                    **{k: default[k] for k in RULES if k in default})
         except UsageError as e:
             raise HTTPError(400, str(e)) from None
         try:  # here, not in the engine, whose refusal would be a UsageError (a 500)
-            check_logit_bias(options, self.model.vocab_size)
+            check_token_ids(options, self.model.vocab_size)
         except UsageError as e:
-            raise HTTPError(400, str(e), "logit_bias") from None
+            raise HTTPError(400, str(e), "logit_bias" if "logit_bias" in str(e) else None) from None
         return options
 
     def submit(self, params: CompletionParams, listener: "Listener"):

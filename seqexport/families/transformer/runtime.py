@@ -48,9 +48,14 @@ class TransformerSteps(StepModel):
         for i, r in enumerate(rows):
             src[i, : len(r)] = r
             mask[i, : len(r)] = 1
+        start = self.start_token(start_id)
+        return self.start(src, mask), [[start] for _ in rows]
+
+    def start_token(self, start_id: int | None = None) -> int:
+        """The token the decoder starts from: `start_id`, else the tokenizer's bos, else 1."""
         if start_id is None:
-            start_id = self.tokenizer.bos_id if self.tokenizer else 1
-        return self.start(src, mask), [[start_id] for _ in rows]
+            return self.tokenizer.bos_id if self.tokenizer else 1
+        return start_id
 
     def feed(self, tokens, state: State) -> State:
         """The state after these (b, t) tokens; their logits are not needed."""

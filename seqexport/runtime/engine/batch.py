@@ -269,9 +269,9 @@ class RunningBatch:
                 continue
             opts = req.options
             held = req._picked < opts.min_new_tokens  # its eos not yet allowed
-            if req._seen is not None or held:  # its penalties, its eos held back: its own row of scores
-                row = req._seen.apply(logits[i]) if req._seen is not None else logits[i]  # (v,)
-                row = (without(row, req._eos) if held else row)[None]  # (1, v)
+            if req._seen is not None or held:  # its penalties and rules, its eos held back: its own row of scores
+                # (v,) -> (1, v); Seen holds eos back itself
+                row = (req._seen.apply(logits[i]) if req._seen is not None else without(logits[i], req._eos))[None]
                 token = int(pick_tokens(row, opts, req._rng)[0]) if opts.do_sample else int(row.argmax())
             else:
                 token = int(pick_tokens(logits[i : i + 1], opts, req._rng)[0]) if opts.do_sample else best[i]

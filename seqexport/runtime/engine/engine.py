@@ -16,8 +16,7 @@ from seqexport.runtime.engine.pinning import cannot_pin, pin, thread_cpus
 from seqexport.runtime.engine.queues import Queues
 from seqexport.runtime.engine.request import Request, check_hooks, checked_prompt
 from seqexport.runtime.engine.starter import Starter
-from seqexport.runtime.generate import SearchOptions, checked_options, eos_for, seen_context
-from seqexport.runtime.penalties import Seen, penalized
+from seqexport.runtime.generate import SearchOptions, checked_options, eos_for, row_seen
 
 
 class Engine:
@@ -127,7 +126,7 @@ class Engine:
         req = Request(row, options, request_id or f"req-{next(self._ids)}", on_event=on_event, stop=stop,
                       deadline=None if timeout is None else now + timeout, submitted=now)
         req._eos = eos_for(self.model, options)
-        req._seen = Seen(options, seen_context(self.model, row)) if penalized(options) else None
+        req._seen = row_seen(self.model, options, row, req._eos)
         req._engine_flag = self._queues.cancel_flag
         req._engine_wakes = self._wakes
         req._engine_wake = self._wake

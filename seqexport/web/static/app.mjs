@@ -2,7 +2,7 @@
 // Every failure ends in a visible message (the #error box), never a dead page. The page's state
 // is in <body data-state>: loading | ready | running | done | error | load-error.
 
-import { ModelError, loadModel } from "./seqexport.mjs";
+import { ModelError, loadModel, notApplied } from "./seqexport.mjs";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -96,7 +96,7 @@ async function selectModel(name) {
     $("status").className = "status ready";
     $("status").textContent = `${entry.name} ready · ${model.manifest.family} · ${backendLabel(model)}`;
     if (model.fallback) showError(model.fallback);
-    const skipped = Object.entries(model.manifest.generation?.not_applied ?? {});
+    const skipped = Object.entries(notApplied(model.manifest.generation));
     if (skipped.length) // as `seqexport generate` and `serve` warn of it
       showError(`This model's ${model.manifest.generation.file} sets ${skipped.map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ")}, ` +
                 "which seqexport does not apply: its tokens can differ from transformers' generate.");

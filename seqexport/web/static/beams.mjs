@@ -5,7 +5,6 @@
 // Each beam is a state of its own: a beam that splits steps its parent's state twice (a branch:
 // Model.step leaves the state it is given usable), where Python gathers batch rows.
 
-import { Seen } from "./sampling.mjs";
 import { ModelError } from "./seqexport.mjs";
 
 /** log-softmax of one row of float32 logits, in float64 (as Python's _log_softmax). */
@@ -59,7 +58,7 @@ export async function beamSearch(model, promptIds, o) {
   const started = await model.start(promptIds, { startId: o.startId });
   let ms = started.ms, steps = 1;
   // an encoder-decoder's source is another sequence: its penalties count the answer only
-  const seen = Seen.wanted(o) ? new Seen(o, model.roles.begin ? [] : promptIds) : null;
+  const seen = model.rowSeen(o, promptIds);
   // the live beams, best first (Python's rows; its dead rows, scored -inf, come after them)
   let beams = [{ tokens: [], score: 0, logits: started.logits, state: started.state, seen }];
   const finished = []; // {score, tokens}
@@ -73,7 +72,7 @@ export async function beamSearch(model, promptIds, o) {
           throw new ModelError(`the model produced NaN/Inf logits after ${step} new tokens; run \`seqexport validate\` on this export`);
         let logp = logSoftmax(beam.logits);
         if (beam.seen) logp = beam.seen.apply(logp); // on the log-probabilities, as Python's
-        if (step < o.minNewTokens) for (const id of eos) if (id >= 0 && id < logp.length) logp[id] = -Infinity;
+        else if (step < o.minNewTokens) for (const id of eos) if (id >= 0 && id < logp.length) logp[id] = -Infinity;
         bestOfRow(beam.score, logp, b, m, candidates);
       }
       const v = beams[0].logits.length;

@@ -101,27 +101,66 @@ export function argmax(values) {
 }
 
 /**
- * The tokens one row has seen, for its penalties, as Python's seqexport.runtime.penalties.Seen:
- * first a logit bias (OpenAI's: {id: bias}, added to those ids' scores), then a repetition
- * penalty on every id of `context` (a language model's prompt) and of the answer (divided where
- * positive, multiplied where negative, once), OpenAI's presence and frequency
- * penalties on the answer's ids. In float32, each operation rounded as numpy's float32 rounds it.
+ * The tokens one row has seen, for its penalties and token rules, as Python's
+ * seqexport.runtime.penalties.Seen: first a bias (OpenAI's logitBias {id: bias}, transformers'
+ * sequenceBias [[ids], bias] pairs, whose several-token ones bias their last where the row's ids
+ * end with the rest, and badWordsIds biased by -Infinity), then a repetition penalty on every id of
+ * `context` (a language model's prompt) and of the answer (divided where positive, multiplied
+ * where negative, once), OpenAI's presence and frequency penalties on the answer's ids, then
+ * transformers' bans and forcings in its order (noRepeatNgramSize, minLength and minNewTokens,
+ * forcedBosTokenId, forcedEosTokenId, suppressTokens, beginSuppressTokens). The sequence rules
+ * read `lead` (an encoder-decoder's decoder start), `context`, then the answer. In float32, each
+ * operation rounded as numpy's float32 rounds it.
  */
 export class Seen {
   static wanted(o) {
     return o.repetitionPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0 ||
-      Object.keys(o.logitBias ?? {}).length > 0;
+      Object.keys(o.logitBias ?? {}).length > 0 || (o.sequenceBias ?? []).length > 0 ||
+      (o.badWordsIds ?? []).length > 0 || (o.noRepeatNgramSize ?? 0) > 0 || (o.minLength ?? 0) > 0 ||
+      (o.forcedBosTokenId ?? null) !== null || (o.forcedEosTokenId ?? null) !== null ||
+      (o.suppressTokens ?? []).length > 0 || (o.beginSuppressTokens ?? []).length > 0;
   }
 
-  constructor(options, context = []) {
+  constructor(options, context = [], { lead = [], eos = [] } = {}) {
     // as given (float64: beam search's log-probabilities), and each float32 logits take
     this.repetition = options.repetitionPenalty;
     this.presence = options.presencePenalty;
     this.frequency = options.frequencyPenalty;
-    this.bias = Object.entries(options.logitBias ?? {}).map(([t, b]) => [Number(t), b]);
+    // the bias every step adds (summed in float64 per id, as Python) and the several-token sequences
+    this.always = new Map();
+    this.sequences = [];
+    const items = [...Object.entries(options.logitBias ?? {}).map(([t, b]) => [[Number(t)], b]),
+      ...(options.sequenceBias ?? []),
+      ...(options.badWordsIds ?? []).filter((w) => !(w.length === 1 && eos.includes(w[0]))).map((w) => [w, -Infinity])];
+    for (const [ids, bias] of items) {
+      if (ids.length === 1) this.always.set(ids[0], (this.always.get(ids[0]) ?? 0) + bias);
+      else this.sequences.push([ids.slice(0, -1), ids[ids.length - 1], bias]);
+    }
     this.ids = [...new Set(context)];
     this.known = new Set(this.ids);
     this.counts = new Map(); // generated token -> times
+    this.history = [...lead, ...context]; // transformers' input_ids for this row
+    this.ngram = options.noRepeatNgramSize ?? 0;
+    this.follows = new Map(); // (n-1) ids joined by "," -> the ids that followed them
+    if (this.ngram) for (let end = this.ngram; end <= this.history.length; end++) this._follow(end);
+    this.eos = eos.filter((id) => id >= 0);
+    this.begin = this.history.length; // ids before the first new token
+    this.minLength = Math.max(options.minLength ?? 0, this.begin + (options.minNewTokens ?? 0));
+    this.forcedBos = options.forcedBosTokenId ?? null;
+    const forcedEos = options.forcedEosTokenId ?? null;
+    this.forcedEos = forcedEos === null ? null : Array.isArray(forcedEos) ? forcedEos : [forcedEos];
+    this.last = this.begin + options.maxNewTokens - 1; // ids before the last new token
+    this.suppress = options.suppressTokens ?? [];
+    this.beginSuppress = options.beginSuppressTokens ?? [];
+    // transformers' begin index: one later where a one-token start gets its forced bos first
+    this.beginAt = this.begin + (this.begin === 1 && this.forcedBos !== null ? 1 : 0);
+  }
+
+  _follow(end) {
+    const key = this.history.slice(end - this.ngram, end - 1).join(",");
+    const after = this.follows.get(key);
+    const token = this.history[end - 1];
+    if (!after?.has(token)) this.follows.set(key, new Set([...(after ?? []), token])); // (a new set: copies share them)
   }
 
   /** Another row's history that starts as this one (a beam that splits). */
@@ -130,6 +169,8 @@ export class Seen {
     twin.ids = [...this.ids];
     twin.known = new Set(this.known);
     twin.counts = new Map(this.counts);
+    twin.history = [...this.history];
+    twin.follows = new Map(this.follows);
     return twin;
   }
 
@@ -139,6 +180,19 @@ export class Seen {
       this.ids.push(token);
     }
     this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
+    this.history.push(token);
+    if (this.ngram && this.history.length >= this.ngram) this._follow(this.history.length);
+  }
+
+  /** {id: bias} this step adds: the fixed ones and those of the sequences the row's ids end with
+   * the rest of, summed per id in the scores' precision `f`. */
+  _biasNow(f) {
+    const total = new Map([...this.always].map(([t, b]) => [t, f(b)]));
+    const h = this.history;
+    for (const [prefix, last, bias] of this.sequences)
+      if (prefix.length <= h.length && prefix.every((t, i) => h[h.length - prefix.length + i] === t))
+        total.set(last, f(f(total.get(last) ?? 0) + f(bias)));
+    return total;
   }
 
   /** A penalised copy of one row of scores in their own precision, as numpy computes in the
@@ -150,12 +204,28 @@ export class Seen {
     const out = wide ? Float64Array.from(scores) : Float32Array.from(scores);
     const v = out.length;
     const [repetition, presence, frequency] = [this.repetition, this.presence, this.frequency].map(f);
-    for (const [t, b] of this.bias) if (t < v) out[t] = f(out[t] + f(b));
+    for (const [t, b] of this._biasNow(f)) if (t < v) out[t] = f(out[t] + b);
     if (repetition !== 1)
       for (const t of this.ids) if (t < v) out[t] = out[t] < 0 ? f(out[t] * repetition) : f(out[t] / repetition);
     if (presence !== 0 || frequency !== 0)
       for (const [t, c] of this.counts) if (t < v) out[t] = f(out[t] - f(f(frequency * c) + presence));
+    this._rules(out, v);
     return out;
+  }
+
+  /** transformers' bans and forcings on `out`, in place, in its processors' order. */
+  _rules(out, v) {
+    const length = this.history.length;
+    const ban = (ids) => { for (const t of ids) if (t < v) out[t] = -Infinity; };
+    if (this.ngram && length >= this.ngram) ban(this.follows.get(this.history.slice(length - this.ngram + 1).join(",")) ?? []);
+    if (length < this.minLength) ban(this.eos);
+    for (const [forced, at] of [[this.forcedBos === null ? null : [this.forcedBos], 1], [this.forcedEos, this.last]])
+      if (forced !== null && length === at) {
+        out.fill(-Infinity);
+        for (const t of forced) out[t] = 0;
+      }
+    ban(this.suppress);
+    if (length === this.beginAt) ban(this.beginSuppress);
   }
 }
 

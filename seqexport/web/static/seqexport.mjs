@@ -227,7 +227,7 @@ export class Model {
     this.appended = appended;
     // the checkpoint's decode defaults (generation_config.json), in generate()'s option names:
     // what an option left out takes, as Python's generate()
-    this.generationDefaults = generationDefaults(this.manifest.generation?.defaults ?? {});
+    this.generationDefaults = generationDefaults(this.manifest.generation);
   }
 
   get vocabSize() {
@@ -326,8 +326,7 @@ export class Model {
       const mask = feeds[spec.inputs.find((t) => t.role === "mask")?.name] ?? null;
       const srcDim = spec.inputs.find((t) => t.role === "tokens").dims[1];
       const state = this._freshState(given, { batch: 1, [srcDim]: promptIds.length }, mask);
-      const start = startId ?? this.tokenizer?.startId ?? 1;
-      return this._advance(this.roles.step, [start], state, true);
+      return this._advance(this.roles.step, [this._startToken(startId)], state, true);
     }
     let state = this._freshState({}, { batch: 1 }, null);
     const { prefill, step, fixedPrefill } = this.roles;
@@ -459,9 +458,9 @@ export class Model {
     const unpickable = o.eosIds.find((id) => id >= this.vocabSize);
     if (unpickable !== undefined)
       throw new ModelError(`eosId ${unpickable} is not a token id of this model: expected -1 (never) or an id in [0, ${this.vocabSize})`);
-    const unbiasable = Object.keys(o.logitBias).find((id) => Number(id) >= this.vocabSize);
-    if (unbiasable !== undefined)
-      throw new ModelError(`logitBias token ${unbiasable} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
+    const unknown = unpickableToken(o, this.vocabSize);
+    if (unknown !== null)
+      throw new ModelError(`${unknown} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
     if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
       throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
     const stream = this.tokenizer ? new TextStream(this.tokenizer) : null;
@@ -472,15 +471,14 @@ export class Model {
       return;
     }
     const rng = o.doSample ? new PCG64(o.seed ?? randomSeed()) : null;
-    // an encoder-decoder's source is another sequence: its penalties count the answer only
-    const seen = Seen.wanted(o) ? new Seen(o, this.roles.begin ? [] : promptIds) : null;
+    const seen = this.rowSeen(o, promptIds);
     let { logits, state, ms } = await this.start(promptIds, { startId: o.startId });
     try {
       for (let n = 0; n < o.maxNewTokens; n++) {
         if (!logits.every(Number.isFinite))
           throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
-        let scores = seen ? seen.apply(logits) : logits;
-        if (n < o.minNewTokens && o.eosIds.length) { // no eos yet: as Python's without()
+        let scores = seen ? seen.apply(logits) : logits; // (Seen holds eos back itself)
+        if (!seen && n < o.minNewTokens && o.eosIds.length) { // no eos yet: as Python's without()
           scores = Float32Array.from(scores);
           for (const id of o.eosIds) if (id >= 0 && id < scores.length) scores[id] = -Infinity;
         }
@@ -497,6 +495,20 @@ export class Model {
     } finally {
       state.dispose();
     }
+  }
+
+  /** One row's Seen where the options ask for a bias, penalty or token rule, else null (Python's
+   * row_seen): an encoder-decoder's source is another sequence, so its penalties count the answer
+   * only, and its decoder start leads the ids the token rules read. */
+  rowSeen(o, promptIds) {
+    if (!Seen.wanted(o)) return null;
+    if (this.roles.begin) return new Seen(o, [], { lead: [this._startToken(o.startId)], eos: o.eosIds });
+    return new Seen(o, promptIds, { eos: o.eosIds });
+  }
+
+  /** The token an encoder-decoder's decoder starts from: `startId`, else the tokenizer's, else 1. */
+  _startToken(startId) {
+    return startId ?? this.tokenizer?.startId ?? 1;
   }
 
   /** The tokens greedy (or seeded) generation gives, eos excluded: Python's `generate` for one prompt. */
@@ -541,12 +553,23 @@ function randomSeed() {
   return words[0] * 2 ** 21 + (words[1] >>> 11); // < 2**53
 }
 
-const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
+export const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
   min_p: "minP", max_new_tokens: "maxNewTokens", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty",
-  num_beams: "numBeams", length_penalty: "lengthPenalty", early_stopping: "earlyStopping" };
+  num_beams: "numBeams", length_penalty: "lengthPenalty", early_stopping: "earlyStopping",
+  sequence_bias: "sequenceBias", bad_words_ids: "badWordsIds", no_repeat_ngram_size: "noRepeatNgramSize",
+  min_length: "minLength", forced_bos_token_id: "forcedBosTokenId", forced_eos_token_id: "forcedEosTokenId",
+  suppress_tokens: "suppressTokens", begin_suppress_tokens: "beginSuppressTokens" };
 
-/** A manifest's generation defaults ({do_sample, temperature, …}) as generate()'s options. */
-export function generationDefaults(defaults) {
+/** The keys of a manifest's generation record the runtime does not apply: an older export kept
+ * some it applies now as not applied (Python's current_record reads them as defaults). */
+export function notApplied(record) {
+  return Object.fromEntries(Object.entries(record?.not_applied ?? {}).filter(([k]) => !(k in GENERATION_KEYS)));
+}
+
+/** A manifest's generation record ({defaults: {do_sample, temperature, …}, not_applied}) as
+ * generate()'s options: its defaults, and what an older export kept as not applied that is now. */
+export function generationDefaults(record) {
+  const defaults = { ...(record?.not_applied ?? {}), ...(record?.defaults ?? {}) };
   const o = {};
   for (const [key, name] of Object.entries(GENERATION_KEYS)) if (defaults[key] != null) o[name] = defaults[key];
   if (!o.doSample && o.temperature === 0) delete o.temperature; // greedy's 0 says greedy, it is no divisor
@@ -560,6 +583,8 @@ export function searchOptions(options, tokenizer, model = {}) {
     maxNewTokens: 32, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
     repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0, logitBias: {},
     eosId: tokenizer?.eosIds ?? null, startId: null, numBeams: 1, lengthPenalty: 1.0, earlyStopping: false,
+    sequenceBias: [], badWordsIds: [], noRepeatNgramSize: 0, minLength: 0, forcedBosTokenId: null,
+    forcedEosTokenId: null, suppressTokens: [], beginSuppressTokens: [],
   };
   // a misspelt option (maxNewToken) would decode with the default instead, silently
   const given = checkedKeys(options, Object.keys(defaults), "generate");
@@ -608,7 +633,46 @@ export function searchOptions(options, tokenizer, model = {}) {
     if (!/^\d{1,15}$/.test(id)) throw new ModelError(`logitBias: key ${shown(id)} is not a token id (an integer >= 0)`);
     if (!(number(bias) || bias === -Infinity)) throw new ModelError(`logitBias[${id}] must be a number (or -Infinity), got ${shown(bias)}`);
   }
+  checkTokenRules(o, integer, number);
   return o;
+}
+
+/** transformers' token rules checked as Python's SearchOptions checks them. */
+function checkTokenRules(o, integer, number) {
+  const ids = (name, value, least = 0) => {
+    if (!Array.isArray(value) || value.length < least || !value.every((t) => Number.isSafeInteger(t) && t >= 0))
+      throw new ModelError(`${name} must be a list of token ids${least ? " (at least one)" : ""}, got ${shown(value)}`);
+  };
+  if (!Array.isArray(o.sequenceBias)) throw new ModelError(`sequenceBias must be a list of [token ids, bias] pairs, got ${shown(o.sequenceBias)}`);
+  const sequences = new Set();
+  o.sequenceBias.forEach((pair, i) => {
+    if (!Array.isArray(pair) || pair.length !== 2) throw new ModelError(`sequenceBias[${i}]: expected a [token ids, bias] pair, got ${shown(pair)}`);
+    ids(`sequenceBias[${i}] token ids`, pair[0], 1);
+    if (!(number(pair[1]) || pair[1] === -Infinity)) throw new ModelError(`sequenceBias[${i}] bias must be a number (or -Infinity), got ${shown(pair[1])}`);
+    if (sequences.has(String(pair[0]))) throw new ModelError(`sequenceBias: the sequence ${shown(pair[0])} is given twice`);
+    sequences.add(String(pair[0]));
+  });
+  if (!Array.isArray(o.badWordsIds)) throw new ModelError(`badWordsIds must be a list of token-id lists, got ${shown(o.badWordsIds)}`);
+  o.badWordsIds.forEach((w, i) => ids(`badWordsIds[${i}]`, w, 1));
+  integer("noRepeatNgramSize", 0);
+  integer("minLength", 0);
+  if (o.forcedBosTokenId !== null) integer("forcedBosTokenId", 0);
+  if (Array.isArray(o.forcedEosTokenId)) ids("forcedEosTokenId", o.forcedEosTokenId, 1);
+  else if (o.forcedEosTokenId !== null) integer("forcedEosTokenId", 0);
+  ids("suppressTokens", o.suppressTokens);
+  ids("beginSuppressTokens", o.beginSuppressTokens);
+}
+
+/** The first token id of a decode's options that the model cannot pick, named ("logitBias token
+ * 500"), or null: Python's check_token_ids. */
+function unpickableToken(o, vocabSize) {
+  const forcedEos = o.forcedEosTokenId === null ? [] : [o.forcedEosTokenId].flat();
+  const named = [["logitBias token", Object.keys(o.logitBias).map(Number)],
+    ["sequenceBias token", o.sequenceBias.flatMap(([seq]) => seq)], ["badWordsIds token", o.badWordsIds.flat()],
+    ["forcedBosTokenId", o.forcedBosTokenId === null ? [] : [o.forcedBosTokenId]], ["forcedEosTokenId", forcedEos],
+    ["suppressTokens token", o.suppressTokens], ["beginSuppressTokens token", o.beginSuppressTokens]];
+  for (const [name, ids] of named) for (const t of ids) if (t >= vocabSize) return `${name} ${t}`;
+  return null;
 }
 
 /**
