@@ -71,6 +71,8 @@ def test_a_checkpoints_token_rules_decode_as_transformers_generate(checkpoint, g
     ours, log = cli_ids(out)
     assert ours == expected
     assert "does not apply" not in log
+    taken = log.split("using the model's generation defaults")[1].split("\n")[0]
+    assert all(f"{key} " in taken for key in config), taken  # each rule said to be taken
     model = rt.load(out)
     assert rt.generate(model, [PROMPT])[0] == expected
     if "num_beams" not in config:  # the engine (what serves requests) too
@@ -113,6 +115,9 @@ def test_min_length_forced_bos_and_the_begin_index_follow_transformers(checkpoin
         return seq[: seq.index(kwargs["eos_token_id"])] if kwargs.get("eos_token_id") in seq else seq
 
     assert ours(PROMPT, eos_id=eos) == theirs(PROMPT, eos_token_id=eos) == greedy[:1]
+    # `seqexport generate --no-repeat-ngram-size`
+    flagged, _ = cli_ids(out, "--no-repeat-ngram-size", "2", "--max-new-tokens", str(NEW))
+    assert flagged == hf_generate_with(checkpoint, PROMPT, max_new_tokens=NEW, no_repeat_ngram_size=2) != greedy
     for length in (len(PROMPT) + 4, len(PROMPT) + 7):
         got = ours(PROMPT, eos_id=eos, min_length=length)
         assert got == theirs(PROMPT, eos_token_id=eos, min_length=length) and len(got) >= length - len(PROMPT)

@@ -511,8 +511,8 @@ def test_the_js_runtime_applies_transformers_token_rules_as_python(page):
         start = model.start_token() if model.takes_start_id else ids[-1]
         cases = [  # (the JS options, the Python ones)
             ({"noRepeatNgramSize": 1}, {"no_repeat_ngram_size": 1}),
-            ({"badWordsIds": [[start, plain[0]], [plain[2]]], "minLength": 9},
-             {"bad_words_ids": [[start, plain[0]], [plain[2]]], "min_length": 9}),
+            ({"badWordsIds": [[start, plain[0]]]}, {"bad_words_ids": [[start, plain[0]]]}),  # (the start: first)
+            ({"badWordsIds": [[plain[3]]], "minLength": 12}, {"bad_words_ids": [[plain[3]]], "min_length": 12}),
             ({"sequenceBias": [[[plain[1], plain[2]], -30.0]], "suppressTokens": [plain[4]],
               "beginSuppressTokens": [plain[0]], "forcedEosTokenId": plain[0]},
              {"sequence_bias": [[[plain[1], plain[2]], -30.0]], "suppress_tokens": [plain[4]],

@@ -42,6 +42,9 @@ from seqexport.errors import UsageError
 @click.option("--logit-bias", multiple=True, metavar="ID=BIAS",
               help="Add BIAS to token ID's score before anything else (OpenAI's logit_bias; -100 bans it in "
                    "practice, -inf outright; repeat for several).")
+@click.option("--no-repeat-ngram-size", type=click.IntRange(min=0),
+              help="No n-gram of this many tokens twice in a row's ids (a language model's prompt included), as "
+                   "transformers' [the model's generation default, else 0: off].")
 @click.option("--beams", type=click.IntRange(min=1),
               help="Beam search width (every family; 1: greedy) [the model's generation default, else 1].")
 @click.option("--early-stopping", type=click.Choice(["true", "false", "never"]),
@@ -53,8 +56,8 @@ from seqexport.errors import UsageError
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
 def generate(folder, text, ids, chat, system, max_new_tokens, min_new_tokens, greedy, temperature, top_k, top_p, min_p, seed,
-             repetition_penalty, presence_penalty, frequency_penalty, logit_bias, beams, early_stopping, eos_id,
-             provider):
+             repetition_penalty, presence_penalty, frequency_penalty, logit_bias, no_repeat_ngram_size, beams,
+             early_stopping, eos_id, provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens.
 
     Options not given take the model's generation defaults (its checkpoint's
@@ -72,6 +75,7 @@ def generate(folder, text, ids, chat, system, max_new_tokens, min_new_tokens, gr
                  num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                  frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias) or None,
+                 no_repeat_ngram_size=no_repeat_ngram_size,
                  early_stopping={"true": True, "false": False}.get(early_stopping, early_stopping),
                  eos_id=eos_id or None, provider=provider, log=lambda msg: click.echo(msg, err=True),
                  conversation=conversation if chat else None)
@@ -93,7 +97,7 @@ def _say_defaults(model, given: dict, options, log) -> None:
     from seqexport.generation_config import not_applied_note
 
     taken = {k: v for k, v in model.generation_defaults.items()
-             if given.get(k) is None and getattr(options, k) == v and k in given}
+             if given.get(k) is None and _same(getattr(options, k, None), v)}
     if taken:
         log("using the model's generation defaults (" + model.generation["file"] + "): "
             + ", ".join(f"{k} {v}" for k, v in taken.items()) + " (options given override them)")
@@ -102,6 +106,12 @@ def _say_defaults(model, given: dict, options, log) -> None:
     flags = [f"--{k.replace('_', '-')}" for k in SAMPLING_FLAGS if given.get(k) is not None]
     if flags and not options.do_sample:
         log(f"warning: {', '.join(flags)} apply to sampling only; add --sample (decoding greedily)")
+
+
+def _same(option, default) -> bool:
+    """Whether an option holds the generation default (tuples as the file's lists)."""
+    listed = lambda v: [listed(x) for x in v] if isinstance(v, list | tuple) else v  # noqa: E731
+    return listed(option) == listed(default)
 
 
 def parse_logit_bias(items) -> dict[int, float]:
