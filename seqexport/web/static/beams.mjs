@@ -118,10 +118,6 @@ export async function beamSearch(model, promptIds, o) {
 
 /** Free the device buffers of the beams left behind, but none a beam going on still reads. */
 function releaseStates(old, kept) {
-  const live = new Set(kept.flatMap((b) => Object.values(b.state.tensors)));
-  for (const { state } of old) {
-    if (state.disposed) continue;
-    for (const t of Object.values(state.tensors)) if (t.location === "gpu-buffer" && !live.has(t)) t.dispose();
-    state.disposed = true;
-  }
+  const live = kept.map((b) => b.state);
+  for (const { state } of old) state.dispose(live);
 }

@@ -207,9 +207,12 @@ class SeqState {
     this.disposed = false;
   }
 
-  /** Free the GPU buffers of this state (WebGPU); a state must not be used after (step refuses it). */
-  dispose(keep = null) {
-    for (const [name, t] of Object.entries(this.tensors)) if (t.location === "gpu-buffer" && keep?.tensors[name] !== t) t.dispose();
+  /** Free the GPU buffers of this state (WebGPU), but none that `keep` (a state going on, or a
+   * list of them: beam search's) still reads; a state must not be used after (step refuses it). */
+  dispose(keep = []) {
+    if (this.disposed) return;
+    const live = new Set([keep].flat().flatMap((s) => Object.values(s.tensors)));
+    for (const t of Object.values(this.tensors)) if (t.location === "gpu-buffer" && !live.has(t)) t.dispose();
     this.disposed = true;
   }
 }
