@@ -434,6 +434,44 @@ def test_the_pages_beam_search_gives_the_python_runtimes_tokens(page, family):
     assert [g["run"]["tokens"] for g in got] == ended
 
 
+STOPPED_API = """
+const [ids, done] = arguments;
+const m = window.seqexportPage.model;
+(async () => {
+  const aborted = AbortSignal.abort();
+  const beams = await m.generateIds(ids, {numBeams: 3, eosId: -1, maxNewTokens: 50, signal: aborted});
+  const greedy = await m.generateIds(ids, {eosId: -1, maxNewTokens: 50, signal: aborted});
+  const said = await m.generateIds(ids, {signal: "stop"}).then(() => "decoded", (e) => `${e.constructor.name}: ${e.message}`);
+  return {beams, greedy, said};
+})().then(done, (e) => done({error: String(e)}));
+"""
+
+
+def test_stopping_a_beam_search_ends_it_with_its_best_hypothesis_so_far(page):
+    """Stop pressed during a beam search ends it at once, with the tokens Python's beam search
+    gives with that many new tokens (the step it stopped at taken as its last); the page says
+    the tokens are the best so far. The JS runtime's `signal` does the same: aborted before a
+    beam search's first step, its one-token answer; before a greedy decode's, nothing; a signal
+    that is not one is a ModelError."""
+    url, driver, site = page
+    family = next((f for f in BUNDLED if not site_record(site, f)["max_new_tokens_limit"]), BUNDLED[0])
+    model = rt.load(site[1][family], provider="cpu")
+    prompt = "Friday, March 5th 2021"
+    ids = model.encode(prompt)
+    assert browser.open_page(driver, url, family) == "ready"
+    limit = site_record(site, family)["max_new_tokens_limit"] or 5000
+    got = browser.run_prompt(driver, prompt, maxNewTokens=limit, numBeams=4, stopAtEos=False, stopAfterMs=1500)
+    assert got["state"] == "done" and got["message"] is None, got
+    tokens = got["run"]["tokens"]
+    assert 100 <= len(tokens) < limit  # stopped mid-search (not before its first steps, nor at its end)
+    assert got["run"]["ms"][0] < 6000  # at once: the page's Stop was not held back until the search ended
+    assert tokens == rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=len(tokens), eos_id=-1, num_beams=4))[0]
+    assert "stopped: the best so far" in got["stats"]
+    api = driver.execute_async_script(STOPPED_API, ids)
+    assert api == {"beams": rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=1, eos_id=-1, num_beams=3))[0],
+                   "greedy": [], "said": 'ModelError: signal must be an AbortSignal (or null), got "stop"'}
+
+
 BEAM_API = """
 const [ids, done] = arguments;
 const m = window.seqexportPage.model;

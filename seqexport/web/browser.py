@@ -123,6 +123,7 @@ for (const [k, id] of [["temperature", "temperature"], ["topK", "top-k"], ["topP
 $("stop-at-eos").checked = options.stopAtEos ?? true;
 $("chat").checked = options.chat ?? true;
 $("generate").click();
+if (options.stopAfterMs != null) setTimeout(() => $("stop").click(), options.stopAfterMs);
 (function poll() {
   const s = document.body.dataset.state;
   if (s === "done" || s === "error") done({state: s, run: window.seqexportPage.lastRun,
@@ -138,7 +139,8 @@ def run_prompt(driver, prompt: str, **options) -> dict:
     {state, run: {tokens, text, ms, backend, ...}, message, stats, output}. Options as the
     page's fields: maxNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, numBeams (> 1:
     beam search), lengthPenalty, stopAtEos, chat (a model
-    with a chat template: the prompt as a user's message, the default)."""
+    with a chat template: the prompt as a user's message, the default), stopAfterMs (Stop pressed
+    that long after Generate)."""
     return driver.execute_async_script(RUN, prompt, options)
 
 

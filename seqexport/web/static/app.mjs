@@ -10,7 +10,7 @@ const page = (window.seqexportPage = { model: null, lastRun: null, site: null })
 let site = null;
 let current = null; // {entry, model} of the selected model once loaded
 let loading = null; // the load in progress (a Promise)
-let running = null; // {stop: boolean} of the generation in progress
+let running = null; // {stop: boolean, controller: AbortController} of the generation in progress
 
 function setState(state) {
   document.body.dataset.state = state;
@@ -167,7 +167,7 @@ async function generate() {
   clearError();
   const { model } = current;
   const text = $("prompt").value;
-  const run = { stop: false };
+  const run = { stop: false, controller: new AbortController() };
   running = run;
   const out = $("output");
   out.textContent = "";
@@ -181,7 +181,7 @@ async function generate() {
   setState("running");
   try {
     if (!text.trim()) throw new ModelError("The prompt is empty: type some text first.");
-    const options = readOptions();
+    const options = { ...readOptions(), signal: run.controller.signal }; // (a beam search stops through it)
     if (options.numBeams > 1) {
       record.beams = options.numBeams;
       $("stats").textContent = `beam search, ${options.numBeams} beams…`;
@@ -198,12 +198,13 @@ async function generate() {
       record.text += t.text;
       out.textContent += t.text;
       $("ids").textContent = record.tokens.join(" ");
+      record.stopped = run.stop; // (a beam search's tokens come after it: stopped, its best so far)
       showStats(record, now - t0, model);
       if (now - painted > 16) { // let the page paint what came so far
         await nextTask();
         painted = performance.now();
       }
-      if (run.stop) break;
+      if (run.stop && !record.beams) break; // (a stopped beam search's tokens come after it: all of them)
       last = performance.now();
     }
     record.text = model.tokenizer ? model.tokenizer.decode(record.tokens, { stopAtEos: false }) : record.text;
@@ -223,7 +224,8 @@ function showStats(record, elapsed, model) {
   const n = record.tokens.length;
   if (record.beams) { // the tokens came at once, at the end of the search
     const parts = [`${n} token${n === 1 ? "" : "s"}`, `beam search, ${record.beams} beams`,
-      `${(elapsed / 1000).toFixed(2)} s in all`, backendLabel(model)];
+      ...(record.stopped ? ["stopped: the best so far"] : []), `${(elapsed / 1000).toFixed(2)} s in all`,
+      backendLabel(model)];
     $("stats").textContent = parts.join(" · ");
     return;
   }
@@ -263,7 +265,11 @@ async function main() {
     selectModel($("model").value);
   });
   $("generate").addEventListener("click", generate);
-  $("stop").addEventListener("click", () => { if (running) running.stop = true; });
+  $("stop").addEventListener("click", () => {
+    if (!running) return;
+    running.stop = true;
+    running.controller.abort();
+  });
   $("prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("generate").disabled) generate();
   });

@@ -7,6 +7,18 @@
 
 import { ModelError } from "./seqexport.mjs";
 
+// A beam search runs many graph runs back to back, each resolved as a microtask (WASM on the
+// page's thread): without a task of its own now and then, the page's clicks (Stop), timers and
+// painting wait for the whole search.
+const channel = typeof MessageChannel === "function" ? new MessageChannel() : null;
+const queued = [];
+if (channel) channel.port1.onmessage = () => queued.shift()?.();
+const nextTask = () => new Promise((resolve) => {
+  if (!channel) return setTimeout(resolve, 0);
+  queued.push(resolve);
+  channel.port2.postMessage(null);
+});
+
 /** log-softmax of one row of float32 logits, in float64 (as Python's _log_softmax). */
 export function logSoftmax(logits) {
   const n = logits.length;
@@ -64,8 +76,13 @@ export async function beamSearch(model, promptIds, o) {
   const finished = []; // {score, tokens}
   // as many candidates as Python keeps: enough that k go on though each eos ends some
   const m = Math.max(2, 1 + eos.length) * k;
+  let yielded = performance.now();
   try {
     for (let step = 0; step < o.maxNewTokens; step++) {
+      if (performance.now() - yielded > 16) { // the page's turn (a Stop click aborts o.signal)
+        await nextTask();
+        yielded = performance.now();
+      }
       const candidates = [];
       for (const [b, beam] of beams.entries()) {
         if (!beam.logits.every(Number.isFinite))
@@ -77,7 +94,8 @@ export async function beamSearch(model, promptIds, o) {
       }
       const v = beams[0].logits.length;
       candidates.sort((a, c) => c.total - a.total || a.beam * v + a.token - (c.beam * v + c.token));
-      const last = step === o.maxNewTokens - 1;
+      // stopped (o.signal aborted): this step ends the search, as Python's with maxNewTokens step + 1
+      const last = step === o.maxNewTokens - 1 || Boolean(o.signal?.aborted);
       const chosen = [];
       for (const [rank, c] of candidates.slice(0, m).entries()) {
         if (!Number.isFinite(c.total)) continue;

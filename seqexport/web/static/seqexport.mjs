@@ -452,8 +452,11 @@ export class Model {
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
    * minNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
    * logitBias ({id: bias}), eosId (an id or a list of ids; -1: never), startId, numBeams (beam
-   * search: its tokens come at the end of the search), lengthPenalty, earlyStopping; one left
-   * out: the model's generation default.
+   * search: its tokens come at the end of the search), lengthPenalty, earlyStopping, the token
+   * rules (sequenceBias, badWordsIds, noRepeatNgramSize, minLength, forcedBosTokenId,
+   * forcedEosTokenId, suppressTokens, beginSuppressTokens), signal (an AbortSignal: aborted, the
+   * decode ends before its next step; a beam search ends as if that step were its last, with the
+   * best hypothesis so far); one left out: the model's generation default.
    */
   async *generate(promptIds, options = {}) {
     const o = searchOptions(options, this.tokenizer, this.generationDefaults);
@@ -478,6 +481,7 @@ export class Model {
     let { logits, state, ms } = await this.start(promptIds, { startId: o.startId });
     try {
       for (let n = 0; n < o.maxNewTokens; n++) {
+        if (o.signal?.aborted) return;
         if (!logits.every(Number.isFinite))
           throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
         let scores = seen ? seen.apply(logits) : logits; // (Seen holds eos back itself)
@@ -587,7 +591,7 @@ export function searchOptions(options, tokenizer, model = {}) {
     repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0, logitBias: {},
     eosId: tokenizer?.eosIds ?? null, startId: null, numBeams: 1, lengthPenalty: 1.0, earlyStopping: false,
     sequenceBias: [], badWordsIds: [], noRepeatNgramSize: 0, minLength: 0, forcedBosTokenId: null,
-    forcedEosTokenId: null, suppressTokens: [], beginSuppressTokens: [],
+    forcedEosTokenId: null, suppressTokens: [], beginSuppressTokens: [], signal: null,
   };
   // a misspelt option (maxNewToken) would decode with the default instead, silently
   const given = checkedKeys(options, Object.keys(defaults), "generate");
@@ -637,6 +641,8 @@ export function searchOptions(options, tokenizer, model = {}) {
     if (!(number(bias) || bias === -Infinity)) throw new ModelError(`logitBias[${id}] must be a number (or -Infinity), got ${shown(bias)}`);
   }
   checkTokenRules(o, integer, number);
+  if (o.signal !== null && typeof o.signal?.aborted !== "boolean")
+    throw new ModelError(`signal must be an AbortSignal (or null), got ${shown(o.signal)}`);
   return o;
 }
 
