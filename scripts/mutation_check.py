@@ -2624,6 +2624,16 @@ FAULTS = (
           '    running.controller.abort();\n',
           '',
           ('tests/test_web.py::test_stopping_a_beam_search_ends_it_with_its_best_hypothesis_so_far',)),
+    Fault('M679', 'encoder-decoder: the decoder starts from bos where the checkpoint names a decoder start',
+          'seqexport/families/transformer/runtime.py',
+          'start_id = self.tokenizer.start_id if self.tokenizer else None',
+          'start_id = self.tokenizer.bos_id if self.tokenizer else None',
+          ('tests/test_token_rules.py::test_an_encoder_decoder_starts_from_its_checkpoints_decoder_start_token',)),
+    Fault('M680', "page: the model's token rules never said",
+          'seqexport/web/static/app.mjs',
+          '$("rules").hidden = !rules.length;',
+          '$("rules").hidden = true;',
+          ('tests/test_web.py::test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime',)),
 )
 
 

@@ -271,3 +271,35 @@ def test_an_older_manifests_rules_kept_as_not_applied_are_applied_now(checkpoint
                                                                do_sample=False) != greedy
     result = CliRunner().invoke(cli, ["inspect", str(out)])
     assert "not applied (tokens can differ from transformers' generate): typical_p 0.5" in result.output
+
+
+def test_an_encoder_decoder_starts_from_its_checkpoints_decoder_start_token(tmp_path):
+    """A transformer checkpoint whose generation_config names a decoder_start_token_id other than
+    its bos: the Python runtime's decoder starts from it (as the page's runtime and transformers
+    do), and the token rules read it first."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from seqexport.checkpoints.io import save_checkpoint
+    from seqexport.checkpoints.presets import build_preset
+
+    torch.manual_seed(0)
+    ckpt = build_preset("transformer", "tiny", seed=0)
+    folder = save_checkpoint(ckpt.model, ckpt.config, "transformer", tmp_path / "ckpt")
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(60)}, unk_token="w3"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    bos, start = 1, 7
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": bos, "eos_token_id": 2, "pad_token_id": 0, "decoder_start_token_id": start}))
+    out = tmp_path / "onnx"
+    result = CliRunner().invoke(cli, ["export", "transformer", "--checkpoint", str(folder), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    model = rt.load(out)
+    assert (model.tokenizer.decoder_start_id, model.tokenizer.bos_id, model.start_token()) == (start, bos, start)
+    src = [5, 9, 14, 22, 31]
+    never = {"eos_id": -1, "max_new_tokens": 6}
+    ours = rt.generate(model, [src], rt.SearchOptions(**never))[0]
+    assert ours == rt.generate(model, [src], rt.SearchOptions(start_id=start, **never))[0]
+    assert ours != rt.generate(model, [src], rt.SearchOptions(start_id=bos, **never))[0]  # (the start matters)
+    banned = rt.generate(model, [src], rt.SearchOptions(bad_words_ids=[[start, ours[0]]], **never))[0]
+    assert banned[0] != ours[0]  # the rule read the decoder start before the first new token

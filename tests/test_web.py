@@ -148,6 +148,7 @@ def test_page_decodes_held_out_prompts_as_the_python_runtime(page, family):
     want_ids, want_text = python_decode(site[1][family], prompts)
     assert browser.open_page(driver, url, family) == "ready"
     assert "WASM" in driver.find_element("id", "status").text  # which backend ran, on the page
+    assert driver.find_element("id", "rules").get_attribute("hidden") is not None  # no generation config: no rules
     got = [browser.run_prompt(driver, p, maxNewTokens=MAX_NEW) for p in prompts]
     assert [g["message"] for g in got] == [None] * N
     assert [g["run"]["tokens"] for g in got] == want_ids
@@ -776,6 +777,8 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
         shown = {i: driver.find_element("id", i).get_attribute("value")
                  for i in ("decoding", "temperature", "top-k", "top-p", "max-new-tokens", "repetition-penalty", "min-p")}
         note = driver.find_element("id", "error").text
+        driver.execute_script('document.getElementById("options").open = true;')
+        rules = driver.find_element("id", "rules").text
         got = browser.run_prompt(driver, prompt, doSample=True, seed=7)
         api = driver.execute_async_script(
             "const [ids, options, echo, looping, done] = arguments; const m = window.seqexportPage.model;"
@@ -786,6 +789,8 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
     assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6",
                      "repetition-penalty": "1.4", "min-p": "0.1"}
     assert "generation_config.json sets typical_p 0.5, which seqexport does not apply" in note
+    assert rules == ("The model's generation_config.json also sets no_repeat_ngram_size 2: every decode applies them, "
+                     "as transformers' generate does.")
     assert got["message"] is None and got["run"]["tokens"] == want[7]
     assert api == [want[8], greedy, strong, no_repeat]
 

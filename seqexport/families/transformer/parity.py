@@ -12,7 +12,7 @@ class Cases:
     def __init__(self, model, rt, rng: np.random.Generator, batch: int, device="cpu"):
         self.model, self.rt, self.rng, self.batch, self.device = model, rt, rng, batch, device
         self.config = model.config
-        self.start_id = rt.tokenizer.bos_id if rt.tokenizer else 1
+        self.start_id = rt.start_token()
         # the artifact's decoder appends to a cache buffer (else: an older one that concatenates)
         self.appended = rt.specs["decoder"].lengths is not None
         # sources of unequal length: row r is 2r tokens shorter (padding masked)

@@ -52,10 +52,11 @@ class TransformerSteps(StepModel):
         return self.start(src, mask), [[start] for _ in rows]
 
     def start_token(self, start_id: int | None = None) -> int:
-        """The token the decoder starts from: `start_id`, else the tokenizer's bos, else 1."""
+        """The token the decoder starts from: `start_id`, else the tokenizer's (a checkpoint's
+        decoder_start_token_id, else its bos, as the page's runtime reads it), else 1."""
         if start_id is None:
-            return self.tokenizer.bos_id if self.tokenizer else 1
-        return start_id
+            start_id = self.tokenizer.start_id if self.tokenizer else None
+        return 1 if start_id is None else start_id
 
     def feed(self, tokens, state: State) -> State:
         """The state after these (b, t) tokens; their logits are not needed."""

@@ -93,6 +93,7 @@ async function selectModel(name) {
     page.model = model;
     $("chat-row").hidden = !model.chatTemplate; // a chat model: its prompts go through its template
     showDefaults(model.generationDefaults, limit);
+    showRules(model.manifest.generation);
     $("status").className = "status ready";
     $("status").textContent = `${entry.name} ready · ${model.manifest.family} · ${backendLabel(model)}`;
     if (model.fallback) showError(model.fallback);
@@ -126,6 +127,20 @@ function showDefaults(defaults, limit) {
   $("top-p").value = o.topP;
   $("min-p").value = o.minP;
   $("repetition-penalty").value = o.repetitionPenalty;
+}
+
+// transformers' token rules: the page has no field for them; a checkpoint's apply to every decode
+const RULE_KEYS = ["no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "min_length", "forced_bos_token_id",
+  "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens"];
+
+/** Say which token rules the model's generation config sets (an older export kept them as not applied). */
+function showRules(record) {
+  const given = { ...(record?.not_applied ?? {}), ...(record?.defaults ?? {}) };
+  const rules = RULE_KEYS.filter((k) => given[k] != null).map((k) => `${k} ${JSON.stringify(given[k])}`);
+  $("rules").hidden = !rules.length;
+  $("rules").textContent = rules.length
+    ? `The model's ${record.file} also sets ${rules.join(", ")}: every decode applies them, as transformers' generate does.`
+    : "";
 }
 
 function readOptions() {
