@@ -2634,6 +2634,16 @@ FAULTS = (
           '$("rules").hidden = !rules.length;',
           '$("rules").hidden = true;',
           ('tests/test_web.py::test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime',)),
+    Fault('M681', "an older manifest's num_beams (beam sampling) read as a default beside do_sample",
+          'seqexport/generation_config.py',
+          'if k in NOW_APPLIED and k not in record["defaults"] and APPLIED[k][0](v)}',
+          'if k in APPLIED and k not in record["defaults"] and APPLIED[k][0](v)}',
+          ('tests/test_token_rules.py::test_beam_sampling_stays_not_applied_and_the_model_still_samples',)),
+    Fault('M682', 'page: every not-applied key of a manifest read as a default',
+          'seqexport/web/static/seqexport.mjs',
+          'const rules = Object.entries(record?.not_applied ?? {}).filter(([k]) => NOW_APPLIED.includes(k));',
+          'const rules = Object.entries(record?.not_applied ?? {});',
+          ('tests/test_web.py::test_the_page_reads_an_older_exports_rules_as_applied_and_beam_sampling_as_not',)),
 )
 
 

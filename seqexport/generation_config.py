@@ -68,6 +68,9 @@ APPLIED = {
     "forced_bos_token_id": (_int(0), "a token id"),
     "forced_eos_token_id": (lambda v: _int(0)(v) or _ids(1)(v), "a token id or a list of them"),
 }
+# the keys an older seqexport kept as not applied and this one applies (current_record)
+NOW_APPLIED = ("no_repeat_ngram_size", "min_length", "bad_words_ids", "sequence_bias", "suppress_tokens",
+               "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id")
 # the values of those at which they change nothing (a file may write them out)
 NEUTRAL = {"no_repeat_ngram_size": 0, "min_length": 0, "bad_words_ids": [], "sequence_bias": [],
            "suppress_tokens": [], "begin_suppress_tokens": []}
@@ -108,10 +111,11 @@ def generation_record(data: dict, where: str, file: str = "generation_config.jso
 
 
 def current_record(record: dict) -> dict:
-    """A checked record as this seqexport writes it: a key an older one kept as not applied,
-    and that is applied now, moved to the defaults (where its value is one transformers takes)."""
+    """A checked record as this seqexport writes it: a token rule an older one kept as not
+    applied moved to the defaults (where its value is one transformers takes). (Not num_beams:
+    beside do_sample it is beam sampling, which stays not applied.)"""
     moved = {k: v for k, v in record["not_applied"].items()
-             if k in APPLIED and k not in record["defaults"] and APPLIED[k][0](v)}
+             if k in NOW_APPLIED and k not in record["defaults"] and APPLIED[k][0](v)}
     if not moved:
         return record
     return record | {"defaults": record["defaults"] | moved,

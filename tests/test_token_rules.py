@@ -303,3 +303,19 @@ def test_an_encoder_decoder_starts_from_its_checkpoints_decoder_start_token(tmp_
     assert ours != rt.generate(model, [src], rt.SearchOptions(start_id=bos, **never))[0]  # (the start matters)
     banned = rt.generate(model, [src], rt.SearchOptions(bad_words_ids=[[start, ours[0]]], **never))[0]
     assert banned[0] != ours[0]  # the rule read the decoder start before the first new token
+
+
+def test_beam_sampling_stays_not_applied_and_the_model_still_samples(checkpoint, tmp_path):  # noqa: F811
+    """do_sample with num_beams > 1 (transformers' beam sampling, which seqexport does not do):
+    num_beams stays not applied, in a new export's manifest and as it is read back, and the
+    model's decode samples as its other defaults say (not refused as beams with sampling)."""
+    folder, out = with_generation(checkpoint, tmp_path, do_sample=True, num_beams=3, top_k=3, max_new_tokens=5,
+                                  no_repeat_ngram_size=2)
+    model = rt.load(out)
+    assert model.generation["not_applied"] == {"num_beams": 3}
+    assert model.generation_defaults == {"do_sample": True, "top_k": 3, "max_new_tokens": 5, "no_repeat_ngram_size": 2}
+    seeded = rt.generate(model, [PROMPT], rt.model_options(model, seed=1))[0]
+    assert seeded == rt.generate(model, [PROMPT], rt.SearchOptions(do_sample=True, top_k=3, max_new_tokens=5, seed=1,
+                                                                   no_repeat_ngram_size=2))[0]
+    ours, log = cli_ids(out, "--seed", "1")
+    assert ours == seeded and "num_beams 3, which seqexport does not apply" in log

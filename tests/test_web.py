@@ -473,6 +473,21 @@ def test_stopping_a_beam_search_ends_it_with_its_best_hypothesis_so_far(page):
                    "greedy": [], "said": 'ModelError: signal must be an AbortSignal (or null), got "stop"'}
 
 
+def test_the_page_reads_an_older_exports_rules_as_applied_and_beam_sampling_as_not(page):
+    """The page reads a manifest's generation record as Python's current_record: token rules an
+    older export kept as not applied become defaults; num_beams kept beside do_sample (beam
+    sampling) stays not applied, and does not become the page's beam width."""
+    url, driver, _ = page
+    driver.get(url)
+    record = {"file": "generation_config.json", "defaults": {"do_sample": True, "top_k": 3},
+              "not_applied": {"num_beams": 3, "no_repeat_ngram_size": 2, "typical_p": 0.5}}
+    got = driver.execute_async_script(
+        "const [record, done] = arguments; import('./seqexport.mjs').then((m) => done("
+        "{defaults: m.generationDefaults(record), skipped: m.notApplied(record)}), (e) => done(String(e)));", record)
+    assert got == {"defaults": {"doSample": True, "topK": 3, "noRepeatNgramSize": 2},
+                   "skipped": {"num_beams": 3, "typical_p": 0.5}}
+
+
 BEAM_API = """
 const [ids, done] = arguments;
 const m = window.seqexportPage.model;

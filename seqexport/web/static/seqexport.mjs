@@ -560,23 +560,28 @@ function randomSeed() {
   return words[0] * 2 ** 21 + (words[1] >>> 11); // < 2**53
 }
 
-export const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
+const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
   min_p: "minP", max_new_tokens: "maxNewTokens", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty",
   num_beams: "numBeams", length_penalty: "lengthPenalty", early_stopping: "earlyStopping",
   sequence_bias: "sequenceBias", bad_words_ids: "badWordsIds", no_repeat_ngram_size: "noRepeatNgramSize",
   min_length: "minLength", forced_bos_token_id: "forcedBosTokenId", forced_eos_token_id: "forcedEosTokenId",
   suppress_tokens: "suppressTokens", begin_suppress_tokens: "beginSuppressTokens" };
 
-/** The keys of a manifest's generation record the runtime does not apply: an older export kept
- * some it applies now as not applied (Python's current_record reads them as defaults). */
+// the token rules an older export kept as not applied, which the runtime applies now (Python's
+// current_record); not num_beams, which beside do_sample is beam sampling and stays not applied
+const NOW_APPLIED = ["no_repeat_ngram_size", "min_length", "bad_words_ids", "sequence_bias", "suppress_tokens",
+  "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id"];
+
+/** The keys of a manifest's generation record the runtime does not apply. */
 export function notApplied(record) {
-  return Object.fromEntries(Object.entries(record?.not_applied ?? {}).filter(([k]) => !(k in GENERATION_KEYS)));
+  return Object.fromEntries(Object.entries(record?.not_applied ?? {}).filter(([k]) => !NOW_APPLIED.includes(k)));
 }
 
 /** A manifest's generation record ({defaults: {do_sample, temperature, …}, not_applied}) as
- * generate()'s options: its defaults, and what an older export kept as not applied that is now. */
+ * generate()'s options: its defaults, and the token rules an older export kept as not applied. */
 export function generationDefaults(record) {
-  const defaults = { ...(record?.not_applied ?? {}), ...(record?.defaults ?? {}) };
+  const rules = Object.entries(record?.not_applied ?? {}).filter(([k]) => NOW_APPLIED.includes(k));
+  const defaults = { ...Object.fromEntries(rules), ...(record?.defaults ?? {}) };
   const o = {};
   for (const [key, name] of Object.entries(GENERATION_KEYS)) if (defaults[key] != null) o[name] = defaults[key];
   if (!o.doSample && o.temperature === 0) delete o.temperature; // greedy's 0 says greedy, it is no divisor
