@@ -84,9 +84,8 @@ class Seen:
         for end in range(self._ngram, len(self._history) + 1) if self._ngram else ():
             self._follow(end)
         self._eos = np.array(sorted(set(eos) - {-1}), np.int64)  # (k,)
-        self._min_length = int(options.min_length)
         self._begin = len(self._history)  # ids before the first new token
-        self._min_length = max(self._min_length, self._begin + int(options.min_new_tokens))
+        self._min_length = max(int(options.min_length), self._begin + int(options.min_new_tokens))
         self._forced_bos = options.forced_bos_token_id
         forced_eos = options.forced_eos_token_id
         self._forced_eos = (None if forced_eos is None

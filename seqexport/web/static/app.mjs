@@ -2,6 +2,7 @@
 // Every failure ends in a visible message (the #error box), never a dead page. The page's state
 // is in <body data-state>: loading | ready | running | done | error | load-error.
 
+import { nextTask } from "./beams.mjs";
 import { ModelError, loadModel, notApplied } from "./seqexport.mjs";
 
 const $ = (id) => document.getElementById(id);
@@ -167,12 +168,6 @@ function readOptions() {
   return options;
 }
 
-// a plain task (MessageChannel): timers, input and painting get their turn (scheduler.yield()
-// would resume ahead of them; setTimeout(0) is clamped to 4 ms once nested)
-const channel = new MessageChannel();
-const waiting = [];
-channel.port1.onmessage = () => waiting.shift()();
-const nextTask = () => new Promise((resolve) => { waiting.push(resolve); channel.port2.postMessage(null); });
 
 async function generate() {
   if (!current?.model) {

@@ -13,7 +13,9 @@ import { ModelError } from "./seqexport.mjs";
 const channel = typeof MessageChannel === "function" ? new MessageChannel() : null;
 const queued = [];
 if (channel) channel.port1.onmessage = () => queued.shift()?.();
-const nextTask = () => new Promise((resolve) => {
+/** A plain task (a MessageChannel message): timers, input and painting get their turn (scheduler.yield()
+ * would resume ahead of them; setTimeout(0) is clamped to 4 ms once nested). The page waits on it too. */
+export const nextTask = () => new Promise((resolve) => {
   if (!channel) return setTimeout(resolve, 0);
   queued.push(resolve);
   channel.port2.postMessage(null);
