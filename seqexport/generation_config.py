@@ -53,6 +53,7 @@ APPLIED = {
     "top_p": (_real(lambda v: 0 < v <= 1), "a number in (0, 1]"),
     "min_p": (_real(lambda v: 0 <= v <= 1), "a number in [0, 1]"),
     "max_new_tokens": (_int(1), "an integer >= 1"),
+    "max_length": (_int(1), "an integer >= 1"),  # a row's ids in all (max_new_tokens, where set, wins)
     "min_new_tokens": (_int(0), "an integer >= 0"),
     "num_beams": (_int(1), "an integer >= 1"),
     "length_penalty": (_real(lambda v: True), "a finite number"),

@@ -258,6 +258,24 @@ def test_a_bad_rule_is_refused_naming_it(checkpoint, tmp_path, options, message)
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("config, named", [
+    ({"bad_words_ids": [[3, 97]]}, "bad_words_ids token 97"),
+    ({"sequence_bias": [[[5, 120], -2.0]]}, "sequence_bias token 120"),
+    ({"forced_eos_token_id": [4, 300]}, "forced_eos_token_id 300"),
+    ({"suppress_tokens": [1, 2, 98]}, "suppress_tokens token 98"),
+])
+def test_a_rules_id_past_the_vocabulary_stops_the_export_naming_it(checkpoint, tmp_path, config, named):  # noqa: F811
+    """transformers would fail on it at the first decode (or drop it silently); the export says
+    so before anything is written, naming the file, the key and the id."""
+    from tests.test_generation_config import export_with
+
+    _, out, result = export_with(checkpoint, tmp_path, config)
+    assert result.exit_code == 2, result.output
+    assert f"generation_config.json: {named} is not a token id of this model: expected an id in [0, 97)" \
+        in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
 def test_an_older_manifests_rules_kept_as_not_applied_are_applied_now(checkpoint, greedy, tmp_path):  # noqa: F811
     folder, out = with_generation(checkpoint, tmp_path, no_repeat_ngram_size=2, typical_p=0.5, max_new_tokens=NEW)
     manifest = json.loads((out / "manifest.json").read_text())

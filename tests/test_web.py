@@ -589,6 +589,54 @@ def test_the_js_runtime_applies_transformers_token_rules_as_python(page):
             'ModelError: sequenceBias[0] bias must be a number (or -Infinity), got "high"']
 
 
+def test_the_js_runtime_stops_at_max_length_as_python(page):
+    """maxLength (transformers' max_length) in the JS runtime's decodes, greedy and by beam search:
+    the Python runtime's tokens (itself checked against transformers' generate), the prompt
+    counted on a Mamba and the decoder start on an encoder-decoder; maxNewTokens beside it, the
+    tighter holds; a forced eos at the row's last id; min_new_tokens replacing min_length; a
+    prompt that reaches it, or a length the decoder cannot hold, is a ModelError naming it. The
+    manifest's max_length reaches the options where no maxNewTokens is given."""
+    url, driver, site = page
+    for family in [f for f in ("transformer", "mamba") if f in BUNDLED]:
+        model = rt.load(site[1][family], provider="cpu")
+        ids = model.encode("Friday, 5 March 2021")
+        begin = 1 if model.takes_start_id else len(ids)
+        plain = rt.generate(model, [ids], rt.SearchOptions(max_new_tokens=12, eos_id=-1))[0]
+        cases = [  # (the JS options, the Python ones)
+            ({"maxLength": begin + 5, "eosId": -1}, {"max_length": begin + 5, "eos_id": -1}),
+            ({"maxLength": begin + 7, "numBeams": 3, "eosId": -1}, {"max_length": begin + 7, "num_beams": 3, "eos_id": -1}),
+            ({"maxLength": begin + 9, "maxNewTokens": 4, "eosId": -1},
+             {"max_length": begin + 9, "max_new_tokens": 4, "eos_id": -1}),
+            ({"maxLength": begin + 6, "forcedEosTokenId": plain[0], "eosId": -1},
+             {"max_length": begin + 6, "forced_eos_token_id": plain[0], "eos_id": -1}),
+            ({"minLength": begin + 12, "minNewTokens": 1, "eosId": plain[1], "maxNewTokens": 12},
+             {"min_length": begin + 12, "min_new_tokens": 1, "eos_id": plain[1], "max_new_tokens": 12}),
+        ]
+        want = [rt.generate(model, [ids], rt.SearchOptions(**py))[0] for _, py in cases]
+        assert [len(w) for w in want[:4]] == [5, 7, 4, 6] and want[3][-1] == plain[0] != plain[5]
+        assert want[4] == plain[:1]  # the eos came after min_new_tokens: min_length was not the rule
+        limit = model.max_new_tokens_limit
+        bad = [{"maxLength": begin}, {"maxLength": 0}] + ([{"maxLength": limit + begin + 1}] if limit else [])
+        assert browser.open_page(driver, url, family) == "ready"
+        got = driver.execute_async_script(RULES_API, ids, [js for js, _ in cases], bad)
+        assert "error" not in got, got
+        assert got["out"] == want, family
+        start = "its decoder start" if model.takes_start_id else f"the prompt's {begin} tokens"
+        assert got["said"][:2] == [
+            f"ModelError: max length {begin} leaves no new token after {start}: expected a max length above "
+            "them, or max new tokens",
+            "ModelError: maxLength must be an integer >= 1 (and < 2**53), got 0"]
+        if limit:
+            assert got["said"][2] == (f"ModelError: max length {limit + begin + 1} ({limit + 1} new tokens) exceeds "
+                                      f"what {family} can hold: its decoder has {limit} positions")
+    record = {"file": "generation_config.json", "defaults": {"max_length": 40}, "not_applied": {}}
+    got = driver.execute_async_script(
+        "const [record, done] = arguments; import('./seqexport.mjs').then((m) => { const d = m.generationDefaults(record);"
+        " done({defaults: d, alone: m.searchOptions({}, null, d).maxNewTokens, "
+        " given: m.searchOptions({maxNewTokens: 5}, null, d).maxLength}); }, (e) => done(String(e)));", record)
+    assert got == {"defaults": {"maxLength": 40}, "alone": 40, "given": None}
+
+
 BEAM_SWEEP = """
 const [prompts, cases, done] = arguments;
 const m = window.seqexportPage.model;
@@ -661,6 +709,28 @@ def test_a_checkpoint_that_decodes_by_beam_search_opens_the_page_on_it(tmp_path)
     assert shown == {"decoding": "beam", "beams": "3", "length-penalty": "0.6", "max-new-tokens": "10"}
     assert got == want and plain == greedy
     assert api == [want[0], greedy[0]]
+
+
+def test_a_checkpoint_that_sets_max_length_opens_the_page_with_the_length_field_empty(tmp_path):
+    """A checkpoint whose generation_config.json sets max_length and no max_new_tokens: the page's
+    length field opens empty, its placeholder naming the max_length, and a run gives the tokens
+    Python's `generate` gives with the model's defaults (max_length minus the prompt's ids); a
+    number typed into the field wins, as --max-new-tokens does."""
+    need_page()
+    model = site_of_a_mamba_with_generation_config(tmp_path, "l", {"max_length": 24}, seed=1)
+    prompt = "Friday, 5 März 2021"
+    ids = model.encode(prompt)
+    want = rt.generate(model, [ids])[0]
+    assert len(ids) < 24 and len(want) == 24 - len(ids)
+    with browser.serve(tmp_path / "site") as url, browser.chromium() as driver:
+        assert browser.open_page(driver, url, "l") == "ready"
+        field = driver.find_element("id", "max-new-tokens")
+        shown = (field.get_attribute("value"), field.get_attribute("placeholder"))
+        got = browser.run_prompt(driver, prompt)
+        typed = browser.run_prompt(driver, prompt, maxNewTokens=3)
+    assert shown == ("", "to 24 ids (max_length)")
+    assert got["message"] is None and got["run"]["tokens"] == want
+    assert typed["run"]["tokens"] == rt.generate(model, [ids], rt.model_options(model, max_new_tokens=3))[0] == want[:3]
 
 
 def test_a_model_with_its_own_hugging_face_tokenizer_reads_and_writes_text_in_the_page(tmp_path):

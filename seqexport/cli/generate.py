@@ -20,6 +20,10 @@ from seqexport.errors import UsageError
 @click.option("--system", help="With --chat: a system message before each user message.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1),
               help="Stop after this many new tokens [the model's generation default, else 32].")
+@click.option("--max-length", type=click.IntRange(min=1),
+              help="Stop a row once its ids number this many (a language model's prompt included; an "
+                   "encoder-decoder's decoder start), as transformers' max_length; --max-new-tokens wins "
+                   "[the model's generation default, where it sets no max_new_tokens].")
 @click.option("--min-new-tokens", type=click.IntRange(min=0),
               help="No eos before this many new tokens [the model's generation default, else 0].")
 @click.option("--greedy/--sample", default=None,
@@ -55,7 +59,7 @@ from seqexport.errors import UsageError
               help="Stop a row at this token (repeat for several; -1: never) [the tokenizer's eos ids].")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime execution provider.")
-def generate(folder, text, ids, chat, system, max_new_tokens, min_new_tokens, greedy, temperature, top_k, top_p, min_p, seed,
+def generate(folder, text, ids, chat, system, max_new_tokens, max_length, min_new_tokens, greedy, temperature, top_k, top_p, min_p, seed,
              repetition_penalty, presence_penalty, frequency_penalty, logit_bias, no_repeat_ngram_size, beams,
              early_stopping, eos_id, provider):
     """Generate from an exported FOLDER with the torch-free runtime, streaming the tokens.
@@ -70,7 +74,7 @@ def generate(folder, text, ids, chat, system, max_new_tokens, min_new_tokens, gr
         first = [{"role": "system", "content": system}] if system is not None else []
         return first + [{"role": "user", "content": t}]
 
-    run_generate(folder, text, ids, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+    run_generate(folder, text, ids, max_new_tokens=max_new_tokens, max_length=max_length, min_new_tokens=min_new_tokens,
                  do_sample=None if greedy is None else not greedy,
                  num_beams=beams, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,

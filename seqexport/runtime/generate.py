@@ -25,10 +25,13 @@ from seqexport.errors import ArtifactError, InputError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.penalties import Seen, penalized
 
+DEFAULT_NEW_TOKENS = 32  # a decode's new tokens where nothing sets them
+
 
 @dataclass(frozen=True)
 class SearchOptions:
-    max_new_tokens: int = 32  # stop after this many new tokens per row
+    # stop a row after this many new tokens (None: 32, or max_length where that is set)
+    max_new_tokens: int | None = None
     do_sample: bool = False  # False: greedy (argmax)
     temperature: float = 1.0  # sampling: logits / temperature
     top_k: int = 0  # sampling: keep the k most likely tokens (0: all)
@@ -66,9 +69,13 @@ class SearchOptions:
     forced_eos_token_id: int | tuple[int, ...] | None = None
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
+    # transformers' max_length: stop a row once its ids number this many (a language model's
+    # prompt and new tokens; an encoder-decoder's decoder start and new tokens); where
+    # max_new_tokens is set too, the tighter holds (None: off)
+    max_length: int | None = None
 
     def __post_init__(self):
-        _integer("max_new_tokens", self.max_new_tokens, 1)
+        _lengths(self)
         if not isinstance(self.do_sample, bool | np.bool_):
             raise UsageError(f"do_sample must be True or False, got {self.do_sample!r}")
         _real("temperature", self.temperature, "> 0", lambda v: v > 0)
@@ -97,6 +104,23 @@ class SearchOptions:
             raise UsageError("beam search and sampling cannot be combined")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         _token_rules(self)
+
+    def new_tokens(self, begin: int) -> int:
+        """The most new tokens a row whose ids number `begin` before its first new one may make
+        (< 1: its ids reach max_length already)."""
+        if self.max_length is None:
+            return self.max_new_tokens
+        return min(self.max_new_tokens, self.max_length - begin)
+
+
+def _lengths(options: SearchOptions) -> None:
+    """max_new_tokens (None: max_length where that is set, else 32) and max_length checked."""
+    if options.max_length is not None:
+        _integer("max_length", options.max_length, 1)
+    if options.max_new_tokens is None:  # (a row's ids number one at least: max_length stays the tighter)
+        object.__setattr__(options, "max_new_tokens", DEFAULT_NEW_TOKENS if options.max_length is None
+                           else options.max_length)
+    _integer("max_new_tokens", options.max_new_tokens, 1)
 
 
 def _integer(name: str, value, least: int, below: int = 2**63) -> None:
@@ -196,6 +220,8 @@ def model_options(model, **given) -> SearchOptions:
     Sampling asked for (do_sample=True) keeps the model's beam width out, and a beam width
     asked for keeps its do_sample out: the two cannot be combined, and what was asked wins."""
     defaults = dict(model.generation_defaults)
+    if given.get("max_new_tokens") is not None or "max_new_tokens" in defaults:
+        defaults.pop("max_length", None)  # max_new_tokens, asked for or the model's, wins (as transformers)
     if given.get("do_sample") is not None or (given.get("num_beams") or 1) > 1:
         defaults.pop("num_beams", None)
         defaults.pop("do_sample", None)
@@ -240,6 +266,25 @@ def check_token_ids(options: SearchOptions, vocab_size: int) -> None:
             if token >= vocab_size:
                 raise UsageError(f"{name} {token} is not a token id of this model: expected an id in "
                                  f"[0, {vocab_size})")
+
+
+def row_budget(model, options: SearchOptions, prompt: list[int]) -> int:
+    """The most new tokens a row of `prompt` may make: max_new_tokens, or fewer where max_length
+    counts the row's ids (a language model's prompt; an encoder-decoder's decoder start), within
+    what the model holds; InputError where the prompt leaves none (transformers refuses it too)
+    or the model cannot hold them."""
+    begin = 1 if model.takes_start_id else len(prompt)
+    budget = options.new_tokens(begin)
+    if budget < 1:
+        ids = "its decoder start" if model.takes_start_id else f"the prompt's {begin} tokens"
+        raise InputError(f"max_length {options.max_length} leaves no new token after {ids}: expected a "
+                         "max_length above them, or max_new_tokens")
+    limit = model.max_new_tokens_limit
+    if limit is not None and budget > limit:
+        asked = f"max_new_tokens {budget}" if budget == options.max_new_tokens else \
+            f"max_length {options.max_length} ({budget} new tokens)"
+        raise InputError(f"{asked} exceeds what the model can hold: its decoder has {limit} positions")
+    return budget
 
 
 def eos_for(model, options: SearchOptions) -> tuple[int, ...]:
@@ -371,14 +416,12 @@ class Generator:
         self._done: np.ndarray | None = None
         self._steps = 0  # tokens picked so far (every unfinished row has this many)
         self._seen: list[Seen] | None = None  # per row, for the penalties (None: no penalty asked)
+        self._budget: np.ndarray | None = None  # (b,) per row, the most new tokens it may make
 
     def append_tokens(self, prompts) -> None:
         """Start the batch: transformer prompts are source sequences, Mamba prompts are prefixes."""
         rows = as_rows(prompts)
-        limit = self.model.max_new_tokens_limit
-        if limit is not None and self.options.max_new_tokens > limit:
-            raise InputError(f"max_new_tokens {self.options.max_new_tokens} exceeds what the model can hold: "
-                             f"its decoder has {limit} positions")
+        self._budget = np.array([row_budget(self.model, self.options, r) for r in rows])  # (b,) new tokens a row may make
         self._logits, self.state = self.model.begin(rows, self.options.start_id)
         if penalized(self.options):
             self._seen = [row_seen(self.model, self.options, r, self.eos) for r in rows]
@@ -389,7 +432,7 @@ class Generator:
     def is_done(self) -> bool:
         if self._done is None:
             return False
-        return self._steps >= self.options.max_new_tokens or bool(self._done.all())
+        return bool(self._done.all())
 
     def _scores(self) -> np.ndarray:
         """(b, v) what the rows pick from: the last logits, after each row's penalties and rules
@@ -422,8 +465,8 @@ class Generator:
         ended = (tokens[:, None] == self._eos_ids).any(-1) & ~self._done  # finished rows' -1 is no eos
         for i in np.flatnonzero(~self._done & ~ended):
             self.sequences[i].append(int(tokens[i]))
-        self._done |= ended
         self._steps += 1
+        self._done |= ended | (self._steps >= self._budget)
         if not self.is_done():
             feed = np.where(tokens < 0, 0, tokens)  # any valid id for finished rows
             self._logits, self.state = self.model.step(feed, self.state)
@@ -509,10 +552,10 @@ def _next_beams(first: int, best: np.ndarray, total: np.ndarray, v: int, k: int,
     return chosen + [(first, 0, -np.inf)] * (k - len(chosen))  # padded with dead beams
 
 
-def _search_over(finished: list, chosen: list, k: int, t: int, options: SearchOptions) -> bool:
+def _search_over(finished: list, chosen: list, k: int, t: int, options: SearchOptions, longest: int) -> bool:
     """Whether one prompt's search is over after its t-th token, by transformers' rule: it has k
     finished hypotheses and (early_stopping False) its best running beam, scored at length t, or
-    ("never", length_penalty > 0) at the longest length, cannot beat the worst of the k best."""
+    ("never", length_penalty > 0) at the longest length it may reach, cannot beat the worst of the k best."""
     if len(finished) < k:
         return False
     if options.early_stopping is True:
@@ -520,7 +563,7 @@ def _search_over(finished: list, chosen: list, k: int, t: int, options: SearchOp
     worst = sorted((score for score, _ in finished), reverse=True)[k - 1]
     running = max(score for _, _, score in chosen)  # sum log p of the best beam going on
     lp = options.length_penalty
-    length = options.max_new_tokens if options.early_stopping == "never" and lp > 0 else t
+    length = longest if options.early_stopping == "never" and lp > 0 else t
     return running / length ** lp <= worst
 
 
@@ -539,8 +582,8 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
     eos = eos_for(model, options)
     rows = as_rows(prompts)
     n = len(rows)
-    gen = Generator(model, SearchOptions(max_new_tokens=options.max_new_tokens, eos_id=eos,
-                                         start_id=options.start_id))
+    budget = [row_budget(model, options, r) for r in rows]  # per prompt, the most new tokens (max_length)
+    gen = Generator(model, SearchOptions(max_new_tokens=max(budget), eos_id=eos, start_id=options.start_id))
     # each beam's tokens for its penalties, carried along (a copy where a beam splits) as the beams are reordered
     beam_seen = [row_seen(model, options, rows[b // k], eos) for b in range(n * k)] if penalized(options) else None
     gen.append_tokens([r for r in rows for _ in range(k)])  # each source repeated k times
@@ -550,7 +593,7 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
     done = np.zeros(n, bool)
     lp = options.length_penalty
-    for step in range(options.max_new_tokens):
+    for step in range(max(budget)):
         logp = _log_softmax(logits)  # (n*k, v)
         if beam_seen is not None:  # on the log-probabilities, as transformers' beam search applies its processors
             logp = np.stack([seen.apply(row) for seen, row in zip(beam_seen, logp)])
@@ -561,16 +604,16 @@ def beam_search(model: RuntimeModel, prompts, options: SearchOptions) -> list[li
         # as many candidates as transformers keeps: enough that k go on though each eos ends some
         best = np.argsort(-total, axis=-1, kind="stable")[:, : max(2, 1 + len(eos)) * k]
         new_rows, new_tokens, new_scores = [], [], []
-        last = step == options.max_new_tokens - 1
         for r in range(n):
             ending = None if done[r] else finished[r]  # a done row records no more endings
+            last = step == budget[r] - 1  # (past it a row is done)
             chosen = _next_beams(r * k, best[r], total[r], v, k, eos, last, seqs, ending, lp)
-            done[r] = done[r] or _search_over(finished[r], chosen, k, step + 1, options)
+            done[r] = done[r] or last or _search_over(finished[r], chosen, k, step + 1, options, budget[r])
             for src, tok, score in chosen:
                 new_rows.append(src)
                 new_tokens.append(tok)
                 new_scores.append(score if not done[r] else -np.inf)
-        if done.all() or last:
+        if done.all():
             break
         seqs = [seqs[s] + [t] for s, t in zip(new_rows, new_tokens)]
         if beam_seen is not None:

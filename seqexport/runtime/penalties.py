@@ -85,12 +85,13 @@ class Seen:
             self._follow(end)
         self._eos = np.array(sorted(set(eos) - {-1}), np.int64)  # (k,)
         self._begin = len(self._history)  # ids before the first new token
-        self._min_length = max(int(options.min_length), self._begin + int(options.min_new_tokens))
+        # min_new_tokens, where set, replaces min_length (transformers' _prepare_generated_length)
+        self._min_length = self._begin + options.min_new_tokens if options.min_new_tokens else options.min_length
         self._forced_bos = options.forced_bos_token_id
         forced_eos = options.forced_eos_token_id
         self._forced_eos = (None if forced_eos is None
                             else np.array(forced_eos if isinstance(forced_eos, tuple) else (forced_eos,), np.int64))
-        self._last = self._begin + int(options.max_new_tokens) - 1  # ids before the last new token
+        self._last = self._begin + options.new_tokens(self._begin) - 1  # ids before the last new token
         self._suppress = np.array(options.suppress_tokens, np.int64)  # (s,)
         self._begin_suppress = np.array(options.begin_suppress_tokens, np.int64)  # (s,)
         # transformers' begin index: one later where a one-token start gets its forced bos first

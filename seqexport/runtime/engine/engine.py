@@ -120,12 +120,13 @@ class Engine:
         """Queue one prompt (token ids). Raises InputError/UsageError for a prompt or options
         the model cannot take, QueueFull when `max_queue` requests already wait."""
         options = checked_options(options, self.model)
-        row = checked_prompt(self.model, prompt, options, timeout, self.max_prompt_tokens)
+        row, budget = checked_prompt(self.model, prompt, options, timeout, self.max_prompt_tokens)
         check_hooks(on_event, stop, request_id)
         now = time.monotonic()
         req = Request(row, options, request_id or f"req-{next(self._ids)}", on_event=on_event, stop=stop,
                       deadline=None if timeout is None else now + timeout, submitted=now)
         req._eos = eos_for(self.model, options)
+        req._budget = budget
         req._seen = row_seen(self.model, options, row, req._eos)
         req._engine_flag = self._queues.cancel_flag
         req._engine_wakes = self._wakes

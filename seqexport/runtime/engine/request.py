@@ -9,7 +9,7 @@ import numpy as np
 
 from seqexport.errors import InputError, UsageError
 from seqexport.runtime.base import RuntimeModel, State
-from seqexport.runtime.generate import SearchOptions, as_rows, check_start_id
+from seqexport.runtime.generate import SearchOptions, as_rows, check_start_id, row_budget
 from seqexport.runtime.penalties import Seen
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
@@ -52,6 +52,7 @@ class Request:
         self._pending: list[int] = []  # tokens still to feed before the first pick, last first
         self._eos: tuple[int, ...] = ()  # the ids that end it, set by the engine
         self._seen: Seen | None = None  # the tokens its penalties count, set by the engine where it has any
+        self._budget = self.options.max_new_tokens  # the most new tokens it may make, set by the engine (max_length)
         self._cancelled = False
         self._held = False  # hold(): its consumer is behind; the engine parks its row
         self._engine_flag: list | None = None  # the engine's "a request was cancelled" flag
@@ -116,7 +117,7 @@ class Request:
         self._emit(token)
         if self.stop is not None and self.stop(self.tokens):
             self.finish("stop")
-        elif self._picked >= self.options.max_new_tokens:
+        elif self._picked >= self._budget:
             self.finish("length")
         else:
             self._next = token
@@ -147,22 +148,20 @@ class Request:
 
 
 def checked_prompt(model: RuntimeModel, prompt, options: SearchOptions, timeout: float | None,
-                   max_prompt_tokens: int | None) -> list[int]:
-    """The prompt as token ids, once it and the options (SearchOptions) are known to fit the model."""
+                   max_prompt_tokens: int | None) -> tuple[list[int], int]:
+    """The prompt as token ids and the most new tokens it may make (generate's row_budget), once
+    it and the options (SearchOptions) are known to fit the model."""
     if options.num_beams > 1:
         raise UsageError(f"num_beams {options.num_beams}: the engine does greedy or sampled decoding only")
     (row,) = as_rows([prompt])
     if max_prompt_tokens is not None and len(row) > max_prompt_tokens:
         raise InputError(f"prompt: {len(row)} tokens exceeds the limit of {max_prompt_tokens}")
-    limit = model.max_new_tokens_limit
-    if limit is not None and options.max_new_tokens > limit:
-        raise InputError(f"max_new_tokens {options.max_new_tokens} exceeds what the model can hold: "
-                         f"its decoder has {limit} positions")
+    budget = row_budget(model, options, row)
     check_start_id(model, options.start_id)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number)
                                 or not timeout > 0):
         raise UsageError(f"timeout must be > 0 seconds, got {timeout!r}")
-    return row
+    return row, budget
 
 
 def check_hooks(on_event, stop, request_id) -> None:

@@ -117,7 +117,10 @@ async function selectModel(name) {
 function showDefaults(defaults, limit) {
   const o = { maxNewTokens: 32, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0, repetitionPenalty: 1.0,
     numBeams: 1, lengthPenalty: 1.0, ...defaults };
-  $("max-new-tokens").value = Math.min(o.maxNewTokens, limit ?? o.maxNewTokens);
+  // a model that sets max_length and no max_new_tokens: the field left empty, its max_length counts the ids
+  const byLength = defaults.maxLength != null && defaults.maxNewTokens == null;
+  $("max-new-tokens").value = byLength ? "" : Math.min(o.maxNewTokens, limit ?? o.maxNewTokens);
+  $("max-new-tokens").placeholder = byLength ? `to ${defaults.maxLength} ids (max_length)` : "";
   if (limit) $("max-new-tokens").max = limit;
   else $("max-new-tokens").removeAttribute("max");
   $("decoding").value = o.doSample ? "sample" : o.numBeams > 1 ? "beam" : "greedy";
@@ -151,8 +154,10 @@ function readOptions() {
     if (raw === "" || !Number.isFinite(v)) throw new ModelError(`${$(id).parentElement.textContent.trim()}: "${raw}" is not a number`);
     return v;
   };
-  const options = { maxNewTokens: number("max-new-tokens"), doSample: $("decoding").value === "sample",
-    repetitionPenalty: number("repetition-penalty") };
+  const options = { doSample: $("decoding").value === "sample", repetitionPenalty: number("repetition-penalty") };
+  // left empty where the model sets max_length: that counts the ids instead
+  if ($("max-new-tokens").value.trim() !== "" || current.model.generationDefaults.maxLength == null)
+    options.maxNewTokens = number("max-new-tokens");
   if ($("decoding").value === "beam") { // the beams' tokens come at the end of the search
     options.numBeams = number("beams");
     options.lengthPenalty = number("length-penalty");

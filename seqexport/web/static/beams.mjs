@@ -50,18 +50,18 @@ function bestOfRow(score, logp, beam, m, into) {
 }
 
 /** Whether the search is over after its t-th token (Python's _search_over: transformers' rule). */
-function searchOver(finished, running, k, t, o) {
+function searchOver(finished, running, k, t, o, longest) {
   if (finished.length < k) return false;
   if (o.earlyStopping === true) return true;
   const worst = finished.map((f) => f.score).sort((a, b) => b - a)[k - 1];
   const lp = o.lengthPenalty;
-  const length = o.earlyStopping === "never" && lp > 0 ? o.maxNewTokens : t;
+  const length = o.earlyStopping === "never" && lp > 0 ? longest : t;
   return running / length ** lp <= worst;
 }
 
 /**
  * The tokens beam search keeps for one prompt (eos excluded): `o` as searchOptions() checks it
- * (numBeams, lengthPenalty, earlyStopping, maxNewTokens, minNewTokens, eosIds, startId and the
+ * (numBeams, lengthPenalty, earlyStopping, maxNewTokens, maxLength, minNewTokens, eosIds, startId and the
  * penalties). Returns {tokens, ms (ONNX Runtime's time in all), steps (model steps run)}.
  * A finished hypothesis scores sum(log p) / length ** lengthPenalty, its length counting eos.
  */
@@ -69,6 +69,7 @@ export async function beamSearch(model, promptIds, o) {
   const k = o.numBeams;
   const eos = o.eosIds;
   const lp = o.lengthPenalty;
+  const budget = model.rowBudget(o, promptIds); // the most new tokens (maxLength)
   const started = await model.start(promptIds, { startId: o.startId });
   let ms = started.ms, steps = 1;
   // an encoder-decoder's source is another sequence: its penalties count the answer only
@@ -80,7 +81,7 @@ export async function beamSearch(model, promptIds, o) {
   const m = Math.max(2, 1 + eos.length) * k;
   let yielded = performance.now();
   try {
-    for (let step = 0; step < o.maxNewTokens; step++) {
+    for (let step = 0; step < budget; step++) {
       if (performance.now() - yielded > 16) { // the page's turn (a Stop click aborts o.signal)
         await nextTask();
         yielded = performance.now();
@@ -97,7 +98,7 @@ export async function beamSearch(model, promptIds, o) {
       const v = beams[0].logits.length;
       candidates.sort((a, c) => c.total - a.total || a.beam * v + a.token - (c.beam * v + c.token));
       // stopped (o.signal aborted): this step ends the search, as Python's with maxNewTokens step + 1
-      const last = step === o.maxNewTokens - 1 || Boolean(o.signal?.aborted);
+      const last = step === budget - 1 || Boolean(o.signal?.aborted);
       const chosen = [];
       for (const [rank, c] of candidates.slice(0, m).entries()) {
         if (!Number.isFinite(c.total)) continue;
@@ -113,7 +114,7 @@ export async function beamSearch(model, promptIds, o) {
         if (chosen.length === k) break;
       }
       const running = chosen.length ? Math.max(...chosen.map((c) => c.total)) : -Infinity;
-      if (searchOver(finished, running, k, step + 1, o) || last) break;
+      if (searchOver(finished, running, k, step + 1, o, budget) || last) break;
       const next = [];
       for (const c of chosen) {
         const parent = beams[c.beam];

@@ -112,6 +112,12 @@ export function argmax(values) {
  * read `lead` (an encoder-decoder's decoder start), `context`, then the answer. In float32, each
  * operation rounded as numpy's float32 rounds it.
  */
+/** The most new tokens a row whose ids number `begin` before its first new one may make: maxNewTokens,
+ * or fewer where maxLength counts the row's ids (< 1: they reach it already). Python's SearchOptions.new_tokens. */
+export function newTokens(o, begin) {
+  return o.maxLength == null ? o.maxNewTokens : Math.min(o.maxNewTokens, o.maxLength - begin);
+}
+
 export class Seen {
   static wanted(o) {
     return o.repetitionPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0 ||
@@ -145,11 +151,12 @@ export class Seen {
     if (this.ngram) for (let end = this.ngram; end <= this.history.length; end++) this._follow(end);
     this.eos = eos.filter((id) => id >= 0);
     this.begin = this.history.length; // ids before the first new token
-    this.minLength = Math.max(options.minLength ?? 0, this.begin + (options.minNewTokens ?? 0));
+    // minNewTokens, where set, replaces minLength (transformers' _prepare_generated_length)
+    this.minLength = options.minNewTokens ? this.begin + options.minNewTokens : (options.minLength ?? 0);
     this.forcedBos = options.forcedBosTokenId ?? null;
     const forcedEos = options.forcedEosTokenId ?? null;
     this.forcedEos = forcedEos === null ? null : Array.isArray(forcedEos) ? forcedEos : [forcedEos];
-    this.last = this.begin + options.maxNewTokens - 1; // ids before the last new token
+    this.last = this.begin + newTokens(options, this.begin) - 1; // ids before the last new token
     this.suppress = options.suppressTokens ?? [];
     this.beginSuppress = options.beginSuppressTokens ?? [];
     // transformers' begin index: one later where a one-token start gets its forced bos first

@@ -18,7 +18,7 @@
 // are filled by their role: tokens, mask, state, lengths, keep.
 
 import { beamSearch } from "./beams.mjs";
-import { PCG64, Seen, pickToken } from "./sampling.mjs";
+import { PCG64, Seen, newTokens, pickToken } from "./sampling.mjs";
 import { ChatTemplate, TextStream, encodePrompt, loadTokenizer } from "./tokenizers.mjs";
 
 const HERE = new URL(".", import.meta.url);
@@ -450,6 +450,7 @@ export class Model {
   /**
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
+   * maxLength (the row's ids in all, transformers' max_length; where maxNewTokens is set too, the tighter holds),
    * minNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
    * logitBias ({id: bias}), eosId (an id or a list of ids; -1: never), startId, numBeams (beam
    * search: its tokens come at the end of the search), lengthPenalty, earlyStopping, the token
@@ -467,8 +468,7 @@ export class Model {
     const unknown = unpickableToken(o, this.vocabSize);
     if (unknown !== null)
       throw new ModelError(`${unknown} is not a token id of this model: expected an id in [0, ${this.vocabSize})`);
-    if (this.maxNewTokensLimit && o.maxNewTokens > this.maxNewTokensLimit)
-      throw new ModelError(`max new tokens ${o.maxNewTokens} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
+    const budget = this.rowBudget(o, promptIds);
     const stream = this.tokenizer ? new TextStream(this.tokenizer) : null;
     if (o.numBeams > 1) {
       const { tokens, ms, steps } = await beamSearch(this, promptIds, o);
@@ -480,7 +480,7 @@ export class Model {
     const seen = this.rowSeen(o, promptIds);
     let { logits, state, ms } = await this.start(promptIds, { startId: o.startId });
     try {
-      for (let n = 0; n < o.maxNewTokens; n++) {
+      for (let n = 0; n < budget; n++) {
         if (o.signal?.aborted) return;
         if (!logits.every(Number.isFinite))
           throw new ModelError(`the model produced NaN/Inf logits after ${n} new tokens; run \`seqexport validate\` on this export`);
@@ -493,7 +493,7 @@ export class Model {
         seen?.add(token);
         if (o.eosIds.includes(token)) return;
         yield { token, text: stream ? stream.push(token) : `${token} `, ms, first: n === 0 };
-        if (n + 1 < o.maxNewTokens) {
+        if (n + 1 < budget) {
           const previous = state;
           ({ logits, state, ms } = await this.step(token, state));
           previous.dispose(state);
@@ -502,6 +502,23 @@ export class Model {
     } finally {
       state.dispose();
     }
+  }
+
+  /** The most new tokens a row of `promptIds` may make (Python's row_budget): maxNewTokens, or
+   * fewer where maxLength counts its ids (a language model's prompt; an encoder-decoder's decoder
+   * start); a ModelError where none is left or the model cannot hold them. */
+  rowBudget(o, promptIds) {
+    const begin = this.roles.begin ? 1 : promptIds.length;
+    const budget = newTokens(o, begin);
+    if (budget < 1) {
+      const ids = this.roles.begin ? "its decoder start" : `the prompt's ${begin} tokens`;
+      throw new ModelError(`max length ${o.maxLength} leaves no new token after ${ids}: expected a max length above them, or max new tokens`);
+    }
+    if (this.maxNewTokensLimit && budget > this.maxNewTokensLimit) {
+      const asked = budget === o.maxNewTokens ? `max new tokens ${budget}` : `max length ${o.maxLength} (${budget} new tokens)`;
+      throw new ModelError(`${asked} exceeds what ${this.name} can hold: its decoder has ${this.maxNewTokensLimit} positions`);
+    }
+    return budget;
   }
 
   /** One row's Seen where the options ask for a bias, penalty or token rule, else null (Python's
@@ -561,7 +578,7 @@ function randomSeed() {
 }
 
 const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
-  min_p: "minP", max_new_tokens: "maxNewTokens", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty",
+  min_p: "minP", max_new_tokens: "maxNewTokens", max_length: "maxLength", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty",
   num_beams: "numBeams", length_penalty: "lengthPenalty", early_stopping: "earlyStopping",
   sequence_bias: "sequenceBias", bad_words_ids: "badWordsIds", no_repeat_ngram_size: "noRepeatNgramSize",
   min_length: "minLength", forced_bos_token_id: "forcedBosTokenId", forced_eos_token_id: "forcedEosTokenId",
@@ -592,7 +609,7 @@ export function generationDefaults(record) {
  * model's generation defaults, taken where `options` leaves a field out (Python's model_options). */
 export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
-    maxNewTokens: 32, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
+    maxNewTokens: null, maxLength: null, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
     repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0, logitBias: {},
     eosId: tokenizer?.eosIds ?? null, startId: null, numBeams: 1, lengthPenalty: 1.0, earlyStopping: false,
     sequenceBias: [], badWordsIds: [], noRepeatNgramSize: 0, minLength: 0, forcedBosTokenId: null,
@@ -603,6 +620,7 @@ export function searchOptions(options, tokenizer, model = {}) {
   // sampling asked for keeps the model's beam width out, and a beam width its sampling (Python's
   // model_options): the two cannot be combined, and what was asked wins
   model = { ...model };
+  if (given.maxNewTokens != null || model.maxNewTokens != null) delete model.maxLength; // max_new_tokens wins (as transformers)
   if (given.doSample != null || (given.numBeams ?? 1) > 1) {
     delete model.numBeams;
     delete model.doSample;
@@ -618,6 +636,8 @@ export function searchOptions(options, tokenizer, model = {}) {
     if (!Number.isSafeInteger(o[name]) || o[name] < least)
       throw new ModelError(`${name} must be an integer >= ${least} (and < 2**53), got ${shown(o[name])}`);
   };
+  if (o.maxLength !== null) integer("maxLength", 1);
+  o.maxNewTokens ??= o.maxLength ?? 32; // (a row's ids include one token at least: maxLength never the tighter)
   integer("maxNewTokens", 1);
   integer("minNewTokens", 0);
   integer("topK", 0);
