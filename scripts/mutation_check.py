@@ -2724,6 +2724,16 @@ FAULTS = (
           'const byLength = defaults.maxLength != null && defaults.maxNewTokens == null;',
           'const byLength = false;',
           ('tests/test_web.py::test_a_checkpoint_that_sets_max_length_opens_the_page_with_the_length_field_empty',)),
+    Fault('M699', "export: a token rule's id past the vocabulary not checked",
+          'seqexport/export/common.py',
+          '    check_rule_ids(ckpt, generation, specs)\n',
+          '',
+          ('tests/test_token_rules.py::test_a_rules_id_past_the_vocabulary_stops_the_export_naming_it',)),
+    Fault('M700', 'a forced_eos_token_id list from a generation_config read as one id',
+          'seqexport/generation_config.py',
+          'list(forced_eos) if isinstance(forced_eos, list | tuple) else [forced_eos]),',
+          'list(forced_eos) if isinstance(forced_eos, tuple) else [forced_eos]),',
+          ('tests/test_token_rules.py::test_a_rules_id_past_the_vocabulary_stops_the_export_naming_it',)),
 )
 
 

@@ -111,6 +111,30 @@ def generation_record(data: dict, where: str, file: str = "generation_config.jso
     return {"file": file, "defaults": defaults, "not_applied": not_applied}
 
 
+def rule_ids(rules) -> list[tuple[str, list[int]]]:
+    """The token ids a decode's token rules name, each list with its name ("bad_words_ids
+    token"): `rules` a generation record's defaults (a dict) or SearchOptions (the same names)."""
+    get = rules.get if isinstance(rules, dict) else lambda key: getattr(rules, key)
+    forced_bos, forced_eos = get("forced_bos_token_id"), get("forced_eos_token_id")
+    return [("sequence_bias token", [t for seq, _ in get("sequence_bias") or () for t in seq]),
+            ("bad_words_ids token", [t for w in get("bad_words_ids") or () for t in w]),
+            ("forced_bos_token_id", [] if forced_bos is None else [forced_bos]),
+            ("forced_eos_token_id", [] if forced_eos is None else
+             list(forced_eos) if isinstance(forced_eos, list | tuple) else [forced_eos]),
+            ("suppress_tokens token", list(get("suppress_tokens") or ())),
+            ("begin_suppress_tokens token", list(get("begin_suppress_tokens") or ()))]
+
+
+def unknown_id(named: list[tuple[str, list[int]]], vocab_size: int) -> str | None:
+    """The first named id the model cannot pick, as "<name> <id> is not a token id of this
+    model: expected …", or None."""
+    for name, ids in named:
+        for token in ids:
+            if token >= vocab_size:
+                return f"{name} {token} is not a token id of this model: expected an id in [0, {vocab_size})"
+    return None
+
+
 def current_record(record: dict) -> dict:
     """A checked record as this seqexport writes it: a token rule an older one kept as not
     applied moved to the defaults (where its value is one transformers takes). (Not num_beams:

@@ -20,7 +20,7 @@ import torch
 import seqexport
 from seqexport.checkpoints.generation import checkpoint_generation
 from seqexport.checkpoints.io import Checkpoint, checkpoint_sha256, save_checkpoint
-from seqexport.errors import ExportError
+from seqexport.errors import CheckpointError, ExportError
 from seqexport.export.atomic import atomic_folder
 from seqexport.export.decompose import skipping_needless_decompositions
 from seqexport.export.type_promotion import skipping_needless_type_promotion
@@ -32,7 +32,7 @@ from seqexport.export.weights import (
     named_initializers,
     share_weights,
 )
-from seqexport.generation_config import not_applied_note
+from seqexport.generation_config import not_applied_note, rule_ids, unknown_id
 from seqexport.manifest import graph_entry, sha256_file, write_manifest
 from seqexport.specs import GraphSpec
 
@@ -309,6 +309,16 @@ def copy_tokenizer(record: dict | None, folder: Path) -> dict | None:
     return record
 
 
+def check_rule_ids(ckpt: Checkpoint, generation: dict | None, specs: dict[str, GraphSpec]) -> None:
+    """CheckpointError naming a token rule's id that the model cannot pick (past its logits'
+    width): every decode would refuse it, so the export does, before anything is written."""
+    widths = [t.dims[-1] for spec in specs.values() for t in spec.outputs if t.name == "logits"]
+    if not generation or not widths or not isinstance(widths[0], int):
+        return
+    if message := unknown_id(rule_ids(generation["defaults"]), widths[0]):
+        raise CheckpointError(f"{Path(ckpt.path) / generation['file']}: {message}")
+
+
 def model_in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
     """The model to trace: itself for float32, a converted copy otherwise (the original stays)."""
     return model.eval() if dtype == "float32" else copy.deepcopy(model).to(torch_dtype(dtype)).eval()
@@ -323,6 +333,7 @@ def write_artifact(out: str | Path, overwrite: bool, ckpt: Checkpoint, preset: s
     started = time.perf_counter()
     global _pending
     generation = checkpoint_generation(ckpt)  # (a bad value refused before anything is written)
+    check_rule_ids(ckpt, generation, specs)
     if note := not_applied_note(generation):
         progress(f"warning: {note}")
     with atomic_folder(out, overwrite) as tmp:

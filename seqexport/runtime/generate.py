@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqexport.errors import ArtifactError, InputError, UsageError
+from seqexport.generation_config import rule_ids, unknown_id
 from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.penalties import Seen, penalized
 
@@ -252,20 +253,9 @@ def checked_options(options, model) -> SearchOptions:
 def check_token_ids(options: SearchOptions, vocab_size: int) -> None:
     """UsageError naming an id of logit_bias or of a token rule that the model cannot pick
     (transformers refuses them in a sequence bias or bad word, and fails on a forced one)."""
-    forced_eos = options.forced_eos_token_id
-    named = [("logit_bias token", [t for t, _ in options.logit_bias]),
-             ("sequence_bias token", [t for seq, _ in options.sequence_bias for t in seq]),
-             ("bad_words_ids token", [t for w in options.bad_words_ids for t in w]),
-             ("forced_bos_token_id", [] if options.forced_bos_token_id is None else [options.forced_bos_token_id]),
-             ("forced_eos_token_id", [] if forced_eos is None else
-              list(forced_eos) if isinstance(forced_eos, tuple) else [forced_eos]),
-             ("suppress_tokens token", options.suppress_tokens),
-             ("begin_suppress_tokens token", options.begin_suppress_tokens)]
-    for name, ids in named:
-        for token in ids:
-            if token >= vocab_size:
-                raise UsageError(f"{name} {token} is not a token id of this model: expected an id in "
-                                 f"[0, {vocab_size})")
+    message = unknown_id([("logit_bias token", [t for t, _ in options.logit_bias]), *rule_ids(options)], vocab_size)
+    if message:
+        raise UsageError(message)
 
 
 def row_budget(model, options: SearchOptions, prompt: list[int]) -> int:
