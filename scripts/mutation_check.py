@@ -2734,6 +2734,16 @@ FAULTS = (
           'list(forced_eos) if isinstance(forced_eos, list | tuple) else [forced_eos]),',
           'list(forced_eos) if isinstance(forced_eos, tuple) else [forced_eos]),',
           ('tests/test_token_rules.py::test_a_rules_id_past_the_vocabulary_stops_the_export_naming_it',)),
+    Fault('M701', "an encoder-decoder's repetition penalty leaves out its decoder start",
+          'seqexport/runtime/generate.py',
+          'return Seen(options, (model.start_token(options.start_id),), eos=eos)',
+          'return Seen(options, (), eos=eos)',
+          ('tests/test_token_rules.py::test_an_encoder_decoders_repetition_penalty_counts_its_decoder_start',)),
+    Fault('M702', "page: an encoder-decoder's row ids leave out its decoder start",
+          'seqexport/web/static/seqexport.mjs',
+          'if (this.roles.begin) return new Seen(o, [this._startToken(o.startId)], { eos: o.eosIds });',
+          'if (this.roles.begin) return new Seen(o, [], { eos: o.eosIds });',
+          ('tests/test_web.py::test_the_js_runtime_applies_transformers_token_rules_as_python',)),
 )
 
 

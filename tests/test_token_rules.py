@@ -239,6 +239,30 @@ def test_an_encoder_decoders_rules_read_its_decoder_start_first(tiny_tf):  # noq
         rt.generate(exported, [[3, 5, 7], [4, 4, 2, 6, 7], [6, 6, 6]], plain)
 
 
+def test_an_encoder_decoders_repetition_penalty_counts_its_decoder_start(tiny_tf):  # noqa: F811
+    """transformers' repetition penalty reads the decoder's input_ids, the decoder start among
+    them (not the source): greedy decoding of the export against the eager model's full forward
+    with transformers' RepetitionPenaltyLogitsProcessor on [start] + the tokens so far. A penalty
+    below 1 lifts the tokens seen, so counting the start or not decides tokens."""
+    model, exported = tiny_tf
+    options = rt.SearchOptions(max_new_tokens=8, eos_id=-1, start_id=START, repetition_penalty=0.3)
+    penalty = lp.RepetitionPenaltyLogitsProcessor(0.3)
+    sources = ([3, 5, 7], [4, 4, 2, 6, 7], [6, 6, 6], [1, 6], [7])
+    want, without_start = [], []
+    for src in sources:
+        for lead, out in ((1, []), (0, [])):
+            s = torch.tensor([src])
+            with torch.no_grad():
+                for _ in range(options.max_new_tokens):
+                    tgt = torch.tensor([[START] + out])
+                    logits = model(s, tgt, src_mask=padding_mask(s), tgt_mask=generate_mask(tgt.shape[1]),
+                                   memory_mask=padding_mask(s))[0, -1:]
+                    out.append(int(penalty(tgt[:, 1 - lead:], logits).argmax()))
+            (want if lead else without_start).append(out)
+    assert rt.generate(exported, list(sources), options) == want
+    assert want != without_start  # (the start decides a token)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size must be >= 0, got -1"),
     ({"bad_words_ids": [[]]}, "bad_words_ids[0] must be a list of token ids (at least one)"),

@@ -1123,7 +1123,7 @@ const [cases, draws, done] = arguments;
 (async () => {
   const { PCG64, Seen, pickToken } = await import("./sampling.mjs");
   const scores = cases.map(([options, context, generated, logits, lead, eos]) => {
-    const seen = new Seen(options, context, { lead, eos });
+    const seen = new Seen(options, [...lead, ...context], { eos });
     for (const t of generated) seen.add(t);
     // beam search's float64 log-probabilities (logits / 3 - 1.25: values no float32 holds)
     const wide = seen.copy().apply(Float64Array.from(logits, (x) => x / 3 - 1.25));
@@ -1210,7 +1210,7 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
                                frequency_penalty=options["frequencyPenalty"],
                                logit_bias={int(t): b for t, b in options["logitBias"].items()},
                                **{py: options[js_name] for js_name, py in names.items() if js_name in options})
-        seen = Seen(search, context, lead=lead, eos=eos)
+        seen = Seen(search, lead + context, eos=eos)
         for t in generated:
             seen.add(t)
         want = seen.apply(np.array(logits, np.float32))

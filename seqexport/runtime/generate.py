@@ -501,13 +501,13 @@ def without(scores: np.ndarray, eos: tuple) -> np.ndarray:
 
 def row_seen(model, options: SearchOptions, prompt: list[int], eos: tuple) -> Seen | None:
     """One row's `Seen` where the options ask for a bias, penalty or token rule, else None. Its
-    repetition penalty counts a language model's prompt (transformers counts its input_ids); an
-    encoder-decoder's source is another sequence, and its decoder start leads the ids the
-    sequence rules read (transformers' decoder_input_ids)."""
+    ids are transformers' input_ids: a language model's prompt; an encoder-decoder's decoder
+    start (its decoder_input_ids: the source is another sequence), which the repetition
+    penalty counts too, as transformers' does."""
     if not penalized(options):
         return None
     if model.takes_start_id:
-        return Seen(options, (), lead=(model.start_token(options.start_id),), eos=eos)
+        return Seen(options, (model.start_token(options.start_id),), eos=eos)
     return Seen(options, prompt, eos=eos)
 
 

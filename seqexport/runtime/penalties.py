@@ -61,10 +61,10 @@ class Seen:
     token that way, on the engine thread). The sequence rules keep the row's ids in order, and
     for no_repeat_ngram_size each (n-1)-gram's followers, updated as tokens come."""
 
-    def __init__(self, options, context=(), lead=(), eos=()):
-        """`context`: the ids the repetition penalty counts before any is generated (a language
-        model's prompt); `lead`: ids before them only the sequence rules read (an encoder-decoder's
-        decoder start); `eos`: the ids that end the row (min_length, bad words)."""
+    def __init__(self, options, context=(), eos=()):
+        """`context`: the row's ids before any is generated, transformers' input_ids (a language
+        model's prompt; an encoder-decoder's decoder start), which the repetition penalty and the
+        sequence rules read; `eos`: the ids that end the row (min_length, bad words)."""
         self.repetition = float(options.repetition_penalty)
         self.presence = float(options.presence_penalty)
         self.frequency = float(options.frequency_penalty)
@@ -77,7 +77,7 @@ class Seen:
         self._n = 0  # slots in use
         for t in context:
             self._see(int(t))
-        self._history = [int(t) for t in (*lead, *context)]  # transformers' input_ids for this row
+        self._history = [int(t) for t in context]  # transformers' input_ids for this row
         self._ngram = int(options.no_repeat_ngram_size)
         # (n-1) ids -> the ids that followed them (frozensets: a copy shares them until one grows)
         self._follows: dict[tuple, frozenset] = {}

@@ -72,7 +72,7 @@ export async function beamSearch(model, promptIds, o) {
   const budget = model.rowBudget(o, promptIds); // the most new tokens (maxLength)
   const started = await model.start(promptIds, { startId: o.startId });
   let ms = started.ms, steps = 1;
-  // an encoder-decoder's source is another sequence: its penalties count the answer only
+  // (an encoder-decoder's: its decoder start, then the answer; the source is another sequence)
   const seen = model.rowSeen(o, promptIds);
   // the live beams, best first (Python's rows; its dead rows, scored -inf, come after them)
   let beams = [{ tokens: [], score: 0, logits: started.logits, state: started.state, seen }];

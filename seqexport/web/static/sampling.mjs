@@ -100,24 +100,24 @@ export function argmax(values) {
   return best;
 }
 
-/**
- * The tokens one row has seen, for its penalties and token rules, as Python's
- * seqexport.runtime.penalties.Seen: first a bias (OpenAI's logitBias {id: bias}, transformers'
- * sequenceBias [[ids], bias] pairs, whose several-token ones bias their last where the row's ids
- * end with the rest, and badWordsIds biased by -Infinity), then a repetition penalty on every id of
- * `context` (a language model's prompt) and of the answer (divided where positive, multiplied
- * where negative, once), OpenAI's presence and frequency penalties on the answer's ids, then
- * transformers' bans and forcings in its order (noRepeatNgramSize, minLength and minNewTokens,
- * forcedBosTokenId, forcedEosTokenId, suppressTokens, beginSuppressTokens). The sequence rules
- * read `lead` (an encoder-decoder's decoder start), `context`, then the answer. In float32, each
- * operation rounded as numpy's float32 rounds it.
- */
 /** The most new tokens a row whose ids number `begin` before its first new one may make: maxNewTokens,
  * or fewer where maxLength counts the row's ids (< 1: they reach it already). Python's SearchOptions.new_tokens. */
 export function newTokens(o, begin) {
   return o.maxLength == null ? o.maxNewTokens : Math.min(o.maxNewTokens, o.maxLength - begin);
 }
 
+/**
+ * The tokens one row has seen, for its penalties and token rules, as Python's
+ * seqexport.runtime.penalties.Seen: first a bias (OpenAI's logitBias {id: bias}, transformers'
+ * sequenceBias [[ids], bias] pairs, whose several-token ones bias their last where the row's ids
+ * end with the rest, and badWordsIds biased by -Infinity), then a repetition penalty on every id of
+ * `context` (a language model's prompt, an encoder-decoder's decoder start) and of the answer (divided where positive, multiplied
+ * where negative, once), OpenAI's presence and frequency penalties on the answer's ids, then
+ * transformers' bans and forcings in its order (noRepeatNgramSize, minLength and minNewTokens,
+ * forcedBosTokenId, forcedEosTokenId, suppressTokens, beginSuppressTokens). The sequence rules
+ * read `context`, then the answer: transformers' input_ids. In float32, each operation rounded
+ * as numpy's float32 rounds it.
+ */
 export class Seen {
   static wanted(o) {
     return o.repetitionPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0 ||
@@ -127,7 +127,7 @@ export class Seen {
       (o.suppressTokens ?? []).length > 0 || (o.beginSuppressTokens ?? []).length > 0;
   }
 
-  constructor(options, context = [], { lead = [], eos = [] } = {}) {
+  constructor(options, context = [], { eos = [] } = {}) {
     // as given (float64: beam search's log-probabilities), and each float32 logits take
     this.repetition = options.repetitionPenalty;
     this.presence = options.presencePenalty;
@@ -145,7 +145,7 @@ export class Seen {
     this.ids = [...new Set(context)];
     this.known = new Set(this.ids);
     this.counts = new Map(); // generated token -> times
-    this.history = [...lead, ...context]; // transformers' input_ids for this row
+    this.history = [...context]; // transformers' input_ids for this row
     this.ngram = options.noRepeatNgramSize ?? 0;
     this.follows = new Map(); // (n-1) ids joined by "," -> the ids that followed them
     if (this.ngram) for (let end = this.ngram; end <= this.history.length; end++) this._follow(end);

@@ -522,11 +522,12 @@ export class Model {
   }
 
   /** One row's Seen where the options ask for a bias, penalty or token rule, else null (Python's
-   * row_seen): an encoder-decoder's source is another sequence, so its penalties count the answer
-   * only, and its decoder start leads the ids the token rules read. */
+   * row_seen): its ids are transformers' input_ids, a language model's prompt or an
+   * encoder-decoder's decoder start (the source is another sequence), which the repetition
+   * penalty counts too, as transformers' does. */
   rowSeen(o, promptIds) {
     if (!Seen.wanted(o)) return null;
-    if (this.roles.begin) return new Seen(o, [], { lead: [this._startToken(o.startId)], eos: o.eosIds });
+    if (this.roles.begin) return new Seen(o, [this._startToken(o.startId)], { eos: o.eosIds });
     return new Seen(o, promptIds, { eos: o.eosIds });
   }
 
