@@ -29,6 +29,7 @@ from seqexport.runtime.engine import Engine, QueueFull
 from seqexport.runtime.generate import SearchOptions, check_token_ids
 from seqexport.runtime.models import load
 from seqexport.runtime.penalties import RULES
+from seqexport.serve.bad_words import bad_words_ids
 from seqexport.serve.metrics import CONTENT_TYPE, ServerMetrics
 from seqexport.serve.protocol import (
     CHAT,
@@ -160,14 +161,30 @@ class ServingHost:
                                     presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
                                     min_new_tokens=min_tokens, logit_bias=params.logit_bias,
                                     eos_id=-1 if params.ignore_eos else None,
-                                    **{k: default[k] for k in RULES if k in default})
+                                    **self.rules(params))
         except UsageError as e:
             raise HTTPError(400, str(e)) from None
         try:  # here, not in the engine, whose refusal would be a UsageError (a 500)
             check_token_ids(options, self.model.vocab_size)
         except UsageError as e:
-            raise HTTPError(400, str(e), "logit_bias" if "logit_bias" in str(e) else None) from None
+            field = "logit_bias" if "logit_bias" in str(e) else "bad_words" if "bad_words" in str(e) else None
+            raise HTTPError(400, str(e), field) from None
         return options
+
+    def rules(self, params: CompletionParams) -> dict:
+        """The model's token rules (SearchOptions' fields), the request's bad_words banned beside its
+        bad_words_ids."""
+        rules = {k: self.defaults[k] for k in RULES if k in self.defaults}
+        if not params.bad_words:
+            return rules
+        if self.model.tokenizer is None:
+            raise HTTPError(400, "bad_words: this model has no tokenizer; its rules take token ids "
+                                 "(the checkpoint's generation_config bad_words_ids)", "bad_words")
+        try:
+            words = bad_words_ids(self.model.tokenizer, params.bad_words)
+        except ValueError as e:
+            raise HTTPError(400, f"bad_words: {e}", "bad_words") from None
+        return rules | {"bad_words_ids": [*rules.get("bad_words_ids", ()), *words]}
 
     def submit(self, params: CompletionParams, listener: "Listener"):
         ids = self.prompt_ids(params)

@@ -7,7 +7,8 @@ the server answers.
 
 Follows the OpenAI `/v1/completions` API (as vLLM and TGI do) so its clients work unchanged;
 fields we do not implement are accepted only at their neutral value (e.g. n = 1), others are
-refused with the field named. Extensions, as in vLLM: `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `ignore_eos`; each choice
+refused with the field named. Extensions, as in vLLM: `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `ignore_eos`,
+`bad_words`; each choice
 also carries `token_ids` (what generate() would return).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-from seqexport.errors import InputError
+from seqexport.errors import InputError, shown
 from seqexport.runtime.chat import check_messages, check_variables
 
 
@@ -51,6 +52,7 @@ class CompletionParams:
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> bias in [-100, 100]
+    bad_words: list[str] = field(default_factory=list)  # vLLM extension: words that never come out
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -71,11 +73,12 @@ IGNORED = {"user"}  # accepted and not used
 CHAT_MAX_TOKENS = 4096
 SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
             "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
-            "logit_bias"}
+            "logit_bias", "bad_words"}
 MAX_STOPS = 4  # as OpenAI
 # characters of one stop string: each is indexed when its request arrives, on the event loop
 # (serve.text.StopMatcher: ~0.6 us a character, so a 1 MB stop string held every client 0.6 s)
 MAX_STOP_CHARS = 4096
+MAX_BAD_WORDS = 256  # words of one request's bad_words (each tokenized as the request arrives), of MAX_STOP_CHARS at most
 
 
 # A request body may hold this much a prompt token (a list of int64 ids: up to 21 bytes each; text
@@ -328,6 +331,7 @@ def _sampling(body: dict, **request) -> CompletionParams:
         presence_penalty=_number(body, "presence_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, "in [-2, 2]", lambda v: -2 <= v <= 2),
         logit_bias=_logit_bias(body.get("logit_bias")),
+        bad_words=_bad_words(body.get("bad_words")),
         seed=_integer(body, "seed", 0, None, allow_none=True),
         stop=_stop(body.get("stop")),
         stream=_flag(body, "stream"),
@@ -337,6 +341,21 @@ def _sampling(body: dict, **request) -> CompletionParams:
     if params.include_usage and not params.stream:
         raise _bad("stream_options", "only with stream: true")
     return params
+
+
+def _bad_words(value) -> list[str]:
+    """vLLM's bad_words: a list of words (strings with a character other than a space)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _bad("bad_words", f"expected a list of words, got {shown(value)}")
+    if len(value) > MAX_BAD_WORDS:
+        raise _bad("bad_words", f"at most {MAX_BAD_WORDS} words, got {len(value)}")
+    for i, word in enumerate(value):
+        if not isinstance(word, str) or not word.strip() or len(word) > MAX_STOP_CHARS:
+            raise _bad("bad_words", f"element {i}: expected a word (a string with a character other than a space, "
+                                    f"of at most {MAX_STOP_CHARS} characters), got {shown(word)}")
+    return value
 
 
 def completion_body(rid: str, model: str, text: str, token_ids: list[int], finish_reason: str,
