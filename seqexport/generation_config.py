@@ -52,6 +52,9 @@ APPLIED = {
     "top_k": (_int(0), "an integer >= 0 (0: off)"),
     "top_p": (_real(lambda v: 0 < v <= 1), "a number in (0, 1]"),
     "min_p": (_real(lambda v: 0 <= v <= 1), "a number in [0, 1]"),
+    "typical_p": (_real(lambda v: 0 < v <= 1), "a number in (0, 1]"),
+    "epsilon_cutoff": (_real(lambda v: 0 <= v < 1), "a number in [0, 1)"),
+    "eta_cutoff": (_real(lambda v: 0 <= v < 1), "a number in [0, 1)"),
     "max_new_tokens": (_int(1), "an integer >= 1"),
     "max_length": (_int(1), "an integer >= 1"),  # a row's ids in all (max_new_tokens, where set, wins)
     "min_new_tokens": (_int(0), "an integer >= 0"),
@@ -71,15 +74,16 @@ APPLIED = {
 }
 # the keys an older seqexport kept as not applied and this one applies (current_record)
 NOW_APPLIED = ("no_repeat_ngram_size", "min_length", "bad_words_ids", "sequence_bias", "suppress_tokens",
-               "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id")
+               "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id", "typical_p", "epsilon_cutoff",
+               "eta_cutoff")
 # the values of those at which they change nothing (a file may write them out)
 NEUTRAL = {"no_repeat_ngram_size": 0, "min_length": 0, "bad_words_ids": [], "sequence_bias": [],
-           "suppress_tokens": [], "begin_suppress_tokens": []}
+           "suppress_tokens": [], "begin_suppress_tokens": [], "typical_p": 1.0, "epsilon_cutoff": 0.0,
+           "eta_cutoff": 0.0}
 # keys that change which tokens come out, with the values at which they change nothing: any
 # other value is not applied here, and said so
 NOT_APPLIED = {
-    "encoder_repetition_penalty": (1, 1.0), "encoder_no_repeat_ngram_size": (0,), "typical_p": (1, 1.0),
-    "epsilon_cutoff": (0, 0.0), "eta_cutoff": (0, 0.0), "diversity_penalty": (0, 0.0),
+    "encoder_repetition_penalty": (1, 1.0), "encoder_no_repeat_ngram_size": (0,), "diversity_penalty": (0, 0.0),
     "num_beam_groups": (1,), "penalty_alpha": (None,), "exponential_decay_length_penalty": (None,),
     "guidance_scale": (None, 1, 1.0), "top_h": (None,), "dola_layers": (None,),
 }

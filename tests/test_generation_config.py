@@ -87,12 +87,12 @@ def test_generate_without_options_decodes_as_transformers_does_with_the_same_fol
 
 def test_sampling_defaults_are_applied_and_flags_override_them(checkpoint, tmp_path):
     folder, out = with_generation(checkpoint, tmp_path, do_sample=True, temperature=0.7, top_k=3, top_p=0.95,
-                                  max_new_tokens=8, typical_p=0.9)
+                                  max_new_tokens=8, top_h=0.9)
     manifest = read_manifest(out)
     reference = transformers.GenerationConfig.from_pretrained(folder)  # how transformers reads the file
     assert manifest["generation"]["defaults"] == {k: getattr(reference, k) for k in
                                                   ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens")}
-    assert manifest["generation"]["not_applied"] == {"typical_p": reference.typical_p}
+    assert manifest["generation"]["not_applied"] == {"top_h": reference.top_h}
     hf = transformers.MambaForCausalLM.from_pretrained(folder).eval()
     seen = set()
     for seed in range(4):
@@ -105,11 +105,11 @@ def test_sampling_defaults_are_applied_and_flags_override_them(checkpoint, tmp_p
         seen.add(tuple(ours))
     assert len(seen) > 1  # sampled: seeds give different answers
     assert "do_sample True, temperature 0.7, top_k 3, top_p 0.95, max_new_tokens 8" in log
-    assert "typical_p 0.9, which seqexport does not apply" in log
+    assert "top_h 0.9, which seqexport does not apply" in log
     # what was given wins; what was not keeps the model's
     greedy, _ = cli_ids(out, "--greedy")
     with torch.no_grad():
-        # (typical_p, which seqexport said it does not apply, is a sampling rule)
+        # (top_h, which seqexport said it does not apply, is a sampling rule)
         assert greedy == hf.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=8)[0, 8:].tolist()
     wide, log = cli_ids(out, "--seed", "1", "--top-k", "0", "--max-new-tokens", "3")
     same = rt.generate(rt.load(out), [PROMPT], rt.SearchOptions(do_sample=True, temperature=0.7, top_k=0, top_p=0.95,
@@ -118,7 +118,7 @@ def test_sampling_defaults_are_applied_and_flags_override_them(checkpoint, tmp_p
     assert "top_k" not in log.split("generation defaults")[1].split("\n")[0]  # given, so not "taken"
     result = CliRunner().invoke(cli, ["inspect", str(out)])
     assert "generation defaults (generation_config.json): do_sample true, temperature 0.7" in result.output
-    assert "not applied (tokens can differ from transformers' generate): typical_p 0.9" in result.output
+    assert "not applied (tokens can differ from transformers' generate): top_h 0.9" in result.output
 
 
 def test_a_request_that_leaves_sampling_out_takes_the_models_defaults(checkpoint, tmp_path, tmp_path_factory):

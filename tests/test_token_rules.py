@@ -301,18 +301,18 @@ def test_a_rules_id_past_the_vocabulary_stops_the_export_naming_it(checkpoint, t
 
 
 def test_an_older_manifests_rules_kept_as_not_applied_are_applied_now(checkpoint, greedy, tmp_path):  # noqa: F811
-    folder, out = with_generation(checkpoint, tmp_path, no_repeat_ngram_size=2, typical_p=0.5, max_new_tokens=NEW)
+    folder, out = with_generation(checkpoint, tmp_path, no_repeat_ngram_size=2, top_h=0.5, max_new_tokens=NEW)
     manifest = json.loads((out / "manifest.json").read_text())
     # as an export before this change wrote it
     manifest["generation"] = {"file": "generation_config.json", "defaults": {"max_new_tokens": NEW},
-                              "not_applied": {"no_repeat_ngram_size": 2, "typical_p": 0.5}}
+                              "not_applied": {"no_repeat_ngram_size": 2, "top_h": 0.5}}
     (out / "manifest.json").write_text(json.dumps(manifest))
     model = rt.load(out)
-    assert model.generation["not_applied"] == {"typical_p": 0.5}
+    assert model.generation["not_applied"] == {"top_h": 0.5}
     assert rt.generate(model, [PROMPT])[0] == hf_generate_with(folder, PROMPT, max_new_tokens=NEW,
                                                                do_sample=False) != greedy
     result = CliRunner().invoke(cli, ["inspect", str(out)])
-    assert "not applied (tokens can differ from transformers' generate): typical_p 0.5" in result.output
+    assert "not applied (tokens can differ from transformers' generate): top_h 0.5" in result.output
 
 
 def test_an_encoder_decoder_starts_from_its_checkpoints_decoder_start_token(tmp_path):

@@ -480,12 +480,12 @@ def test_the_page_reads_an_older_exports_rules_as_applied_and_beam_sampling_as_n
     url, driver, _ = page
     driver.get(url)
     record = {"file": "generation_config.json", "defaults": {"do_sample": True, "top_k": 3},
-              "not_applied": {"num_beams": 3, "no_repeat_ngram_size": 2, "typical_p": 0.5}}
+              "not_applied": {"num_beams": 3, "no_repeat_ngram_size": 2, "top_h": 0.5, "typical_p": 0.4}}
     got = driver.execute_async_script(
         "const [record, done] = arguments; import('./seqexport.mjs').then((m) => done("
         "{defaults: m.generationDefaults(record), skipped: m.notApplied(record)}), (e) => done(String(e)));", record)
-    assert got == {"defaults": {"doSample": True, "topK": 3, "noRepeatNgramSize": 2},
-                   "skipped": {"num_beams": 3, "typical_p": 0.5}}
+    assert got == {"defaults": {"doSample": True, "topK": 3, "noRepeatNgramSize": 2, "typicalP": 0.4},
+                   "skipped": {"num_beams": 3, "top_h": 0.5}}
 
 
 BEAM_API = """
@@ -605,6 +605,8 @@ def test_the_js_runtime_stops_at_max_length_as_python(page):
         cases = [  # (the JS options, the Python ones)
             ({"maxLength": begin + 5, "eosId": -1}, {"max_length": begin + 5, "eos_id": -1}),
             ({"maxLength": begin + 7, "numBeams": 3, "eosId": -1}, {"max_length": begin + 7, "num_beams": 3, "eos_id": -1}),
+            ({"maxLength": begin + 6, "numBeams": 3, "eosId": plain[2], "lengthPenalty": 2.0},
+             {"max_length": begin + 6, "num_beams": 3, "eos_id": plain[2], "length_penalty": 2.0}),
             ({"maxLength": begin + 9, "maxNewTokens": 4, "eosId": -1},
              {"max_length": begin + 9, "max_new_tokens": 4, "eos_id": -1}),
             ({"maxLength": begin + 6, "forcedEosTokenId": plain[0], "eosId": -1},
@@ -613,8 +615,8 @@ def test_the_js_runtime_stops_at_max_length_as_python(page):
              {"min_length": begin + 12, "min_new_tokens": 1, "eos_id": plain[1], "max_new_tokens": 12}),
         ]
         want = [rt.generate(model, [ids], rt.SearchOptions(**py))[0] for _, py in cases]
-        assert [len(w) for w in want[:4]] == [5, 7, 4, 6] and want[3][-1] == plain[0] != plain[5]
-        assert want[4] == plain[:1]  # the eos came after min_new_tokens: min_length was not the rule
+        assert [len(w) for i, w in enumerate(want[:5]) if i != 2] == [5, 7, 4, 6] and want[4][-1] == plain[0] != plain[5]
+        assert want[5] == plain[:1]  # the eos came after min_new_tokens: min_length was not the rule
         limit = model.max_new_tokens_limit
         bad = [{"maxLength": begin}, {"maxLength": 0}] + ([{"maxLength": limit + begin + 1}] if limit else [])
         assert browser.open_page(driver, url, family) == "ready"
@@ -827,15 +829,15 @@ def test_a_granite_hybrid_with_experts_decodes_in_the_page_as_the_python_runtime
 
 def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_runtime(tmp_path):
     """A checkpoint whose generation_config.json samples (temperature, top-k, top-p, max new
-    tokens, a repetition penalty, a no_repeat_ngram_size) and sets a typical_p: the page's decoding
-    options start at those values, it says typical_p is not applied, and a seeded run with nothing
+    tokens, a repetition penalty, a no_repeat_ngram_size) and sets a top_h: the page's decoding
+    options start at those values, it says top_h is not applied, and a seeded run with nothing
     else changed gives the tokens Python's `generate` gives with the model's defaults and that
     seed; so does the JS runtime's `generateIds(ids, {seed})`, and greedy with OpenAI's presence
     and frequency penalties."""
     need_page()
     model = site_of_a_mamba_with_generation_config(tmp_path, "g", {
         "do_sample": True, "temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": 6,
-        "repetition_penalty": 1.4, "no_repeat_ngram_size": 2, "typical_p": 0.5}, seed=0)
+        "repetition_penalty": 1.4, "no_repeat_ngram_size": 2, "top_h": 0.5}, seed=0)
     prompt = "Friday, 5 März 2021"
     ids = model.encode(prompt)
     want = {seed: rt.generate(model, [ids], rt.model_options(model, seed=seed))[0] for seed in (7, 8)}
@@ -873,7 +875,7 @@ def test_the_page_starts_from_the_checkpoints_generation_defaults_as_the_python_
             ".then(done, (e) => done(String(e)));", ids, penalties, echo, looping)
     assert shown == {"decoding": "sample", "temperature": "0.5", "top-k": "3", "top-p": "0.9", "max-new-tokens": "6",
                      "repetition-penalty": "1.4", "min-p": "0.1"}
-    assert "generation_config.json sets typical_p 0.5, which seqexport does not apply" in note
+    assert "generation_config.json sets top_h 0.5, which seqexport does not apply" in note
     assert rules == ("The model's generation_config.json also sets no_repeat_ngram_size 2: every decode applies them, "
                      "as transformers' generate does.")
     assert got["message"] is None and got["run"]["tokens"] == want[7]
@@ -1147,7 +1149,8 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
     against transformers' generate and OpenAI's rule): the same float32 scores, bit for bit, over random logits of
     both signs, histories with repeats and ids past the vocabulary (and float64 scores, as beam
     search penalises its log-probabilities, bit for bit too); and its seeded draws with
-    min-p (with temperature, top-k, top-p) the tokens Python's sampler draws."""
+    min-p (with temperature, top-k, top-p), typical, epsilon and eta sampling the tokens
+    Python's sampler draws (itself checked against transformers' warpers)."""
     from seqexport.runtime.generate import SearchOptions, pick_tokens
     from seqexport.runtime.penalties import Seen
 
@@ -1188,12 +1191,19 @@ def test_the_pages_penalties_and_min_p_give_pythons_scores_and_draws(page):
     for seed, (t, k, p, m) in enumerate([(1.0, 0, 1.0, 0.2), (1.5, 30, 0.9, 0.25), (0.8, 0, 0.95, 0.5)]):
         logits = (rng.standard_normal(200) * 2).astype(np.float32)
         draws.append(({"doSample": True, "temperature": t, "topK": k, "topP": p, "minP": m}, seed, logits.tolist()))
+    # transformers' typical, epsilon and eta sampling after them
+    for seed, cut in enumerate([{"typicalP": 0.5}, {"epsilonCutoff": 0.01}, {"etaCutoff": 0.02},
+                                {"typicalP": 0.8, "epsilonCutoff": 0.004, "etaCutoff": 0.002, "minP": 0.05}], start=10):
+        logits = (rng.standard_normal(200) * 2).astype(np.float32)
+        draws.append(({"doSample": True, "temperature": 1.0, "topK": 0, "topP": 1.0, "minP": 0} | cut, seed,
+                      logits.tolist()))
     driver.get(url)
     got = driver.execute_async_script(JS_PENALTIES, cases, draws)
     assert "error" not in got, got
     for (o, seed, logits), js in zip(draws, got["picked"]):
         options = SearchOptions(do_sample=True, temperature=o["temperature"], top_k=o["topK"], top_p=o["topP"],
-                                min_p=o["minP"])
+                                min_p=o["minP"], typical_p=o.get("typicalP", 1.0),
+                                epsilon_cutoff=o.get("epsilonCutoff", 0.0), eta_cutoff=o.get("etaCutoff", 0.0))
         python_rng = np.random.default_rng(seed)
         want = [int(pick_tokens(np.array([logits], np.float32), options, python_rng)[0]) for _ in range(40)]
         assert js == want, o

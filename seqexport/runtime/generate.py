@@ -27,6 +27,7 @@ from seqexport.runtime.base import RuntimeModel, State
 from seqexport.runtime.penalties import Seen, penalized
 
 DEFAULT_NEW_TOKENS = 32  # a decode's new tokens where nothing sets them
+CUTOFFS = ("typical_p", "epsilon_cutoff", "eta_cutoff")  # transformers' sampling cutoffs after min_p
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,12 @@ class SearchOptions:
     top_k: int = 0  # sampling: keep the k most likely tokens (0: all)
     top_p: float = 1.0  # sampling: keep the smallest set with this much probability
     min_p: float = 0.0  # sampling: drop tokens below min_p x the most likely one's probability (0: off)
+    # sampling, after min_p in transformers' order: locally typical sampling (the tokens whose
+    # information is nearest the entropy, this much probability; 1: off), epsilon sampling (drop
+    # tokens below this probability; 0: off), eta sampling (below min(eta, sqrt(eta) exp(-entropy)); 0: off)
+    typical_p: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
     min_new_tokens: int = 0  # no eos before this many new tokens (transformers' min_new_tokens, vLLM's min_tokens)
     seed: int | None = None  # sampling: seed of the random generator (reproducible)
     num_beams: int = 1  # beam search width; 1 = greedy
@@ -83,6 +90,7 @@ class SearchOptions:
         _integer("top_k", self.top_k, 0)
         _real("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
         _real("min_p", self.min_p, "in [0, 1]", lambda v: 0 <= v <= 1)
+        _cutoffs(self)
         if self.seed is not None:
             _integer("seed", self.seed, 0)
         _integer("num_beams", self.num_beams, 1)
@@ -112,6 +120,13 @@ class SearchOptions:
         if self.max_length is None:
             return self.max_new_tokens
         return min(self.max_new_tokens, self.max_length - begin)
+
+
+def _cutoffs(options: SearchOptions) -> None:
+    """typical_p, epsilon_cutoff and eta_cutoff checked as transformers' warpers check them."""
+    _real("typical_p", options.typical_p, "in (0, 1]", lambda v: 0 < v <= 1)
+    _real("epsilon_cutoff", options.epsilon_cutoff, "in [0, 1)", lambda v: 0 <= v < 1)
+    _real("eta_cutoff", options.eta_cutoff, "in [0, 1)", lambda v: 0 <= v < 1)
 
 
 def _lengths(options: SearchOptions) -> None:
@@ -319,7 +334,15 @@ def pick_tokens(logits: np.ndarray, options: SearchOptions, rng: np.random.Gener
 
 
 def _sample(z: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> int:
-    """One token from a row (v,) of logits: softmax(z / T), top-k, top-p, min-p, renormalised."""
+    """One token from a row (v,) of logits, drawn from `sampled_distribution`."""
+    cdf = sampled_distribution(z, options).cumsum()  # as Generator.choice(v, p=p) draws, one rng.random() a row
+    cdf /= cdf[-1]
+    return int(cdf.searchsorted(rng.random(), side="right"))
+
+
+def sampled_distribution(z: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """(v,) float64 what a row (v,) of logits is sampled from, up to a factor: softmax(z / T),
+    then top-k, top-p, min-p, typical, epsilon and eta sampling, in transformers' order."""
     z = z.astype(np.float64) / options.temperature
     k = options.top_k
     if k and k < z.size:
@@ -330,9 +353,42 @@ def _sample(z: np.ndarray, options: SearchOptions, rng: np.random.Generator) -> 
         p = _nucleus(p, options.top_p)
     if options.min_p > 0:  # after top-k and top-p, as transformers' and vLLM's samplers order them
         p = np.where(p < options.min_p * p.max(), 0.0, p)  # (the most likely stays: p.max() >= min_p x it)
-    cdf = p.cumsum()  # as Generator.choice(v, p=p) draws, one rng.random() a row
-    cdf /= cdf[-1]
-    return int(cdf.searchsorted(rng.random(), side="right"))
+    if options.typical_p < 1 or options.epsilon_cutoff > 0 or options.eta_cutoff > 0:
+        p = _cut(p / p.sum(), options)
+    return p
+
+
+def _cut(p: np.ndarray, options: SearchOptions) -> np.ndarray:
+    """p (v,), summing to 1, through transformers' TypicalLogitsWarper, EpsilonLogitsWarper and
+    EtaLogitsWarper in its order (the most likely token always kept), renormalised after each."""
+    if options.typical_p < 1:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            info = -np.log(p)  # (v,) inf where p is 0
+            shifted = np.abs(info - _entropy(p))
+        order = np.argsort(shifted, kind="stable")  # nearest the entropy first
+        last = min(int((np.cumsum(p[order]) < options.typical_p).sum()), p.size - 1)
+        keep = shifted <= shifted[order[last]]
+        keep[order[0]] = True
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    if options.epsilon_cutoff > 0:
+        p = _below(p, options.epsilon_cutoff)
+    if options.eta_cutoff > 0:  # (its entropy: of what epsilon left)
+        e = options.eta_cutoff
+        p = _below(p, min(e, math.sqrt(e) * math.exp(-_entropy(p))))
+    return p
+
+
+def _below(p: np.ndarray, cutoff: float) -> np.ndarray:
+    """p without the tokens below `cutoff` (the most likely kept), renormalised."""
+    p = np.where((p < cutoff) & (p < p.max()), 0.0, p)
+    return p / p.sum()
+
+
+def _entropy(p: np.ndarray) -> float:
+    """-sum p log p over p's nonzero entries (torch's nansum and Categorical's entropy)."""
+    nz = p[p > 0]
+    return float(-(nz * np.log(nz)).sum())
 
 
 def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:

@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from seqexport.errors import InputError, SeqexportError, UsageError
 from seqexport.runtime.engine import Engine, QueueFull
-from seqexport.runtime.generate import SearchOptions, check_token_ids
+from seqexport.runtime.generate import CUTOFFS, SearchOptions, check_token_ids
 from seqexport.runtime.models import load
 from seqexport.runtime.penalties import RULES
 from seqexport.serve.bad_words import bad_words_ids
@@ -77,6 +77,7 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for a completion
 # what a request takes from the model's generation defaults (as vLLM): do_sample and beams are
 # transformers' generate's; OpenAI's API says greedy by temperature 0 and has no beam search
 SERVED_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "min_new_tokens", "repetition_penalty",
+                   *CUTOFFS,  # (transformers' typical, epsilon and eta sampling: no request field sets them)
                    *RULES)  # (the token rules: no request field sets them; transformers' generate applies them)
 
 
@@ -156,6 +157,7 @@ class ServingHost:
                                     top_k=_first(params.top_k, default.get("top_k"), 0),
                                     top_p=_first(params.top_p, default.get("top_p"), 1.0),
                                     min_p=_first(params.min_p, default.get("min_p"), 0.0), seed=params.seed,
+                                    **{k: default[k] for k in CUTOFFS if k in default},
                                     repetition_penalty=_first(params.repetition_penalty,
                                                               default.get("repetition_penalty"), 1.0),
                                     presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,

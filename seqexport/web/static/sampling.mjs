@@ -240,6 +240,43 @@ export class Seen {
  * The next token from one row of logits: argmax, or (doSample) a draw from `rng` after
  * temperature, top-k (0: off) and top-p (1: off), in float64 as the Python runtime computes it.
  */
+/** p (n,) normalised in place, then through transformers' TypicalLogitsWarper, EpsilonLogitsWarper
+ * and EtaLogitsWarper in its order (the most likely token always kept), renormalised after each:
+ * Python's _cut. */
+function cut(p, o) {
+  const n = p.length;
+  const normalise = () => {
+    let sum = 0;
+    for (let i = 0; i < n; i++) sum += p[i];
+    for (let i = 0; i < n; i++) p[i] /= sum;
+  };
+  const entropy = () => {
+    let h = 0;
+    for (let i = 0; i < n; i++) if (p[i] > 0) h -= p[i] * Math.log(p[i]);
+    return h;
+  };
+  const below = (cutoff) => {
+    let top = 0;
+    for (let i = 0; i < n; i++) if (p[i] > top) top = p[i];
+    for (let i = 0; i < n; i++) if (p[i] < cutoff && p[i] < top) p[i] = 0;
+    normalise();
+  };
+  normalise();
+  if ((o.typicalP ?? 1) < 1) {
+    const h = entropy();
+    const shifted = Float64Array.from(p, (x) => Math.abs(-Math.log(x) - h)); // Infinity where p is 0
+    // nearest the entropy first; a stable sort, as numpy's argsort(kind="stable") orders ties
+    const order = Array.from(p.keys()).sort((a, b) => shifted[a] - shifted[b] || a - b);
+    let cum = 0, last = 0;
+    for (const i of order) if ((cum += p[i]) < o.typicalP) last++;
+    const threshold = shifted[order[Math.min(last, n - 1)]];
+    for (let i = 0; i < n; i++) if (!(shifted[i] <= threshold) && i !== order[0]) p[i] = 0;
+    normalise();
+  }
+  if ((o.epsilonCutoff ?? 0) > 0) below(o.epsilonCutoff);
+  if ((o.etaCutoff ?? 0) > 0) below(Math.min(o.etaCutoff, Math.sqrt(o.etaCutoff) * Math.exp(-entropy())));
+}
+
 export function pickToken(logits, options, rng) {
   if (!options.doSample) return argmax(logits);
   const n = logits.length;
@@ -273,6 +310,8 @@ export function pickToken(logits, options, rng) {
     for (let i = 0; i < n; i++) if (p[i] > top) top = p[i];
     for (let i = 0; i < n; i++) if (p[i] < options.minP * top) p[i] = 0;
   }
+  if ((options.typicalP ?? 1) < 1 || (options.epsilonCutoff ?? 0) > 0 || (options.etaCutoff ?? 0) > 0)
+    cut(p, options);
   // Generator.choice(n, p=p): cdf normalised by its last value, then searchsorted(u, 'right')
   const cdf = new Float64Array(n);
   let acc = 0;

@@ -451,7 +451,7 @@ export class Model {
    * Generate from prompt ids, one event per new token: {token, text, ms}; stops at eos (not
    * yielded) or after maxNewTokens. Options as seqexport.runtime.SearchOptions: maxNewTokens,
    * maxLength (the row's ids in all, transformers' max_length; where maxNewTokens is set too, the tighter holds),
-   * minNewTokens, doSample, temperature, topK, topP, minP, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
+   * minNewTokens, doSample, temperature, topK, topP, minP, typicalP, epsilonCutoff, etaCutoff, seed, repetitionPenalty, presencePenalty, frequencyPenalty,
    * logitBias ({id: bias}), eosId (an id or a list of ids; -1: never), startId, numBeams (beam
    * search: its tokens come at the end of the search), lengthPenalty, earlyStopping, the token
    * rules (sequenceBias, badWordsIds, noRepeatNgramSize, minLength, forcedBosTokenId,
@@ -579,7 +579,8 @@ function randomSeed() {
 }
 
 const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top_k: "topK", top_p: "topP",
-  min_p: "minP", max_new_tokens: "maxNewTokens", max_length: "maxLength", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty",
+  min_p: "minP", typical_p: "typicalP", epsilon_cutoff: "epsilonCutoff", eta_cutoff: "etaCutoff",
+  max_new_tokens: "maxNewTokens", max_length: "maxLength", min_new_tokens: "minNewTokens", repetition_penalty: "repetitionPenalty",
   num_beams: "numBeams", length_penalty: "lengthPenalty", early_stopping: "earlyStopping",
   sequence_bias: "sequenceBias", bad_words_ids: "badWordsIds", no_repeat_ngram_size: "noRepeatNgramSize",
   min_length: "minLength", forced_bos_token_id: "forcedBosTokenId", forced_eos_token_id: "forcedEosTokenId",
@@ -588,7 +589,7 @@ const GENERATION_KEYS = { do_sample: "doSample", temperature: "temperature", top
 // the token rules an older export kept as not applied, which the runtime applies now (Python's
 // current_record); not num_beams, which beside do_sample is beam sampling and stays not applied
 const NOW_APPLIED = ["no_repeat_ngram_size", "min_length", "bad_words_ids", "sequence_bias", "suppress_tokens",
-  "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id"];
+  "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id", "typical_p", "epsilon_cutoff", "eta_cutoff"];
 
 /** The keys of a manifest's generation record the runtime does not apply. */
 export function notApplied(record) {
@@ -610,7 +611,7 @@ export function generationDefaults(record) {
  * model's generation defaults, taken where `options` leaves a field out (Python's model_options). */
 export function searchOptions(options, tokenizer, model = {}) {
   const defaults = {
-    maxNewTokens: null, maxLength: null, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, seed: null,
+    maxNewTokens: null, maxLength: null, minNewTokens: 0, doSample: false, temperature: 1.0, topK: 0, topP: 1.0, minP: 0.0, typicalP: 1.0, epsilonCutoff: 0.0, etaCutoff: 0.0, seed: null,
     repetitionPenalty: 1.0, presencePenalty: 0.0, frequencyPenalty: 0.0, logitBias: {},
     eosId: tokenizer?.eosIds ?? null, startId: null, numBeams: 1, lengthPenalty: 1.0, earlyStopping: false,
     sequenceBias: [], badWordsIds: [], noRepeatNgramSize: 0, minLength: 0, forcedBosTokenId: null,
@@ -647,6 +648,9 @@ export function searchOptions(options, tokenizer, model = {}) {
   if (!(number(o.temperature) && o.temperature > 0)) throw new ModelError(`temperature must be a number > 0, got ${shown(o.temperature)}`);
   if (!(number(o.topP) && o.topP > 0 && o.topP <= 1)) throw new ModelError(`top-p must be a number in (0, 1], got ${shown(o.topP)}`);
   if (!(number(o.minP) && o.minP >= 0 && o.minP <= 1)) throw new ModelError(`minP must be a number in [0, 1], got ${shown(o.minP)}`);
+  if (!(number(o.typicalP) && o.typicalP > 0 && o.typicalP <= 1)) throw new ModelError(`typicalP must be a number in (0, 1], got ${shown(o.typicalP)}`);
+  for (const name of ["epsilonCutoff", "etaCutoff"])
+    if (!(number(o[name]) && o[name] >= 0 && o[name] < 1)) throw new ModelError(`${name} must be a number in [0, 1), got ${shown(o[name])}`);
   if (!(number(o.repetitionPenalty) && o.repetitionPenalty > 0))
     throw new ModelError(`repetitionPenalty must be a number > 0, got ${shown(o.repetitionPenalty)}`);
   for (const name of ["presencePenalty", "frequencyPenalty"])
