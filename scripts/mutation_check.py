@@ -2799,6 +2799,11 @@ FAULTS = (
           '"forced_eos_token_id", "typical_p", "epsilon_cutoff", "eta_cutoff"];',
           '"forced_eos_token_id", "epsilon_cutoff", "eta_cutoff"];',
           ('tests/test_web.py::test_the_page_reads_an_older_exports_rules_as_applied_and_beam_sampling_as_not',)),
+    Fault('M714', 'typical sampling: the cut taken among the 64 nearest though it falls past them',
+          'seqexport/runtime/generate.py',
+          'if m >= p.size or cum[-1] >= mass:',
+          'if m >= p.size or cum[-1] > 0:',
+          ('tests/test_sampling_cutoffs.py::test_the_sampled_distribution_is_transformers_warpers',)),
 )
 
 

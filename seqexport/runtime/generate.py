@@ -362,21 +362,39 @@ def _cut(p: np.ndarray, options: SearchOptions) -> np.ndarray:
     """p (v,), summing to 1, through transformers' TypicalLogitsWarper, EpsilonLogitsWarper and
     EtaLogitsWarper in its order (the most likely token always kept), renormalised after each."""
     if options.typical_p < 1:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            info = -np.log(p)  # (v,) inf where p is 0
-            shifted = np.abs(info - _entropy(p))
-        order = np.argsort(shifted, kind="stable")  # nearest the entropy first
-        last = min(int((np.cumsum(p[order]) < options.typical_p).sum()), p.size - 1)
-        keep = shifted <= shifted[order[last]]
-        keep[order[0]] = True
-        p = np.where(keep, p, 0.0)
-        p /= p.sum()
+        p = _typical(p, options.typical_p)
     if options.epsilon_cutoff > 0:
         p = _below(p, options.epsilon_cutoff)
     if options.eta_cutoff > 0:  # (its entropy: of what epsilon left)
         e = options.eta_cutoff
         p = _below(p, min(e, math.sqrt(e) * math.exp(-_entropy(p))))
     return p
+
+
+def _typical(p: np.ndarray, mass: float) -> np.ndarray:
+    """p (v,) cut to the tokens whose information (-log p) is nearest the entropy, taken in that
+    order while the probability before each is below `mass` (the nearest always), renormalised.
+    Only the m nearest are sorted, m growing fourfold until the cut falls inside them (a full
+    sort of a 50,280-token row cost ~9 ms a token); ties at the cut are all kept, so their
+    order does not matter."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shifted = np.abs(-np.log(p) - _entropy(p))  # (v,) inf where p is 0
+    m = 64
+    while True:
+        if m >= p.size:
+            order = np.argsort(shifted, kind="stable")
+        else:
+            order = np.argpartition(shifted, m)[:m]
+            order = order[np.argsort(shifted[order], kind="stable")]
+        cum = np.cumsum(p[order])  # (m,)
+        if m >= p.size or cum[-1] >= mass:
+            break
+        m *= 4
+    last = min(int((cum < mass).sum()), p.size - 1)
+    keep = shifted <= shifted[order[last]]
+    keep[order[0]] = True
+    p = np.where(keep, p, 0.0)
+    return p / p.sum()
 
 
 def _below(p: np.ndarray, cutoff: float) -> np.ndarray:
