@@ -2683,7 +2683,7 @@ FAULTS = (
           'seqexport/runtime/generate.py',
           '_search_over(finished[r], chosen, k, step + 1, options, budget[r])',
           '_search_over(finished[r], chosen, k, step + 1, options, step + 1)',
-          ('tests/test_max_length.py::test_each_row_of_a_batch_stops_at_max_length_as_it_would_alone',)),
+          ('tests/test_beam_recurrent.py::test_beam_search_with_an_eos_ends_where_transformers_early_stopping_says', 'tests/test_max_length.py::test_each_row_of_a_batch_stops_at_max_length_as_it_would_alone')),
     Fault('M691', "engine: a request's max_length budget not set",
           'seqexport/runtime/engine/engine.py',
           '        req._budget = budget\n',
