@@ -236,10 +236,6 @@ export class Seen {
   }
 }
 
-/**
- * The next token from one row of logits: argmax, or (doSample) a draw from `rng` after
- * temperature, top-k (0: off) and top-p (1: off), in float64 as the Python runtime computes it.
- */
 /** p (n,) normalised in place, then through transformers' TypicalLogitsWarper, EpsilonLogitsWarper
  * and EtaLogitsWarper in its order (the most likely token always kept), renormalised after each:
  * Python's _cut. */
@@ -277,6 +273,11 @@ function cut(p, o) {
   if ((o.etaCutoff ?? 0) > 0) below(Math.min(o.etaCutoff, Math.sqrt(o.etaCutoff) * Math.exp(-entropy())));
 }
 
+/**
+ * The next token from one row of logits: argmax, or (doSample) a draw from `rng` after
+ * temperature, top-k (0: off), top-p (1: off), min-p (0: off) and typical, epsilon and eta
+ * sampling (`cut`), in float64 as the Python runtime computes it.
+ */
 export function pickToken(logits, options, rng) {
   if (!options.doSample) return argmax(logits);
   const n = logits.length;
