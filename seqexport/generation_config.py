@@ -140,8 +140,8 @@ def unknown_id(named: list[tuple[str, list[int]]], vocab_size: int) -> str | Non
 
 
 def current_record(record: dict) -> dict:
-    """A checked record as this seqexport writes it: a token rule an older one kept as not
-    applied moved to the defaults (where its value is one transformers takes). (Not num_beams:
+    """A checked record as this seqexport writes it: a key an older one kept as not applied
+    (NOW_APPLIED: the token rules, typical, epsilon and eta sampling) moved to the defaults (where its value is one transformers takes). (Not num_beams:
     beside do_sample it is beam sampling, which stays not applied.)"""
     moved = {k: v for k, v in record["not_applied"].items()
              if k in NOW_APPLIED and k not in record["defaults"] and APPLIED[k][0](v)}

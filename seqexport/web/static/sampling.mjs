@@ -259,8 +259,10 @@ function cut(p, o) {
   };
   normalise();
   if ((o.typicalP ?? 1) < 1) {
-    const h = entropy();
-    const shifted = Float64Array.from(p, (x) => Math.abs(-Math.log(x) - h)); // Infinity where p is 0
+    const info = Float64Array.from(p, (x) => -Math.log(x)); // Infinity where p is 0
+    let h = 0;
+    for (let i = 0; i < n; i++) if (p[i] > 0) h += p[i] * info[i];
+    const shifted = Float64Array.from(info, (x) => Math.abs(x - h));
     // nearest the entropy first; a stable sort, as numpy's argsort(kind="stable") orders ties
     const order = Array.from(p.keys()).sort((a, b) => shifted[a] - shifted[b] || a - b);
     let cum = 0, last = 0;
